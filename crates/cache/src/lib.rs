@@ -1,0 +1,1 @@
+//! uzswap-cache (to be built).

@@ -1,0 +1,1 @@
+//! uzswap-region (to be built).
