@@ -183,6 +183,7 @@ impl std::str::FromStr for AllocatorKind {
 }
 
 /// Builds a pool of the given kind with a hard limit (None: unlimited).
+#[allow(clippy::needless_update)] // the configs grow; defaults fill the rest
 pub fn new_pool(
     kind: AllocatorKind,
     limit_bytes: Option<u64>,

@@ -2,16 +2,10 @@
 use crate::{CompactReport, Error, Handle, PoolStats, Zpool};
 
 /// Configuration of a [`XcfPool`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct XcfConfig {
     /// Hard limit on pool bytes.
     pub limit_bytes: Option<u64>,
-}
-
-impl Default for XcfConfig {
-    fn default() -> Self {
-        XcfConfig { limit_bytes: None }
-    }
 }
 
 /// The scatter-gather pool.
