@@ -1,1 +1,131 @@
-fn main() {}
+//! `uzswap`: thin glue over the library crates: the demo, the benchmarks.
+//! Arguments are parsed and validated first (clap), then turned into the
+//! real configuration; `main` only maps errors to exit codes.
+
+mod bench_pool;
+mod corpus;
+mod kernel;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use uzswap_zpool::AllocatorKind;
+
+#[derive(Parser)]
+#[command(name = "uzswap", version, about = "zswap, the Linux compressed swap cache, in userspace")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Fill a pool with real compressed pages and print its statistics.
+    Demo {
+        /// MiB of original pages to compress and store.
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+        mib: u32,
+    },
+    /// Benchmarks; each prints one JSON object on stdout with --json.
+    #[command(subcommand)]
+    Bench(Bench),
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// The allocator under real lz4-compressed pages: fill, churn, throughput.
+    Pool {
+        #[arg(long, value_enum, default_value = "text")]
+        data: corpus::DataKind,
+        /// MiB of original pages.
+        #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=8192))]
+        mib: u32,
+        #[arg(long, default_value = "zsmalloc", value_parser = parse_allocator)]
+        allocator: AllocatorKind,
+        /// Also measure the kernel's zsmalloc on the same pages through zram
+        /// (needs root; the device is removed afterwards).
+        #[arg(long)]
+        vs_kernel: bool,
+        /// Seconds for each malloc+free throughput run.
+        #[arg(long, default_value_t = 1.0)]
+        pair_seconds: f64,
+        /// Print the result as one JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_allocator(s: &str) -> Result<AllocatorKind, String> {
+    s.parse().map_err(|e: uzswap_zpool::Error| e.to_string())
+}
+
+fn emit(json: bool, v: &serde_json::Value) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        writeln!(out, "{v}")?;
+    } else {
+        writeln!(out, "{}", serde_json::to_string_pretty(v)?)?;
+    }
+    Ok(())
+}
+
+fn demo(mib: u32) -> Result<()> {
+    let pages = corpus::load(corpus::DataKind::Mixed, mib as usize * 256)?;
+    kernel::note(&format!("data: {}", pages.source));
+    let objs = bench_pool::compress_all(&pages);
+    let pool = uzswap_zpool::new_pool(AllocatorKind::Zsmalloc, None)?;
+    let handles: Vec<_> = objs
+        .iter()
+        .map(|o| pool.malloc_write(o))
+        .collect::<Result<_, _>>()?;
+    let st = pool.stats();
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "stored {} pages ({} MiB) as {} B of lz4 payload in a pool of {} B",
+        handles.len(),
+        mib,
+        st.payload_bytes,
+        st.pool_bytes
+    )?;
+    writeln!(out, "{}", st.table())?;
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Demo { mib } => demo(mib),
+        Cmd::Bench(Bench::Pool {
+            data,
+            mib,
+            allocator,
+            vs_kernel,
+            pair_seconds,
+            json,
+        }) => {
+            let v = bench_pool::run(&bench_pool::Args {
+                data,
+                mib: mib as usize,
+                allocator,
+                vs_kernel,
+                pair_seconds,
+            })?;
+            emit(json, &v)
+        }
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        // A closed pipe (uzswap ... | head) is not an error.
+        if e
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        {
+            std::process::exit(0);
+        }
+        eprintln!("uzswap: error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,230 @@
+//! `uzswap bench pool`: the allocator under real compressed pages.
+//!
+//! 1. Fill: the lz4-compressed 4 KiB pages of real files (a page that does
+//!    not compress below 4096 bytes is stored raw, as zswap does) are stored
+//!    with `malloc_write`; overhead = pool bytes / payload bytes − 1.
+//! 2. Churn, after seed 004: for j = 2..=10, refill to the original object
+//!    count, free a random (1 − 1/j) share, measure the overhead, compact,
+//!    measure again. The worst step is reported.
+//! 3. Throughput: malloc+free pairs on a working set of 32 Ki objects with
+//!    the same size distribution, on one thread and on two.
+//! 4. With `--vs-kernel`, the same pages written to a fresh zram device
+//!    with lz4: the kernel's zsmalloc overhead from mm_stat, side by side.
+
+use crate::corpus::{self, DataKind, PAGE};
+use crate::kernel::{note, ZramDevice};
+use anyhow::{Context, Result};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Instant;
+use uzswap_zpool::{new_pool, AllocatorKind, Handle, Zpool};
+
+pub struct Args {
+    pub data: DataKind,
+    pub mib: usize,
+    pub allocator: AllocatorKind,
+    pub vs_kernel: bool,
+    pub pair_seconds: f64,
+}
+
+/// Compresses every page with lz4; pages that do not shrink stay raw.
+pub fn compress_all(pages: &corpus::Pages) -> Vec<Vec<u8>> {
+    let mut out = vec![0u8; lz4_flex::block::get_maximum_output_size(PAGE)];
+    (0..pages.count())
+        .map(|i| {
+            let page = pages.page(i);
+            let n = lz4_flex::block::compress_into(page, &mut out).expect("buffer is large enough");
+            if n >= PAGE {
+                page.to_vec()
+            } else {
+                out[..n].to_vec()
+            }
+        })
+        .collect()
+}
+
+pub fn run(args: &Args) -> Result<serde_json::Value> {
+    let count = args.mib * 256;
+    note(&format!("loading {} MiB of {:?} pages ...", args.mib, args.data));
+    let pages = corpus::load(args.data, count)?;
+    note(&format!("data: {}", pages.source));
+    let objs = compress_all(&pages);
+    let payload: u64 = objs.iter().map(|o| o.len() as u64).sum();
+    let pool = new_pool(args.allocator, None)?;
+
+    // 1. Fill.
+    let t = Instant::now();
+    let mut live: Vec<(Handle, usize)> = Vec::with_capacity(count);
+    for (i, o) in objs.iter().enumerate() {
+        live.push((pool.malloc_write(o)?, i));
+    }
+    let fill_s = t.elapsed().as_secs_f64();
+    let st = pool.stats();
+    let fill_overhead = st.overhead();
+    note(&st.table());
+    note(&format!(
+        "fill: {} objects, payload {} B, pool {} B, overhead {:.2} %, {:.0} malloc_write/s",
+        count,
+        payload,
+        st.pool_bytes,
+        fill_overhead * 100.0,
+        count as f64 / fill_s
+    ));
+
+    // 2. Churn.
+    let mut r = rand::rngs::SmallRng::seed_from_u64(42);
+    let mut worst_before: f64 = 0.0;
+    let mut worst_after: f64 = 0.0;
+    let mut steps = Vec::new();
+    let (mut freed, mut free_s) = (0u64, 0f64);
+    let mut next = 0usize;
+    for j in 2..=10usize {
+        while live.len() < count {
+            let i = next % count;
+            next += 1;
+            live.push((pool.malloc_write(&objs[i])?, i));
+        }
+        live.shuffle(&mut r);
+        let keep = live.len() / j;
+        let t = Instant::now();
+        for (h, _) in live.drain(keep..) {
+            pool.free(h)?;
+            freed += 1;
+        }
+        free_s += t.elapsed().as_secs_f64();
+        let before = pool.stats().overhead();
+        let t = Instant::now();
+        let rep = pool.compact();
+        let compact_s = t.elapsed().as_secs_f64();
+        let after = pool.stats().overhead();
+        note(&format!(
+            "churn 1/{j}: kept {keep}, overhead {:.2} % -> compact (moved {}, freed {} pages, {:.1} ms) -> {:.2} %",
+            before * 100.0,
+            rep.objects_moved,
+            rep.pages_freed,
+            compact_s * 1e3,
+            after * 100.0
+        ));
+        worst_before = worst_before.max(before);
+        worst_after = worst_after.max(after);
+        steps.push(json!({"keep_fraction": format!("1/{j}"), "overhead_before_compact": before,
+            "overhead_after_compact": after, "objects_moved": rep.objects_moved, "pages_freed": rep.pages_freed}));
+    }
+    // Verify every survivor before letting go.
+    let mut buf = vec![0u8; PAGE];
+    for &(h, i) in &live {
+        let n = pool.read(h, &mut buf)?;
+        anyhow::ensure!(buf[..n] == objs[i][..], "object {i} changed in the pool");
+    }
+    for (h, _) in live.drain(..) {
+        pool.free(h)?;
+    }
+
+    // 3. Pairs.
+    let sizes: Vec<usize> = objs.iter().map(Vec::len).collect();
+    let one = pairs_per_s(args.allocator, &sizes, 1, args.pair_seconds)?;
+    let two = pairs_per_s(args.allocator, &sizes, 2, args.pair_seconds)?;
+    note(&format!(
+        "malloc+free pairs/s: 1 thread {one:.0}, 2 threads {two:.0} ({:.2}x)",
+        two / one
+    ));
+
+    let mut out = json!({
+        "benchmark": "pool",
+        "allocator": pool.name(),
+        "data": format!("{:?}", args.data).to_lowercase(),
+        "data_source": pages.source,
+        "mib": args.mib,
+        "objects": count,
+        "payload_bytes": payload,
+        "pool_bytes": st.pool_bytes,
+        "metadata_bytes": st.metadata_bytes,
+        "overhead": fill_overhead,
+        "churn_overhead_before_compact": worst_before,
+        "churn_overhead_after_compact": worst_after,
+        "churn_steps": steps,
+        "malloc_per_s": count as f64 / fill_s,
+        "free_per_s": freed as f64 / free_s,
+        "malloc_free_pairs_per_s_1t": one,
+        "malloc_free_pairs_per_s_2t": two,
+        "scaling_2t": two / one,
+    });
+    if args.vs_kernel {
+        out["kernel_zram"] = kernel_reference(&pages, payload)?;
+    }
+    Ok(out)
+}
+
+/// malloc+free pairs per second over a working set, on `threads` threads.
+fn pairs_per_s(
+    kind: AllocatorKind,
+    sizes: &[usize],
+    threads: usize,
+    seconds: f64,
+) -> Result<f64> {
+    const WORKING_SET: usize = 32 << 10;
+    let pool: Arc<dyn Zpool> = new_pool(kind, None)?;
+    let sizes = Arc::new(sizes.to_vec());
+    let start = Arc::new(std::sync::Barrier::new(threads));
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let (pool, sizes, start) = (pool.clone(), sizes.clone(), start.clone());
+            std::thread::spawn(move || -> Result<(u64, f64)> {
+                let mut r = rand::rngs::SmallRng::seed_from_u64(t as u64);
+                let mut set: Vec<Handle> = (0..WORKING_SET)
+                    .map(|_| pool.malloc(sizes[r.gen_range(0..sizes.len())]))
+                    .collect::<Result<_, _>>()?;
+                // Pre-drawn random numbers keep the RNG out of the timing.
+                let picks: Vec<(usize, usize)> = (0..1 << 16)
+                    .map(|_| (r.gen_range(0..WORKING_SET), sizes[r.gen_range(0..sizes.len())]))
+                    .collect();
+                start.wait();
+                let t0 = Instant::now();
+                let mut n = 0u64;
+                for batch in picks.chunks(4096).cycle() {
+                    for &(slot, size) in batch {
+                        pool.free(set[slot])?;
+                        set[slot] = pool.malloc(size)?;
+                    }
+                    n += batch.len() as u64;
+                    if t0.elapsed().as_secs_f64() >= seconds {
+                        break;
+                    }
+                }
+                Ok((n, t0.elapsed().as_secs_f64()))
+            })
+        })
+        .collect();
+    let mut total = 0f64;
+    for w in workers {
+        let (n, s) = w.join().expect("bench thread panicked")?;
+        total += n as f64 / s;
+    }
+    Ok(total)
+}
+
+/// The kernel's zsmalloc on the same pages, through a fresh zram device.
+fn kernel_reference(pages: &corpus::Pages, payload: u64) -> Result<serde_json::Value> {
+    let dev = ZramDevice::create("lz4", (pages.bytes.len() as u64) * 2)
+        .context("the kernel reference needs root and the zram module")?;
+    dev.write_pages(&pages.bytes)?;
+    let s = dev.mm_stat()?;
+    dev.compact()?;
+    let c = dev.mm_stat()?;
+    let overhead = s.mem_used_total as f64 / s.compr_data_size.max(1) as f64 - 1.0;
+    note(&format!(
+        "kernel zram (lz4): compr_data_size {} B, mem_used_total {} B, overhead {:.2} % (our payload {} B)",
+        s.compr_data_size,
+        s.mem_used_total,
+        overhead * 100.0,
+        payload
+    ));
+    Ok(json!({
+        "device": format!("zram{}", dev.id),
+        "mm_stat": s,
+        "overhead": overhead,
+        "mm_stat_after_compact": c,
+    }))
+}
