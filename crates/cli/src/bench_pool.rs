@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Instant;
-use uzswap_zpool::{new_pool, AllocatorKind, Handle, Zpool};
+use uzswap_zpool::{new_pool, AllocatorKind, Handle, Zpool, ZsConfig, ZsPool};
 
 pub struct Args {
     pub data: DataKind,
@@ -27,6 +27,18 @@ pub struct Args {
     pub allocator: AllocatorKind,
     pub vs_kernel: bool,
     pub pair_seconds: f64,
+    /// zsmalloc only: largest zspage in pages.
+    pub max_pages: usize,
+}
+
+fn make_pool(args: &Args) -> Result<Arc<dyn Zpool>> {
+    Ok(match args.allocator {
+        AllocatorKind::Zsmalloc => Arc::new(ZsPool::new(ZsConfig {
+            max_pages_per_zspage: args.max_pages,
+            ..ZsConfig::default()
+        })?),
+        kind => new_pool(kind, None)?,
+    })
 }
 
 /// Compresses every page with lz4; pages that do not shrink stay raw.
@@ -47,12 +59,15 @@ pub fn compress_all(pages: &corpus::Pages) -> Vec<Vec<u8>> {
 
 pub fn run(args: &Args) -> Result<serde_json::Value> {
     let count = args.mib * 256;
-    note(&format!("loading {} MiB of {:?} pages ...", args.mib, args.data));
+    note(&format!(
+        "loading {} MiB of {:?} pages ...",
+        args.mib, args.data
+    ));
     let pages = corpus::load(args.data, count)?;
     note(&format!("data: {}", pages.source));
     let objs = compress_all(&pages);
     let payload: u64 = objs.iter().map(|o| o.len() as u64).sum();
-    let pool = new_pool(args.allocator, None)?;
+    let pool = make_pool(args)?;
 
     // 1. Fill.
     let t = Instant::now();
@@ -124,11 +139,17 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
 
     // 3. Pairs.
     let sizes: Vec<usize> = objs.iter().map(Vec::len).collect();
-    let one = pairs_per_s(args.allocator, &sizes, 1, args.pair_seconds)?;
-    let two = pairs_per_s(args.allocator, &sizes, 2, args.pair_seconds)?;
+    let one = pairs_per_s(args, &sizes, 1, false)?;
+    let two = pairs_per_s(args, &sizes, 2, false)?;
     note(&format!(
         "malloc+free pairs/s: 1 thread {one:.0}, 2 threads {two:.0} ({:.2}x)",
         two / one
+    ));
+    let one_w = pairs_per_s(args, &sizes, 1, true)?;
+    let two_w = pairs_per_s(args, &sizes, 2, true)?;
+    note(&format!(
+        "malloc_write+free pairs/s (object bytes copied in, wiped on free): 1 thread {one_w:.0}, 2 threads {two_w:.0} ({:.2}x)",
+        two_w / one_w
     ));
 
     let mut out = json!({
@@ -150,6 +171,10 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         "malloc_free_pairs_per_s_1t": one,
         "malloc_free_pairs_per_s_2t": two,
         "scaling_2t": two / one,
+        "malloc_write_free_pairs_per_s_1t": one_w,
+        "malloc_write_free_pairs_per_s_2t": two_w,
+        "scaling_write_2t": two_w / one_w,
+        "max_pages_per_zspage": args.max_pages,
     });
     if args.vs_kernel {
         out["kernel_zram"] = kernel_reference(&pages, payload)?;
@@ -158,14 +183,12 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
 }
 
 /// malloc+free pairs per second over a working set, on `threads` threads.
-fn pairs_per_s(
-    kind: AllocatorKind,
-    sizes: &[usize],
-    threads: usize,
-    seconds: f64,
-) -> Result<f64> {
+/// With `write`, each new object is also filled with bytes (as a store
+/// does), which costs the copy, the wipe on free and page faults.
+fn pairs_per_s(args: &Args, sizes: &[usize], threads: usize, write: bool) -> Result<f64> {
     const WORKING_SET: usize = 32 << 10;
-    let pool: Arc<dyn Zpool> = new_pool(kind, None)?;
+    let seconds = args.pair_seconds;
+    let pool = make_pool(args)?;
     let sizes = Arc::new(sizes.to_vec());
     let start = Arc::new(std::sync::Barrier::new(threads));
     let workers: Vec<_> = (0..threads)
@@ -173,12 +196,25 @@ fn pairs_per_s(
             let (pool, sizes, start) = (pool.clone(), sizes.clone(), start.clone());
             std::thread::spawn(move || -> Result<(u64, f64)> {
                 let mut r = rand::rngs::SmallRng::seed_from_u64(t as u64);
+                let data = vec![0x5au8; PAGE];
+                let alloc = |size: usize| {
+                    if write {
+                        pool.malloc_write(&data[..size])
+                    } else {
+                        pool.malloc(size)
+                    }
+                };
                 let mut set: Vec<Handle> = (0..WORKING_SET)
-                    .map(|_| pool.malloc(sizes[r.gen_range(0..sizes.len())]))
+                    .map(|_| alloc(sizes[r.gen_range(0..sizes.len())]))
                     .collect::<Result<_, _>>()?;
                 // Pre-drawn random numbers keep the RNG out of the timing.
                 let picks: Vec<(usize, usize)> = (0..1 << 16)
-                    .map(|_| (r.gen_range(0..WORKING_SET), sizes[r.gen_range(0..sizes.len())]))
+                    .map(|_| {
+                        (
+                            r.gen_range(0..WORKING_SET),
+                            sizes[r.gen_range(0..sizes.len())],
+                        )
+                    })
                     .collect();
                 start.wait();
                 let t0 = Instant::now();
@@ -186,7 +222,7 @@ fn pairs_per_s(
                 for batch in picks.chunks(4096).cycle() {
                     for &(slot, size) in batch {
                         pool.free(set[slot])?;
-                        set[slot] = pool.malloc(size)?;
+                        set[slot] = alloc(size)?;
                     }
                     n += batch.len() as u64;
                     if t0.elapsed().as_secs_f64() >= seconds {

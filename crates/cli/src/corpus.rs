@@ -71,11 +71,7 @@ fn is_elf(file: &[u8]) -> bool {
 }
 
 /// Reads up to `count` pages from files under `roots` accepted by `accept`.
-fn gather(
-    roots: &[&str],
-    accept: fn(&[u8]) -> bool,
-    count: usize,
-) -> Result<(Vec<u8>, usize)> {
+fn gather(roots: &[&str], accept: fn(&[u8]) -> bool, count: usize) -> Result<(Vec<u8>, usize)> {
     let mut files = Vec::new();
     for r in roots {
         walk(Path::new(r), &mut files);
@@ -87,7 +83,9 @@ fn gather(
         if out.len() >= count * PAGE {
             break;
         }
-        let Ok(data) = std::fs::read(&f) else { continue };
+        let Ok(data) = std::fs::read(&f) else {
+            continue;
+        };
         if data.len() < PAGE || !accept(&data) {
             continue;
         }
@@ -117,7 +115,10 @@ fn text_pages(count: usize) -> Result<(Vec<u8>, String)> {
             b.len() / PAGE
         );
     }
-    Ok((b, format!("text from {files} files under {}", roots.join(", "))))
+    Ok((
+        b,
+        format!("text from {files} files under {}", roots.join(", ")),
+    ))
 }
 
 fn bin_pages(count: usize) -> Result<(Vec<u8>, String)> {
@@ -131,7 +132,10 @@ fn bin_pages(count: usize) -> Result<(Vec<u8>, String)> {
     }
     Ok((
         b,
-        format!("machine code from {files} ELF files under {}", roots.join(", ")),
+        format!(
+            "machine code from {files} ELF files under {}",
+            roots.join(", ")
+        ),
     ))
 }
 

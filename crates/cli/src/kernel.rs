@@ -63,7 +63,8 @@ impl ZramDevice {
         for chunk in pages.chunks(1 << 20) {
             let b = buf.slice(chunk.len());
             b.copy_from_slice(chunk);
-            f.write_all(b).with_context(|| format!("writing to {path}"))?;
+            f.write_all(b)
+                .with_context(|| format!("writing to {path}"))?;
         }
         f.sync_all()?;
         Ok(())

@@ -12,7 +12,11 @@ use std::io::Write;
 use uzswap_zpool::AllocatorKind;
 
 #[derive(Parser)]
-#[command(name = "uzswap", version, about = "zswap, the Linux compressed swap cache, in userspace")]
+#[command(
+    name = "uzswap",
+    version,
+    about = "zswap, the Linux compressed swap cache, in userspace"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -46,6 +50,9 @@ enum Bench {
         /// (needs root; the device is removed afterwards).
         #[arg(long)]
         vs_kernel: bool,
+        /// zsmalloc: largest zspage, in pages (1..=16).
+        #[arg(long, default_value_t = 8)]
+        max_pages: usize,
         /// Seconds for each malloc+free throughput run.
         #[arg(long, default_value_t = 1.0)]
         pair_seconds: f64,
@@ -101,6 +108,7 @@ fn run(cli: Cli) -> Result<()> {
             allocator,
             vs_kernel,
             pair_seconds,
+            max_pages,
             json,
         }) => {
             let v = bench_pool::run(&bench_pool::Args {
@@ -109,6 +117,7 @@ fn run(cli: Cli) -> Result<()> {
                 allocator,
                 vs_kernel,
                 pair_seconds,
+                max_pages,
             })?;
             emit(json, &v)
         }
@@ -119,8 +128,7 @@ fn main() {
     let cli = Cli::parse();
     if let Err(e) = run(cli) {
         // A closed pipe (uzswap ... | head) is not an error.
-        if e
-            .downcast_ref::<std::io::Error>()
+        if e.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
         {
             std::process::exit(0);

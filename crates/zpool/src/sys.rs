@@ -104,10 +104,26 @@ impl PageArena {
     /// # Safety
     /// `addr` and `n` must be a run returned by `alloc_run(n)` on this arena
     /// and not freed since; nothing may access it after this call.
-    pub(crate) unsafe fn free_run(&self, addr: NonNull<u8>, n: usize) {
-        // SAFETY: the caller guarantees the run is ours, whole and unused.
-        unsafe { release(addr, n * PAGE_SIZE) };
+    /// `touched` says whether any byte of the run was written since
+    /// `alloc_run`; an untouched run holds no resident page, so the system
+    /// call (and, with several threads, its TLB shootdown) is skipped.
+    pub(crate) unsafe fn free_run(&self, addr: NonNull<u8>, n: usize, touched: bool) {
+        if touched {
+            // SAFETY: the caller guarantees the run is ours, whole and unused.
+            unsafe { release(addr, n * PAGE_SIZE) };
+        }
         self.inner.lock().free[n].push(addr.as_ptr() as usize);
+    }
+
+    /// Gives `n` pages at `addr` (inside a run that stays allocated) back to
+    /// the OS; they read as zeros when touched again.
+    ///
+    /// # Safety
+    /// The pages must lie inside a run handed out by this arena and not
+    /// freed, and nobody may access them concurrently.
+    pub(crate) unsafe fn decommit(&self, addr: NonNull<u8>, n: usize) {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { release(addr, n * PAGE_SIZE) };
     }
 
     /// Bytes of bookkeeping the arena keeps on the heap.

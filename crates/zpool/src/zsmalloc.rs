@@ -7,6 +7,14 @@
 //! tail space) into `objs_per_zspage` equal slots. Because a zspage is one
 //! contiguous run of virtual memory, an object that straddles a page boundary
 //! is still contiguous: every object can be read in place (zero-copy).
+//! A zspage commits memory lazily: objects are handed out from its start
+//! (freed slots first, then fresh ones), and only the pages that the objects
+//! handed out so far reach are counted and touched. A half-filled 8-page
+//! zspage costs 4 pages, so the last zspage of each class, the main waste of
+//! a zsmalloc pool of modest size, costs only what it holds. Compaction
+//! packs what stays partial into its lowest slots and gives back the pages
+//! past them.
+//!
 //! Classes whose geometry (pages per zspage, objects per zspage) equals that
 //! of the next larger class are merged into it, as the kernel does. A class
 //! with one object per one-page zspage is a *huge* class.
@@ -33,14 +41,17 @@
 //! page counter is an atomic updated only when a zspage is made or freed.
 //!
 //! # Invariants (checked by [`Zpool::check_invariants`])
-//! - per zspage: `inuse == |{obj: owner[obj] != FREE}|` and
-//!   `inuse + |free| + (objs_per_zspage - fresh) == objs_per_zspage`;
+//! - per zspage: `inuse == |{obj: owner[obj] != FREE}|`,
+//!   `inuse + |free| + (objs_per_zspage - fresh) == objs_per_zspage`, and
+//!   `committed == ceil(fresh × size / 4096)`;
+//! - free object memory reads as zeros (freed objects are wiped, pages past
+//!   `committed` are untouched or were given back);
 //! - a zspage sits in exactly one fullness group, the one its `inuse` gives;
 //!   a zspage with `inuse == 0` does not exist (it is freed at once);
 //! - per class: `obj_used == Σ inuse == live handle slots`, `payload ==
 //!   Σ size of live slots`, each live slot points at an object whose owner is
 //!   that slot;
-//! - per pool: `pages_held == Σ_class zspages × pages_per_zspage`.
+//! - per pool: `pages_held == Σ_zspage committed`.
 
 use crate::stats::FULLNESS_BUCKETS;
 use crate::sys::{PageArena, MAX_RUN_PAGES, PAGE_SIZE};
@@ -57,10 +68,16 @@ const NUM_SIZES: usize = PAGE_SIZE / CLASS_STEP;
 
 const SLOT_BITS: u32 = 28;
 const GEN_BITS: u32 = 18;
-const CLASS_BITS: u32 = 8;
-const TAG_BITS: u32 = 10;
+const CLASS_BITS: u32 = 10;
+const TAG_BITS: u32 = 8;
+/// Most shards a pool may have (the class field names shard × class).
+pub const MAX_SHARDS: usize = 4;
 const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
+
+/// Set in `Slot::gen` once the object's bytes have been written (so free
+/// knows whether there is anything to wipe). Outside GEN_MASK.
+const WRITTEN: u32 = 1 << 31;
 
 /// Marks a free handle slot (`Slot::zspage`) or a free object (`owner`).
 const FREE: u32 = u32::MAX;
@@ -81,6 +98,13 @@ pub struct ZsConfig {
     /// this share of its pages (and at least two zspages' worth); `None`
     /// disables automatic compaction. Default 30 %, after seed 004.
     pub compact_watermark_percent: Option<u8>,
+    /// Independent copies of the class table, 1..=4; a thread allocates in
+    /// the shard of the CPU it runs on, so threads on different CPUs touch
+    /// different class metadata (shared metadata is what stops an allocator
+    /// from scaling: cache lines bounce between cores). Each shard keeps its
+    /// own last partial page per class, so more shards cost a little memory.
+    /// `None`: one per CPU, at most 4.
+    pub shards: Option<usize>,
 }
 
 impl Default for ZsConfig {
@@ -89,6 +113,7 @@ impl Default for ZsConfig {
             limit_bytes: None,
             max_pages_per_zspage: 8,
             compact_watermark_percent: Some(30),
+            shards: None,
         }
     }
 }
@@ -96,7 +121,8 @@ impl Default for ZsConfig {
 /// An entry of a class's handle table.
 #[derive(Clone, Copy)]
 struct Slot {
-    /// Generation of the handle that names this slot now (or next, if free).
+    /// Generation of the handle that names this slot now (or next, if
+    /// free) in the low GEN_BITS; the WRITTEN flag above them.
     gen: u32,
     /// Id of the zspage holding the object; `FREE` if the slot is free
     /// (then `obj` and `size` are invalid).
@@ -115,6 +141,13 @@ struct Zspage {
     inuse: u32,
     /// Objects never handed out are `fresh..objs_per_zspage`.
     fresh: u32,
+    /// Pages of the run that are committed (may have been touched):
+    /// `committed == pages_for(fresh)`. Pages past it were never written
+    /// since the run was taken (or were given back by densify), so they cost
+    /// no memory: a zspage's memory grows with its objects.
+    committed: u32,
+    /// Some byte of the run was written since it was taken from the arena.
+    touched: bool,
     /// Objects freed since and not reused (a stack).
     free: Vec<u16>,
     /// Handle slot of each object, `FREE` when the object is not in use.
@@ -137,6 +170,8 @@ struct ClassInner {
     payload: u64,
     /// Zspages in existence (`zspages` minus the `None`s).
     live_zspages: u64,
+    /// Σ committed over the class's zspages.
+    pages_committed: u64,
 }
 
 // SAFETY: the raw page pointers in a ClassInner are owned by the pool (taken
@@ -148,8 +183,8 @@ unsafe impl Send for ClassInner {}
 unsafe impl Sync for ClassInner {}
 
 struct Class {
-    /// Index in `Shared::classes`.
-    index: u8,
+    /// Index in `Shared::classes` (shard × classes per shard + class).
+    index: u16,
     /// Slot size.
     size: usize,
     pages_per_zspage: usize,
@@ -157,6 +192,23 @@ struct Class {
     inner: RwLock<ClassInner>,
     /// Set while the class waits for the background compactor.
     compact_pending: AtomicBool,
+}
+
+impl Class {
+    /// Pages that the first `n` objects of a zspage reach.
+    fn pages_for(&self, n: usize) -> usize {
+        (n * self.size).div_ceil(PAGE_SIZE)
+    }
+}
+
+/// A zspage that became empty: its run, to give back once the class lock
+/// is dropped, and the pages it had committed.
+struct EmptyRun {
+    base: NonNull<u8>,
+    committed: u64,
+    /// Whether any byte of the run was ever written (else nothing is
+    /// resident and there is nothing to give back).
+    touched: bool,
 }
 
 /// Where an object lives, resolved from a handle under the class lock.
@@ -170,10 +222,14 @@ struct Located {
 struct Shared {
     tag: u32,
     classes: Vec<Class>,
-    /// Class index for each rounded size (index `(size - 1) / 16`).
+    /// Class index (within a shard) for each rounded size (index
+    /// `(size - 1) / 16`).
     size_to_class: [u8; NUM_SIZES],
-    arena: PageArena,
-    pages_held: AtomicU64,
+    /// Classes per shard.
+    per_shard: usize,
+    shards: usize,
+    /// Per-shard page source and page count.
+    shard_state: Vec<ShardState>,
     /// Limit in pages; `u64::MAX` for none.
     limit_pages: AtomicU64,
     compactions: AtomicU64,
@@ -181,6 +237,15 @@ struct Shared {
     pages_compacted: AtomicU64,
     watermark_percent: Option<u8>,
     compactor: Compactor,
+}
+
+/// What each shard owns apart from its classes; aligned so that two
+/// shards' counters never share a cache line.
+#[repr(align(128))]
+struct ShardState {
+    arena: PageArena,
+    /// Pages committed by this shard's zspages.
+    pages: AtomicU64,
 }
 
 /// Background compaction: classes are posted here by `free` when their
@@ -191,7 +256,7 @@ struct Compactor {
 }
 
 struct CompactorState {
-    pending: Vec<u8>,
+    pending: Vec<u16>,
     stop: bool,
 }
 
@@ -223,7 +288,7 @@ fn group_of(inuse: usize, objs: usize) -> usize {
     }
 }
 
-fn encode(tag: u32, class: u8, gen: u32, slot: u32) -> Handle {
+fn encode(tag: u32, class: u16, gen: u32, slot: u32) -> Handle {
     let raw = (u64::from(tag) << (SLOT_BITS + GEN_BITS + CLASS_BITS))
         | (u64::from(class) << (SLOT_BITS + GEN_BITS))
         | (u64::from(gen & GEN_MASK) << SLOT_BITS)
@@ -268,43 +333,49 @@ impl ZsPool {
             let (pages, objs) = geometry(size, config.max_pages_per_zspage);
             match classes.last() {
                 Some(c) if c.pages_per_zspage == pages && c.objs_per_zspage == objs => {}
-                _ => classes.push(Class {
-                    index: 0,
-                    size,
-                    pages_per_zspage: pages,
-                    objs_per_zspage: objs,
-                    inner: RwLock::new(ClassInner {
-                        zspages: Vec::new(),
-                        free_zspage_ids: Vec::new(),
-                        groups: Default::default(),
-                        slots: Vec::new(),
-                        free_slots: Vec::new(),
-                        obj_used: 0,
-                        payload: 0,
-                        live_zspages: 0,
-                    }),
-                    compact_pending: AtomicBool::new(false),
-                }),
+                _ => classes.push(Class::new(size, pages, objs)),
             }
             raw_class[i] = classes.len() - 1;
         }
         // Number classes from the smallest size up, as the kernel's table.
         classes.reverse();
         let n = classes.len();
-        assert!(n <= 1 << CLASS_BITS);
-        for (i, c) in classes.iter_mut().enumerate() {
-            c.index = i as u8;
-        }
         for i in 0..NUM_SIZES {
             size_to_class[i] = (n - 1 - raw_class[i]) as u8;
+        }
+        let shards = config.shards.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, |p| p.get().min(MAX_SHARDS))
+        });
+        if !(1..=MAX_SHARDS).contains(&shards) {
+            return Err(Error::Config(format!(
+                "shards {shards} is out of range: use 1..={MAX_SHARDS}"
+            )));
+        }
+        // Shard k's classes are classes[k*n .. (k+1)*n].
+        let mut all = Vec::with_capacity(n * shards);
+        for _ in 0..shards {
+            for c in &classes {
+                all.push(Class::new(c.size, c.pages_per_zspage, c.objs_per_zspage));
+            }
+        }
+        let mut classes = all;
+        assert!(classes.len() <= 1 << CLASS_BITS);
+        for (i, c) in classes.iter_mut().enumerate() {
+            c.index = i as u16;
         }
         let tag = NEXT_TAG.fetch_add(1, Ordering::Relaxed) % ((1 << TAG_BITS) - 1) + 1;
         let shared = Arc::new(Shared {
             tag,
             classes,
+            per_shard: n,
+            shards,
             size_to_class,
-            arena: PageArena::new(),
-            pages_held: AtomicU64::new(0),
+            shard_state: (0..shards)
+                .map(|_| ShardState {
+                    arena: PageArena::new(),
+                    pages: AtomicU64::new(0),
+                })
+                .collect(),
             limit_pages: AtomicU64::new(limit_to_pages(config.limit_bytes)),
             compactions: AtomicU64::new(0),
             objects_moved: AtomicU64::new(0),
@@ -338,8 +409,7 @@ impl ZsPool {
     /// The classes as (index, slot size, pages per zspage, objects per
     /// zspage), smallest first.
     pub fn class_geometry(&self) -> Vec<(usize, usize, usize, usize)> {
-        self.shared
-            .classes
+        self.shared.classes[..self.shared.per_shard]
             .iter()
             .map(|c| {
                 (
@@ -350,6 +420,46 @@ impl ZsPool {
                 )
             })
             .collect()
+    }
+}
+
+impl Class {
+    fn new(size: usize, pages_per_zspage: usize, objs_per_zspage: usize) -> Class {
+        Class {
+            index: 0,
+            size,
+            pages_per_zspage,
+            objs_per_zspage,
+            inner: RwLock::new(ClassInner {
+                zspages: Vec::new(),
+                free_zspage_ids: Vec::new(),
+                groups: Default::default(),
+                slots: Vec::new(),
+                free_slots: Vec::new(),
+                obj_used: 0,
+                payload: 0,
+                live_zspages: 0,
+                pages_committed: 0,
+            }),
+            compact_pending: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Shared {
+    /// The class for a new object of `size` bytes, in the shard of the CPU
+    /// this thread runs on.
+    fn class_for(&self, size: usize) -> &Class {
+        let shard = if self.shards == 1 {
+            0
+        } else {
+            // SAFETY: sched_getcpu has no preconditions; it reads the CPU
+            // number (through rseq or the vDSO, no system call). A stale
+            // answer only costs locality, never correctness.
+            let cpu = unsafe { libc::sched_getcpu() };
+            cpu.max(0) as usize % self.shards
+        };
+        &self.classes[shard * self.per_shard + self.size_to_class[(size - 1) / CLASS_STEP] as usize]
     }
 }
 
@@ -394,7 +504,7 @@ fn compactor_main(weak: Weak<Shared>) {
 }
 
 impl Shared {
-    /// Resolves a handle to its class and, under the given lock, its slot.
+    /// Resolves a handle to its class, generation and slot index.
     fn class_of(&self, h: Handle) -> Result<(&Class, u32, u32), Error> {
         let (tag, class, gen, slot) = decode(h);
         if tag != self.tag || class >= self.classes.len() {
@@ -408,7 +518,7 @@ impl Shared {
             .slots
             .get(slot as usize)
             .ok_or(Error::StaleHandle(h.to_raw()))?;
-        if s.zspage == FREE || s.gen != gen {
+        if s.zspage == FREE || s.gen & GEN_MASK != gen {
             return Err(Error::StaleHandle(h.to_raw()));
         }
         Ok(Located {
@@ -423,9 +533,76 @@ impl Shared {
         let zp = inner.zspages[zspage as usize]
             .as_ref()
             .expect("slot points at a live zspage");
-        // SAFETY: obj < objs_per_zspage, so the offset stays inside the run
-        // of pages_per_zspage pages that `base` starts.
+        // SAFETY: obj < fresh <= objs_per_zspage, so the offset stays inside
+        // the committed part of the run that `base` starts.
         unsafe { zp.base.as_ptr().add(obj as usize * class.size) }
+    }
+
+    fn shard(&self, class: &Class) -> &ShardState {
+        &self.shard_state[class.index as usize / self.per_shard]
+    }
+
+    /// Pages held by the whole pool.
+    fn pages_held(&self) -> u64 {
+        self.shard_state
+            .iter()
+            .map(|s| s.pages.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Takes `pages` more pages for `class` against the limit (unless
+    /// `force`).
+    fn reserve(&self, class: &Class, pages: u64, force: bool) -> Result<(), Error> {
+        if pages == 0 {
+            return Ok(());
+        }
+        let limit = self.limit_pages.load(Ordering::Relaxed);
+        let own = &self.shard(class).pages;
+        // Add first, then check the total, so that concurrent shards can
+        // make each other fail but never both pass the limit.
+        own.fetch_add(pages, Ordering::Relaxed);
+        if !force && self.pages_held() > limit {
+            own.fetch_sub(pages, Ordering::Relaxed);
+            return Err(Error::LimitReached {
+                limit_bytes: limit.saturating_mul(PAGE_SIZE as u64),
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes an object slot in zspage `zid` for handle slot `slot`: a freed
+    /// object if there is one, else the next fresh one, committing the pages
+    /// it reaches (the caller reserved them). Returns the object index.
+    fn take_obj(class: &Class, inner: &mut ClassInner, zid: u32, slot: u32) -> u16 {
+        let objs = class.objs_per_zspage;
+        let zp = inner.zspages[zid as usize]
+            .as_mut()
+            .expect("caller picked a live zspage");
+        let obj = match zp.free.pop() {
+            Some(o) => o,
+            None => {
+                let o = zp.fresh;
+                zp.fresh += 1;
+                let now = class.pages_for(zp.fresh as usize) as u32;
+                inner.pages_committed += u64::from(now - zp.committed);
+                zp.committed = now;
+                o as u16
+            }
+        };
+        zp.owner[obj as usize] = slot;
+        zp.inuse += 1;
+        let inuse = zp.inuse as usize;
+        Self::regroup(inner, zid, group_of(inuse, objs));
+        obj
+    }
+
+    /// Pages that taking one more object in `zid` would commit.
+    fn growth(class: &Class, zp: &Zspage) -> u64 {
+        if zp.free.is_empty() {
+            (class.pages_for(zp.fresh as usize + 1) - zp.committed as usize) as u64
+        } else {
+            0
+        }
     }
 
     fn malloc_locked(
@@ -435,20 +612,29 @@ impl Shared {
         size: usize,
     ) -> Result<(Handle, *mut u8), Error> {
         // The fullest partial zspage, so sparse ones drain and can be freed.
-        let zid = match (0..FULL_GROUP).rev().find(|&g| !inner.groups[g].is_empty()) {
-            Some(g) => *inner.groups[g].last().expect("group is non-empty"),
-            None => self.new_zspage(class, inner)?,
+        let partial = (0..FULL_GROUP)
+            .rev()
+            .find_map(|g| inner.groups[g].last().copied());
+        let grow = match partial {
+            Some(z) => Self::growth(class, inner.zspages[z as usize].as_ref().expect("live")),
+            None => class.pages_for(1) as u64,
+        };
+        self.reserve(class, grow, false)?;
+        let zid = match partial {
+            Some(z) => z,
+            None => match self.new_zspage(class, inner) {
+                Ok(z) => z,
+                Err(e) => {
+                    self.shard(class).pages.fetch_sub(grow, Ordering::Relaxed);
+                    return Err(e);
+                }
+            },
         };
         let slot = match inner.free_slots.pop() {
             Some(s) => s,
             None => {
-                let s = inner.slots.len();
-                if s as u64 > SLOT_MASK {
-                    return Err(Error::Config(format!(
-                        "class {} holds 2^{SLOT_BITS} objects, the most a class can name",
-                        class.size
-                    )));
-                }
+                let s = inner.slots.len() as u64;
+                assert!(s <= SLOT_MASK, "class handle table is full");
                 inner.slots.push(Slot {
                     gen: 0,
                     zspage: FREE,
@@ -458,25 +644,8 @@ impl Shared {
                 s as u32
             }
         };
-        let objs = class.objs_per_zspage;
-        let zp = inner.zspages[zid as usize]
-            .as_mut()
-            .expect("group lists only live zspages");
-        let obj = match zp.free.pop() {
-            Some(o) => o,
-            None => {
-                let o = zp.fresh;
-                zp.fresh += 1;
-                o as u16
-            }
-        };
-        zp.owner[obj as usize] = slot;
-        zp.inuse += 1;
-        let inuse = zp.inuse as usize;
-        // SAFETY: obj < objs_per_zspage (it came from `free` or `fresh`,
-        // both below it), so the pointer is inside the zspage's run.
-        let ptr = unsafe { zp.base.as_ptr().add(obj as usize * class.size) };
-        Self::regroup(inner, zid, group_of(inuse, objs));
+        let obj = Self::take_obj(class, inner, zid, slot);
+        let ptr = Self::obj_ptr(class, inner, zid, obj);
         let s = &mut inner.slots[slot as usize];
         s.zspage = zid;
         s.obj = obj;
@@ -487,32 +656,19 @@ impl Shared {
         Ok((h, ptr))
     }
 
+    /// Makes an empty zspage (no page committed yet) in group 0.
     fn new_zspage(&self, class: &Class, inner: &mut ClassInner) -> Result<u32, Error> {
-        let pages = class.pages_per_zspage as u64;
-        let limit = self.limit_pages.load(Ordering::Relaxed);
-        // Reserve the pages first so concurrent classes cannot overshoot.
-        let before = self.pages_held.fetch_add(pages, Ordering::Relaxed);
-        if before + pages > limit {
-            self.pages_held.fetch_sub(pages, Ordering::Relaxed);
-            return Err(Error::LimitReached {
-                limit_bytes: limit.saturating_mul(PAGE_SIZE as u64),
-            });
-        }
-        let base = match self.arena.alloc_run(class.pages_per_zspage) {
-            Ok(b) => b,
-            Err(e) => {
-                self.pages_held.fetch_sub(pages, Ordering::Relaxed);
-                return Err(e);
-            }
-        };
+        let base = self.shard(class).arena.alloc_run(class.pages_per_zspage)?;
         let zp = Zspage {
             base,
             inuse: 0,
             fresh: 0,
+            committed: 0,
+            touched: false,
             free: Vec::new(),
             owner: vec![FREE; class.objs_per_zspage],
             group: 0,
-            group_pos: 0,
+            group_pos: inner.groups[0].len() as u32,
         };
         let zid = match inner.free_zspage_ids.pop() {
             Some(id) => {
@@ -524,12 +680,7 @@ impl Shared {
                 (inner.zspages.len() - 1) as u32
             }
         };
-        let g = &mut inner.groups[0];
-        g.push(zid);
-        let pos = (g.len() - 1) as u32;
-        let zp = inner.zspages[zid as usize].as_mut().expect("just inserted");
-        zp.group = 0;
-        zp.group_pos = pos;
+        inner.groups[0].push(zid);
         inner.live_zspages += 1;
         Ok(zid)
     }
@@ -562,27 +713,30 @@ impl Shared {
         }
     }
 
-    /// Frees the object at `loc`: wipes it, returns its slot to the table.
-    /// Returns the zspage's run if the zspage became empty (the caller gives
-    /// it back to the arena after dropping the class lock).
+    /// Frees the object at `loc`: wipes it if it was ever written, returns
+    /// its slot to the table. Returns the zspage's run if the zspage became
+    /// empty (the caller gives it back after dropping the class lock).
     fn free_locked(
         &self,
         class: &Class,
         inner: &mut ClassInner,
         loc: &Located,
-    ) -> Option<NonNull<u8>> {
-        let ptr = Self::obj_ptr(class, inner, loc.zspage, loc.obj);
-        // SAFETY: ptr points at this object's slot of class.size bytes
-        // inside a live zspage, and we hold the class lock exclusively, so
-        // nobody else reads or writes it. Wiping keeps old contents from a
-        // later owner.
-        unsafe { std::ptr::write_bytes(ptr, 0, loc.size) };
+    ) -> Option<EmptyRun> {
         let s = &mut inner.slots[loc.slot as usize];
+        let written = s.gen & WRITTEN != 0;
         s.zspage = FREE;
         s.gen = (s.gen + 1) & GEN_MASK;
         inner.free_slots.push(loc.slot);
         inner.obj_used -= 1;
         inner.payload -= loc.size as u64;
+        if written {
+            let ptr = Self::obj_ptr(class, inner, loc.zspage, loc.obj);
+            // SAFETY: ptr points at this object's slot (>= loc.size bytes)
+            // in a live zspage, and we hold the class lock exclusively.
+            // Wiping keeps old contents from a later owner and keeps the
+            // invariant that free object memory reads as zeros.
+            unsafe { std::ptr::write_bytes(ptr, 0, loc.size) };
+        }
         self.release_obj(class, inner, loc.zspage, loc.obj)
     }
 
@@ -594,50 +748,72 @@ impl Shared {
         inner: &mut ClassInner,
         zid: u32,
         obj: u16,
-    ) -> Option<NonNull<u8>> {
+    ) -> Option<EmptyRun> {
         let zp = inner.zspages[zid as usize].as_mut().expect("live zspage");
         zp.owner[obj as usize] = FREE;
         zp.free.push(obj);
         zp.inuse -= 1;
         let inuse = zp.inuse as usize;
         if inuse == 0 {
-            let (g, pos, base) = (zp.group as usize, zp.group_pos as usize, zp.base);
+            let (g, pos, base, touched) = (
+                zp.group as usize,
+                zp.group_pos as usize,
+                zp.base,
+                zp.touched,
+            );
+            let committed = u64::from(zp.committed);
             Self::unlink(inner, g, pos);
             inner.zspages[zid as usize] = None;
             inner.free_zspage_ids.push(zid);
             inner.live_zspages -= 1;
-            self.pages_held
-                .fetch_sub(class.pages_per_zspage as u64, Ordering::Relaxed);
-            return Some(base);
+            inner.pages_committed -= committed;
+            self.shard(class)
+                .pages
+                .fetch_sub(committed, Ordering::Relaxed);
+            return Some(EmptyRun {
+                base,
+                committed,
+                touched,
+            });
         }
         Self::regroup(inner, zid, group_of(inuse, class.objs_per_zspage));
         None
     }
 
-    fn give_back(&self, class: &Class, run: Option<NonNull<u8>>) {
-        if let Some(base) = run {
+    fn give_back(&self, class: &Class, run: Option<EmptyRun>) {
+        if let Some(r) = run {
             // SAFETY: the run came from this arena with this length, its
             // zspage was removed from the class under the class lock, and no
             // slot points into it any more.
-            unsafe { self.arena.free_run(base, class.pages_per_zspage) };
+            unsafe {
+                self.shard(class)
+                    .arena
+                    .free_run(r.base, class.pages_per_zspage, r.touched)
+            };
         }
     }
 
+    /// Pages compaction could give back: pages committed minus the pages
+    /// the class's objects need when packed (full zspages plus one dense
+    /// partial one).
     fn freeable(class: &Class, inner: &ClassInner) -> u64 {
-        let allocated = inner.live_zspages * class.objs_per_zspage as u64;
-        let wasted = allocated - inner.obj_used;
-        wasted / class.objs_per_zspage as u64 * class.pages_per_zspage as u64
+        let committed = inner.pages_committed;
+        let objs = class.objs_per_zspage as u64;
+        let needed = inner.obj_used / objs * class.pages_per_zspage as u64
+            + class.pages_for((inner.obj_used % objs) as usize) as u64;
+        committed.saturating_sub(needed)
     }
 
     /// Posts the class to the background compactor if it passed the
-    /// watermark. Called with the class lock held (shared or exclusive).
+    /// watermark. Called with the class lock held.
     fn maybe_post(&self, class: &Class, inner: &ClassInner) {
         let Some(pct) = self.watermark_percent else {
             return;
         };
         let freeable = Self::freeable(class, inner);
-        let pages = inner.live_zspages * class.pages_per_zspage as u64;
-        if freeable < 2 * class.pages_per_zspage as u64 || freeable * 100 < pages * u64::from(pct) {
+        if freeable < 2 * class.pages_per_zspage as u64
+            || freeable * 100 < inner.pages_committed * u64::from(pct)
+        {
             return;
         }
         if class.compact_pending.swap(true, Ordering::Relaxed) {
@@ -647,9 +823,107 @@ impl Shared {
         self.compactor.wake.notify_one();
     }
 
+    /// Moves object `obj` of zspage `src` into a free object of `dst`,
+    /// updating its handle slot. Returns `src`'s run if it became empty.
+    fn move_obj(
+        &self,
+        class: &Class,
+        inner: &mut ClassInner,
+        src: u32,
+        obj: u16,
+        dst: u32,
+    ) -> Option<EmptyRun> {
+        let slot = inner.zspages[src as usize].as_ref().expect("live").owner[obj as usize];
+        let from = Self::obj_ptr(class, inner, src, obj);
+        let grow = Self::growth(class, inner.zspages[dst as usize].as_ref().expect("live"));
+        // Compaction gives back more than it takes: never refused.
+        let _ = self.reserve(class, grow, true);
+        let dobj = Self::take_obj(class, inner, dst, slot);
+        let to = Self::obj_ptr(class, inner, dst, dobj);
+        let s = &mut inner.slots[slot as usize];
+        let size = s.size as usize;
+        s.zspage = dst;
+        s.obj = dobj;
+        for z in [src, dst] {
+            inner.zspages[z as usize].as_mut().expect("live").touched = true;
+        }
+        if from != to {
+            // SAFETY: both pointers are distinct object slots of class.size
+            // bytes in committed memory of live zspages of this class, so
+            // they do not overlap; the class lock is held exclusively.
+            unsafe {
+                std::ptr::copy_nonoverlapping(from, to, size);
+                std::ptr::write_bytes(from, 0, size);
+            }
+        }
+        self.release_obj(class, inner, src, obj)
+    }
+
+    /// Packs the objects of a partial zspage into its lowest slots and gives
+    /// back the committed pages past them. Returns pages given back.
+    fn densify(&self, class: &Class, inner: &mut ClassInner, zid: u32) -> u64 {
+        let zp = inner.zspages[zid as usize].as_mut().expect("live zspage");
+        let inuse = zp.inuse as usize;
+        let keep = class.pages_for(inuse);
+        if keep >= zp.committed as usize {
+            return 0;
+        }
+        let mut holes: Vec<u16> = zp
+            .free
+            .iter()
+            .copied()
+            .filter(|&o| (o as usize) < inuse)
+            .collect();
+        let movers: Vec<u16> = (inuse..zp.fresh as usize)
+            .filter(|&o| zp.owner[o] != FREE)
+            .map(|o| o as u16)
+            .collect();
+        debug_assert_eq!(holes.len(), movers.len());
+        for obj in movers {
+            let hole = holes
+                .pop()
+                .expect("as many holes below inuse as objects above");
+            let zp = inner.zspages[zid as usize].as_mut().expect("live zspage");
+            let slot = zp.owner[obj as usize];
+            zp.owner[hole as usize] = slot;
+            zp.owner[obj as usize] = FREE;
+            let from = Self::obj_ptr(class, inner, zid, obj);
+            let to = Self::obj_ptr(class, inner, zid, hole);
+            let s = &mut inner.slots[slot as usize];
+            s.obj = hole;
+            let size = s.size as usize;
+            // SAFETY: distinct object slots of the same zspage (hole <
+            // inuse <= obj), class.size bytes each, no overlap; exclusive
+            // class lock held.
+            unsafe {
+                std::ptr::copy_nonoverlapping(from, to, size);
+                std::ptr::write_bytes(from, 0, size);
+            }
+        }
+        let zp = inner.zspages[zid as usize].as_mut().expect("live zspage");
+        zp.free.clear();
+        zp.fresh = inuse as u32;
+        let released = zp.committed as usize - keep;
+        // SAFETY: pages keep..committed of the run hold no object any more
+        // (every object now lies below `fresh`), and the exclusive class lock
+        // keeps everyone else out.
+        unsafe {
+            self.shard(class).arena.decommit(
+                NonNull::new(zp.base.as_ptr().add(keep * PAGE_SIZE)).expect("non-null"),
+                released,
+            )
+        };
+        zp.committed = keep as u32;
+        inner.pages_committed -= released as u64;
+        self.shard(class)
+            .pages
+            .fetch_sub(released as u64, Ordering::Relaxed);
+        released as u64
+    }
+
     /// Compacts one class: empties the sparsest zspages into the fullest
-    /// partial ones. Takes the class lock once per source zspage, so readers
-    /// wait at most one zspage's worth of moves.
+    /// partial ones, then packs what stays partial. Takes the class lock once
+    /// per source zspage, so readers wait at most one zspage's worth of moves.
     fn compact_class(&self, class: &Class) -> CompactReport {
         let mut report = CompactReport::default();
         loop {
@@ -662,60 +936,38 @@ impl Shared {
             };
             let mut run = None;
             // Move every object of `src` into the fullest other partial zspage.
-            loop {
+            while run.is_none() {
                 let dst = (0..FULL_GROUP)
                     .rev()
                     .find_map(|g| inner.groups[g].iter().rev().find(|&&z| z != src).copied());
                 let Some(dst) = dst else { break };
                 let src_zp = inner.zspages[src as usize].as_ref().expect("live zspage");
-                let Some(obj) = src_zp.owner.iter().position(|&o| o != FREE) else {
-                    break;
-                };
-                let obj = obj as u16;
-                let slot = src_zp.owner[obj as usize];
-                let from = Self::obj_ptr(class, &inner, src, obj);
-                // Take a free object in dst.
-                let dzp = inner.zspages[dst as usize].as_mut().expect("live zspage");
-                let dobj = match dzp.free.pop() {
-                    Some(o) => o,
-                    None => {
-                        let o = dzp.fresh;
-                        dzp.fresh += 1;
-                        o as u16
-                    }
-                };
-                dzp.owner[dobj as usize] = slot;
-                dzp.inuse += 1;
-                let dinuse = dzp.inuse as usize;
-                let to = Self::obj_ptr(class, &inner, dst, dobj);
-                let size = inner.slots[slot as usize].size as usize;
-                // SAFETY: both pointers are object slots of class.size bytes
-                // in live zspages of this class (distinct zspages, so they do
-                // not overlap), and the class lock is held exclusively.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(from, to, size);
-                    std::ptr::write_bytes(from, 0, size);
-                }
-                Self::regroup(&mut inner, dst, group_of(dinuse, class.objs_per_zspage));
-                let s = &mut inner.slots[slot as usize];
-                s.zspage = dst;
-                s.obj = dobj;
+                let obj = src_zp
+                    .owner
+                    .iter()
+                    .rposition(|&o| o != FREE)
+                    .expect("a live zspage holds an object") as u16;
+                run = self.move_obj(class, &mut inner, src, obj, dst);
                 report.objects_moved += 1;
-                run = self.release_obj(class, &mut inner, src, obj);
-                if run.is_some() {
-                    break;
-                }
             }
             drop(inner);
             match run {
-                Some(_) => {
-                    report.pages_freed += class.pages_per_zspage as u64;
-                    self.give_back(class, run);
+                Some(r) => {
+                    report.pages_freed += r.committed;
+                    self.give_back(class, Some(r));
                 }
-                // No destination left for src: nothing more to gain.
+                // No destination left for src: nothing more to move.
                 None => break,
             }
         }
+        let mut inner = class.inner.write();
+        let partial: Vec<u32> = (0..FULL_GROUP)
+            .flat_map(|g| inner.groups[g].clone())
+            .collect();
+        for z in partial {
+            report.pages_freed += self.densify(class, &mut inner, z);
+        }
+        drop(inner);
         self.compactions.fetch_add(1, Ordering::Relaxed);
         self.objects_moved
             .fetch_add(report.objects_moved, Ordering::Relaxed);
@@ -733,7 +985,7 @@ impl Zpool for ZsPool {
     fn malloc(&self, size: usize) -> Result<Handle, Error> {
         check_size(size)?;
         let sh = &*self.shared;
-        let class = &sh.classes[sh.size_to_class[(size - 1) / CLASS_STEP] as usize];
+        let class = sh.class_for(size);
         let mut inner = class.inner.write();
         sh.malloc_locked(class, &mut inner, size).map(|(h, _)| h)
     }
@@ -742,12 +994,18 @@ impl Zpool for ZsPool {
         let size = data.len();
         check_size(size)?;
         let sh = &*self.shared;
-        let class = &sh.classes[sh.size_to_class[(size - 1) / CLASS_STEP] as usize];
+        let class = sh.class_for(size);
         let mut inner = class.inner.write();
         let (h, ptr) = sh.malloc_locked(class, &mut inner, size)?;
         // SAFETY: ptr is the new object's slot (class.size >= size bytes) in
-        // a live zspage; we hold the class lock exclusively.
+        // committed memory of a live zspage; we hold the class lock
+        // exclusively.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, size) };
+        let (_, _, _, slot) = decode(h);
+        let s = &mut inner.slots[slot as usize];
+        s.gen |= WRITTEN;
+        let zid = s.zspage;
+        inner.zspages[zid as usize].as_mut().expect("live").touched = true;
         Ok(h)
     }
 
@@ -771,7 +1029,7 @@ impl Zpool for ZsPool {
 
     fn write(&self, handle: Handle, data: &[u8]) -> Result<(), Error> {
         let (class, gen, slot) = self.shared.class_of(handle)?;
-        let inner = class.inner.write();
+        let mut inner = class.inner.write();
         let loc = Shared::locate(&inner, handle, gen, slot)?;
         if data.len() != loc.size {
             return Err(Error::BadBuffer {
@@ -784,6 +1042,11 @@ impl Zpool for ZsPool {
         // SAFETY: ptr is this object's slot (>= loc.size bytes) in a live
         // zspage, and the exclusive class lock keeps readers out.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, loc.size) };
+        inner.slots[slot as usize].gen |= WRITTEN;
+        inner.zspages[loc.zspage as usize]
+            .as_mut()
+            .expect("live")
+            .touched = true;
         Ok(())
     }
 
@@ -834,24 +1097,32 @@ impl Zpool for ZsPool {
             allocator: "zsmalloc",
             ..PoolStats::default()
         };
-        let mut meta = sh.arena.metadata_bytes() as u64
+        let mut meta = sh
+            .shard_state
+            .iter()
+            .map(|s| s.arena.metadata_bytes() as u64)
+            .sum::<u64>()
             + (sh.classes.capacity() * std::mem::size_of::<Class>()) as u64;
-        for c in &sh.classes {
-            let inner = c.inner.read();
-            let objs = c.objs_per_zspage as u64;
-            let mut row = ClassStats {
+        // One row per class size, summed over the shards.
+        let mut rows: Vec<ClassStats> = sh.classes[..sh.per_shard]
+            .iter()
+            .map(|c| ClassStats {
                 class: u32::from(c.index),
                 size: c.size as u32,
                 pages_per_zspage: c.pages_per_zspage as u32,
-                obj_allocated: inner.live_zspages * objs,
-                obj_used: inner.obj_used,
-                pages_used: inner.live_zspages * c.pages_per_zspage as u64,
-                freeable: Shared::freeable(c, &inner),
                 ..ClassStats::default()
-            };
-            let mut hist = [0u64; FULLNESS_BUCKETS];
+            })
+            .collect();
+        for c in &sh.classes {
+            let inner = c.inner.read();
+            let objs = c.objs_per_zspage as u64;
+            let row = &mut rows[c.index as usize % sh.per_shard];
+            row.obj_allocated += inner.live_zspages * objs;
+            row.obj_used += inner.obj_used;
+            row.pages_used += inner.pages_committed;
+            row.freeable += Shared::freeable(c, &inner);
             for (g, list) in inner.groups.iter().enumerate() {
-                hist[(g + 1).min(FULLNESS_BUCKETS - 1)] += list.len() as u64;
+                row.fullness[(g + 1).min(FULLNESS_BUCKETS - 1)] += list.len() as u64;
                 if g != FULL_GROUP {
                     for &z in list {
                         let zp = inner.zspages[z as usize].as_ref().expect("live zspage");
@@ -863,7 +1134,6 @@ impl Zpool for ZsPool {
                     }
                 }
             }
-            row.fullness = hist;
             st.objects += inner.obj_used;
             st.payload_bytes += inner.payload;
             meta += (inner.slots.capacity() * std::mem::size_of::<Slot>()
@@ -875,12 +1145,9 @@ impl Zpool for ZsPool {
             for zp in inner.zspages.iter().flatten() {
                 meta += (zp.owner.capacity() * 4 + zp.free.capacity() * 2) as u64;
             }
-            drop(inner);
-            if row.pages_used > 0 {
-                st.classes.push(row);
-            }
         }
-        st.pages_held = sh.pages_held.load(Ordering::Relaxed);
+        st.classes = rows.into_iter().filter(|r| r.pages_used > 0).collect();
+        st.pages_held = sh.pages_held();
         st.pool_bytes = st.pages_held * PAGE_SIZE as u64;
         st.metadata_bytes = meta;
         let lim = sh.limit_pages.load(Ordering::Relaxed);
@@ -892,7 +1159,7 @@ impl Zpool for ZsPool {
     }
 
     fn pool_bytes(&self) -> u64 {
-        self.shared.pages_held.load(Ordering::Relaxed) * PAGE_SIZE as u64
+        self.shared.pages_held() * PAGE_SIZE as u64
     }
 
     fn set_limit(&self, limit_bytes: Option<u64>) {
@@ -912,6 +1179,7 @@ impl Zpool for ZsPool {
             let objs = c.objs_per_zspage;
             let mut live = 0u64;
             let mut inuse_sum = 0u64;
+            let mut committed = 0u64;
             for (zid, zp) in inner.zspages.iter().enumerate() {
                 let Some(zp) = zp else { continue };
                 live += 1;
@@ -922,12 +1190,32 @@ impl Zpool for ZsPool {
                         zp.inuse
                     ));
                 }
+                if zp.committed as usize != c.pages_for(zp.fresh as usize) {
+                    return Err(format!(
+                        "{name}: zspage {zid} commits {} pages for {} fresh objects",
+                        zp.committed, zp.fresh
+                    ));
+                }
+                committed += u64::from(zp.committed);
                 if zp.inuse as usize + zp.free.len() + (objs - zp.fresh as usize) != objs {
                     return Err(format!("{name}: zspage {zid} object counts do not add up"));
                 }
                 for &f in &zp.free {
                     if zp.owner[f as usize] != FREE || u32::from(f) >= zp.fresh {
                         return Err(format!("{name}: zspage {zid} free object {f} is in use"));
+                    }
+                    // SAFETY: f < fresh, so the slot lies in committed memory
+                    // of a live zspage; every class lock is held.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts(
+                            zp.base.as_ptr().add(f as usize * c.size),
+                            c.size,
+                        )
+                    };
+                    if bytes.iter().any(|&b| b != 0) {
+                        return Err(format!(
+                            "{name}: zspage {zid} free object {f} was not wiped"
+                        ));
                     }
                 }
                 let g = group_of(zp.inuse as usize, objs);
@@ -964,7 +1252,9 @@ impl Zpool for ZsPool {
             for s in inner.slots.iter().filter(|s| s.zspage != FREE) {
                 used += 1;
                 payload += u64::from(s.size);
-                if sh.size_to_class[(s.size as usize - 1) / CLASS_STEP] != c.index {
+                if sh.size_to_class[(s.size as usize - 1) / CLASS_STEP] as usize
+                    != c.index as usize % sh.per_shard
+                {
                     return Err(format!("{name}: object of size {} in wrong class", s.size));
                 }
             }
@@ -978,9 +1268,15 @@ impl Zpool for ZsPool {
             if inner.free_slots.len() as u64 != free_slots {
                 return Err(format!("{name}: free slot list does not match the table"));
             }
-            pages += live * c.pages_per_zspage as u64;
+            if committed != inner.pages_committed {
+                return Err(format!(
+                    "{name}: zspages commit {committed} pages, counter says {}",
+                    inner.pages_committed
+                ));
+            }
+            pages += committed;
         }
-        let held = sh.pages_held.load(Ordering::Relaxed);
+        let held = sh.pages_held();
         if held != pages {
             return Err(format!(
                 "pool holds {held} pages by its counter, {pages} by its classes"
