@@ -135,3 +135,296 @@ impl Drop for AlignedBuf {
 pub fn note(msg: &str) {
     let _ = writeln!(std::io::stderr(), "{msg}");
 }
+
+/// A swap file, zswap settings and memory cgroups set up for one
+/// measurement. `Drop` undoes everything in reverse order: cgroups removed,
+/// swap turned off and deleted, every zswap parameter written back.
+pub struct KernelSwap {
+    swapfile: std::path::PathBuf,
+    swapped_on: bool,
+    /// (parameter file, value before we touched it).
+    saved: Vec<(String, String)>,
+    cgroups: Vec<std::path::PathBuf>,
+}
+
+const ZSWAP_PARAMS: &str = "/sys/module/zswap/parameters";
+
+/// Kernel zswap figures from /proc/meminfo and /proc/vmstat (bytes/pages).
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct ZswapSample {
+    /// Compressed pool size ("Zswap:").
+    pub pool_bytes: u64,
+    /// Original size of the pages stored ("Zswapped:").
+    pub stored_bytes: u64,
+    pub zswpout: u64,
+    pub zswpwb: u64,
+    pub pswpout: u64,
+}
+
+impl ZswapSample {
+    pub fn read() -> Result<ZswapSample> {
+        let mut s = ZswapSample::default();
+        for line in std::fs::read_to_string("/proc/meminfo")?.lines() {
+            let kb = |l: &str| -> u64 {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+                    * 1024
+            };
+            if line.starts_with("Zswap:") {
+                s.pool_bytes = kb(line);
+            } else if line.starts_with("Zswapped:") {
+                s.stored_bytes = kb(line);
+            }
+        }
+        for line in std::fs::read_to_string("/proc/vmstat")?.lines() {
+            let mut it = line.split_whitespace();
+            let (Some(k), Some(v)) = (it.next(), it.next()) else {
+                continue;
+            };
+            let v: u64 = v.parse().unwrap_or(0);
+            match k {
+                "zswpout" => s.zswpout = v,
+                "zswpwb" => s.zswpwb = v,
+                "pswpout" => s.pswpout = v,
+                _ => {}
+            }
+        }
+        Ok(s)
+    }
+}
+
+impl KernelSwap {
+    /// Adds a swap file of `swap_bytes` and sets zswap on with `compressor`
+    /// (or off with `None`).
+    pub fn setup(swap_bytes: u64, compressor: Option<&str>) -> Result<KernelSwap> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            bail!("the kernel reference needs root (swapon, zswap parameters, memory cgroups): run as root or drop --vs-kernel");
+        }
+        let mut ks = KernelSwap {
+            swapfile: std::path::PathBuf::from(format!(
+                "/var/tmp/uzswap-bench-{}.swap",
+                std::process::id()
+            )),
+            swapped_on: false,
+            saved: Vec::new(),
+            cgroups: Vec::new(),
+        };
+        for p in [
+            "enabled",
+            "compressor",
+            "max_pool_percent",
+            "accept_threshold_percent",
+        ] {
+            let path = format!("{ZSWAP_PARAMS}/{p}");
+            let v = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {path}: is zswap built into this kernel?"))?;
+            ks.saved.push((path, v.trim().to_string()));
+        }
+        ks.write_swapfile(swap_bytes)?;
+        let st = std::process::Command::new("mkswap")
+            .arg(&ks.swapfile)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .context("running mkswap (util-linux)")?;
+        anyhow::ensure!(st.success(), "mkswap failed on {}", ks.swapfile.display());
+        let st = std::process::Command::new("swapon")
+            .arg(&ks.swapfile)
+            .status()
+            .context("running swapon")?;
+        anyhow::ensure!(st.success(), "swapon failed on {}", ks.swapfile.display());
+        ks.swapped_on = true;
+        match compressor {
+            Some(c) => {
+                std::fs::write(format!("{ZSWAP_PARAMS}/compressor"), c)
+                    .with_context(|| format!("the kernel's zswap has no compressor {c}"))?;
+                std::fs::write(format!("{ZSWAP_PARAMS}/enabled"), "Y")?;
+            }
+            None => std::fs::write(format!("{ZSWAP_PARAMS}/enabled"), "N")?,
+        }
+        Ok(ks)
+    }
+
+    fn write_swapfile(&self, bytes: u64) -> Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&self.swapfile)
+            .with_context(|| format!("creating {}", self.swapfile.display()))?;
+        // Written, not sparse: swapon refuses files with holes.
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..bytes.div_ceil(1 << 20) {
+            f.write_all(&zeros).with_context(|| {
+                format!("writing {}: is the disk full?", self.swapfile.display())
+            })?;
+        }
+        f.sync_all()?;
+        Ok(())
+    }
+
+    /// Makes a memory cgroup (v1) limited to `limit` bytes; removed on drop.
+    pub fn cgroup(&mut self, limit: u64) -> Result<std::path::PathBuf> {
+        let dir = std::path::PathBuf::from(format!(
+            "/sys/fs/cgroup/memory/uzswap-bench-{}-{}",
+            std::process::id(),
+            self.cgroups.len()
+        ));
+        std::fs::create_dir(&dir).with_context(|| {
+            format!(
+                "creating {}: are memory cgroups (v1) mounted at /sys/fs/cgroup/memory?",
+                dir.display()
+            )
+        })?;
+        self.cgroups.push(dir.clone());
+        std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string())?;
+        let _ = std::fs::write(dir.join("memory.swappiness"), "100");
+        Ok(dir)
+    }
+}
+
+impl Drop for KernelSwap {
+    fn drop(&mut self) {
+        for cg in self.cgroups.drain(..).rev() {
+            // Any task left (a child that outlived an error) is killed first.
+            if let Ok(tasks) = std::fs::read_to_string(cg.join("tasks")) {
+                for pid in tasks.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                    // SAFETY: kill has no memory preconditions.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
+            for _ in 0..100 {
+                if std::fs::remove_dir(&cg).is_ok() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+        if self.swapped_on {
+            let _ = std::process::Command::new("swapoff")
+                .arg(&self.swapfile)
+                .status();
+        }
+        let _ = std::fs::remove_file(&self.swapfile);
+        // Compressor before enabled, as they were set.
+        for (path, v) in self.saved.iter().rev() {
+            let _ = std::fs::write(path, v);
+        }
+    }
+}
+
+/// What the kernel side of a usemem run measured.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct KernelRun {
+    pub report: crate::usemem::Report,
+    /// Peak of the kernel's zswap pool during the run (bytes).
+    pub peak_zswap_pool_bytes: u64,
+    /// Peak of cgroup usage + zswap pool at the same sample (bytes).
+    pub peak_memory_bytes: u64,
+    /// The cgroup's own peak usage (memory.max_usage_in_bytes).
+    pub cgroup_max_usage_bytes: u64,
+    /// zswap at the end of the run, before the child exits.
+    pub end: ZswapSample,
+    /// Counters over the run (end − start).
+    pub zswpout: u64,
+    pub zswpwb: u64,
+    pub pswpout: u64,
+}
+
+/// Runs the usemem workload in a child process inside `cgroup` and samples
+/// the kernel's figures while it runs.
+pub fn usemem_in_cgroup(
+    cgroup: &std::path::Path,
+    data: crate::corpus::DataKind,
+    mib: usize,
+    pattern: crate::usemem::Pattern,
+    passes: u32,
+) -> Result<KernelRun> {
+    use std::io::BufRead;
+    let exe = std::env::current_exe().context("locating the uzswap binary")?;
+    let start = ZswapSample::read()?;
+    let mut child = std::process::Command::new(exe)
+        .arg("internal-usemem")
+        .arg("--cgroup")
+        .arg(cgroup)
+        .arg("--data")
+        .arg(format!("{data:?}").to_lowercase())
+        .arg("--mib")
+        .arg(mib.to_string())
+        .arg("--pattern")
+        .arg(format!("{pattern:?}").to_lowercase())
+        .arg("--passes")
+        .arg(passes.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("starting the workload child")?;
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let usage_path = cgroup.join("memory.usage_in_bytes");
+    let mut run = KernelRun::default();
+    let line = loop {
+        let s = ZswapSample::read()?;
+        let usage: u64 = std::fs::read_to_string(&usage_path)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        run.peak_zswap_pool_bytes = run.peak_zswap_pool_bytes.max(s.pool_bytes);
+        run.peak_memory_bytes = run.peak_memory_bytes.max(usage + s.pool_bytes);
+        match rx.recv_timeout(std::time::Duration::from_millis(20)) {
+            Ok(line) => break line,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(_) => break String::new(),
+        }
+    };
+    run.end = ZswapSample::read()?;
+    run.cgroup_max_usage_bytes = std::fs::read_to_string(cgroup.join("memory.max_usage_in_bytes"))
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    drop(child.stdin.take()); // lets the child exit
+    let status = child.wait()?;
+    anyhow::ensure!(
+        !line.is_empty(),
+        "the workload child died ({status}) before reporting: was it killed by the cgroup's OOM killer? Give it more swap or memory"
+    );
+    run.report = serde_json::from_str(line.trim()).context("parsing the child's report")?;
+    run.zswpout = run.end.zswpout - start.zswpout;
+    run.zswpwb = run.end.zswpwb - start.zswpwb;
+    run.pswpout = run.end.pswpout - start.pswpout;
+    Ok(run)
+}
+
+/// The child side: joins `cgroup` after loading its pages (so the page
+/// cache and the reference copy are charged outside the limit), runs the
+/// workload on plain anonymous memory, prints its report, and holds its
+/// memory until stdin closes.
+pub fn usemem_child(
+    cgroup: &std::path::Path,
+    data: crate::corpus::DataKind,
+    mib: usize,
+    pattern: crate::usemem::Pattern,
+    passes: u32,
+) -> Result<()> {
+    let pages = crate::corpus::load(data, mib * 256)?;
+    std::fs::write(cgroup.join("tasks"), std::process::id().to_string())
+        .with_context(|| format!("joining {}", cgroup.display()))?;
+    let mut mem = vec![0u8; mib << 20];
+    let report = crate::usemem::run(&mut mem, &pages, pattern, passes);
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string(&report)?)?;
+    out.flush()?;
+    drop(out);
+    let mut sink = String::new();
+    let _ = std::io::stdin().read_line(&mut sink);
+    drop(mem);
+    Ok(())
+}

@@ -3,8 +3,10 @@
 //! real configuration; `main` only maps errors to exit codes.
 
 mod bench_pool;
+mod bench_usemem;
 mod corpus;
 mod kernel;
+mod usemem;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -33,6 +35,20 @@ enum Cmd {
     /// Benchmarks; each prints one JSON object on stdout with --json.
     #[command(subcommand)]
     Bench(Bench),
+    /// (internal) the workload child of the kernel reference runs.
+    #[command(hide = true)]
+    InternalUsemem {
+        #[arg(long)]
+        cgroup: std::path::PathBuf,
+        #[arg(long, value_enum)]
+        data: corpus::DataKind,
+        #[arg(long)]
+        mib: usize,
+        #[arg(long, value_enum)]
+        pattern: usemem::Pattern,
+        #[arg(long)]
+        passes: u32,
+    },
 }
 
 #[derive(Subcommand)]
@@ -57,6 +73,30 @@ enum Bench {
         #[arg(long, default_value_t = 1.0)]
         pair_seconds: f64,
         /// Print the result as one JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The usemem workload (fill, then read-check-rewrite passes) under a
+    /// resident budget, optionally against the kernel's zswap and swap.
+    Usemem {
+        /// MiB of memory the workload uses.
+        #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=16384))]
+        mib: u64,
+        /// Resident budget in MiB.
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=16384))]
+        budget_mib: u64,
+        #[arg(long, value_enum, default_value = "mixed")]
+        data: corpus::DataKind,
+        #[arg(long, value_enum, default_value = "seq")]
+        pattern: usemem::Pattern,
+        #[arg(long, default_value_t = 3)]
+        passes: u32,
+        #[arg(long, default_value = "lz4")]
+        compressor: String,
+        /// Also run the same workload under a memory cgroup with the
+        /// kernel's zswap, and with plain swap (root; restored afterwards).
+        #[arg(long)]
+        vs_kernel: bool,
         #[arg(long)]
         json: bool,
     },
@@ -102,6 +142,34 @@ fn demo(mib: u32) -> Result<()> {
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Demo { mib } => demo(mib),
+        Cmd::Bench(Bench::Usemem {
+            mib,
+            budget_mib,
+            data,
+            pattern,
+            passes,
+            compressor,
+            vs_kernel,
+            json,
+        }) => {
+            let v = bench_usemem::run(&bench_usemem::Args {
+                mib: mib as usize,
+                budget_mib: budget_mib as usize,
+                data,
+                pattern,
+                passes,
+                compressor,
+                vs_kernel,
+            })?;
+            emit(json, &v)
+        }
+        Cmd::InternalUsemem {
+            cgroup,
+            data,
+            mib,
+            pattern,
+            passes,
+        } => kernel::usemem_child(&cgroup, data, mib, pattern, passes),
         Cmd::Bench(Bench::Pool {
             data,
             mib,
