@@ -26,6 +26,7 @@
 //! Both implement [`Zpool`], so a cache can take either, chosen at creation.
 
 pub mod stats;
+mod sync;
 mod sys;
 pub mod xcf;
 pub mod zsmalloc;

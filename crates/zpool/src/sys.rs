@@ -16,8 +16,8 @@
 //! list per run length. Virtual address space is cheap; resident memory is
 //! what is given back.
 
+use crate::sync::Mutex;
 use crate::Error;
-use parking_lot::Mutex;
 use std::ptr::NonNull;
 
 /// Size of an OS page, and the unit of everything in the pool.

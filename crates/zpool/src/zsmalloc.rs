@@ -54,11 +54,11 @@
 //! - per pool: `pages_held == Σ_zspage committed`.
 
 use crate::stats::FULLNESS_BUCKETS;
+use crate::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, RwLock};
 use crate::sys::{PageArena, MAX_RUN_PAGES, PAGE_SIZE};
 use crate::{check_size, ClassStats, CompactReport, Error, Handle, PoolStats, Zpool};
-use parking_lot::{Condvar, Mutex, RwLock};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 
 /// Objects are rounded up to a multiple of this.
@@ -263,7 +263,7 @@ struct CompactorState {
 /// The zsmalloc-class pool. See the module documentation.
 pub struct ZsPool {
     shared: Arc<Shared>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Option<sync::thread::JoinHandle<()>>,
 }
 
 static NEXT_TAG: AtomicU32 = AtomicU32::new(0);
@@ -394,7 +394,7 @@ impl ZsPool {
             Some(_) => {
                 let weak = Arc::downgrade(&shared);
                 Some(
-                    std::thread::Builder::new()
+                    sync::thread::Builder::new()
                         .name("zs-compact".into())
                         .spawn(move || compactor_main(weak))
                         .map_err(|e| {
@@ -452,6 +452,11 @@ impl Shared {
     fn class_for(&self, size: usize) -> &Class {
         let shard = if self.shards == 1 {
             0
+        } else if cfg!(feature = "shuttle") {
+            // Under the model checker every thread runs on one CPU: spread
+            // threads over shards by id so cross-shard paths are explored.
+            let id = format!("{:?}", sync::thread::current().id());
+            id.bytes().map(usize::from).sum::<usize>() % self.shards
         } else {
             // SAFETY: sched_getcpu has no preconditions; it reads the CPU
             // number (through rseq or the vDSO, no system call). A stale
@@ -493,7 +498,7 @@ fn compactor_main(weak: Weak<Shared>) {
                 if let Some(c) = st.pending.pop() {
                     break c;
                 }
-                shared.compactor.wake.wait(&mut st);
+                st = sync::wait(&shared.compactor.wake, st);
             }
         };
         let c = &shared.classes[class as usize];
