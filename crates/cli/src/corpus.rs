@@ -28,6 +28,8 @@ pub enum DataKind {
     Text,
     Bin,
     Mixed,
+    /// Anonymous memory of real Python and Node.js processes.
+    Heap,
 }
 
 /// A set of pages, stored back to back.
@@ -159,6 +161,7 @@ pub fn load(kind: DataKind, count: usize) -> Result<Pages> {
         DataKind::Text => text_pages(count)?,
         DataKind::Bin => bin_pages(count)?,
         DataKind::Mixed => mixed_pages(count)?,
+        DataKind::Heap => heap_pages(count)?,
     };
     shuffle_pages(&mut bytes, 0x757a_7377_6170);
     Ok(Pages { bytes, source })
@@ -197,4 +200,182 @@ fn mixed_pages(count: usize) -> Result<(Vec<u8>, String)> {
             "mixed: 10% zero, 5% one repeated word, 45% {tsrc}, 25% {bsrc}, 5% random, 10% copies of 8 text pages"
         ),
     ))
+}
+
+/// Anonymous memory of real programs: a Python interpreter and a Node.js
+/// process, each started here to build sizeable data structures out of the
+/// machine's text (dicts, lists, strings, numbers; objects, arrays, maps),
+/// then read through /proc/PID/mem, taking only the pages that are present
+/// (per /proc/PID/pagemap) in private anonymous mappings. Needs root (or
+/// ptrace rights over the children) and python3/node on the PATH.
+pub fn heap_pages(count: usize) -> Result<(Vec<u8>, String)> {
+    let mib_each = (count * PAGE / 2).div_ceil(1 << 20).max(4);
+    let py = format!(
+        r#"
+import sys, os
+words = []
+for root in ("/usr/include",):
+    for d, _, fs in os.walk(root):
+        for f in sorted(fs):
+            try: words += open(os.path.join(d, f), errors="ignore").read().split()
+            except OSError: pass
+        if len(words) > 2_000_000: break
+target = {mib_each} << 20
+data, size, i = {{}}, 0, 0
+while size < target:
+    w = words[i % len(words)]
+    data.setdefault(w[:8], []).append((i, w, float(i) / 7, w.upper()))
+    size += 160; i += 1
+print("ready", flush=True)
+sys.stdin.readline()
+"#
+    );
+    let js = format!(
+        r#"
+const fs = require("fs"), path = require("path");
+let words = [];
+(function walk(d) {{ for (const f of fs.readdirSync(d).sort()) {{ if (words.length > 2e6) return;
+  const p = path.join(d, f); let st; try {{ st = fs.statSync(p); }} catch (e) {{ continue; }}
+  if (st.isDirectory()) walk(p); else {{ try {{ words.push(...fs.readFileSync(p, "latin1").split(/\s+/)); }} catch (e) {{}} }} }} }})("/usr/include");
+const target = {mib_each} * 1048576; const m = new Map(); const arr = []; let size = 0, i = 0;
+while (size < target) {{ const w = words[i % words.length];
+  const o = {{ id: i, w: w, n: i / 7, u: w.toUpperCase() }}; arr.push(o);
+  if (!m.has(w)) m.set(w, []); m.get(w).push(i); size += 120; i++; }}
+console.log("ready");
+process.stdin.once("data", () => process.exit(0));
+"#
+    );
+    let mut out = Vec::with_capacity(count * PAGE);
+    let mut sources = Vec::new();
+    for (prog, args) in [("python3", vec!["-c", &py]), ("node", vec!["-e", &js])] {
+        let half = if out.is_empty() {
+            count / 2
+        } else {
+            count - out.len() / PAGE
+        };
+        let pages = dump_process(prog, &args, half)
+            .with_context(|| format!("reading the heap of a {prog} process"))?;
+        sources.push(format!("{} pages of {prog}", pages.len() / PAGE));
+        out.extend_from_slice(&pages);
+    }
+    if out.len() < count * PAGE {
+        bail!(
+            "the programs' heaps gave only {} pages of {count}: ask for fewer MiB",
+            out.len() / PAGE
+        );
+    }
+    out.truncate(count * PAGE);
+    Ok((
+        out,
+        format!(
+            "heap: present anonymous pages of real processes ({}) built from /usr/include words",
+            sources.join(", ")
+        ),
+    ))
+}
+
+/// Starts `prog`, waits for it to print "ready", and reads up to `want`
+/// present pages of its private anonymous mappings.
+fn dump_process(prog: &str, args: &[&str], want: usize) -> Result<Vec<u8>> {
+    use std::io::{BufRead, Read, Seek, SeekFrom};
+    let mut child = std::process::Command::new(prog)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {prog}: is it installed?"))?;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+    if line.trim() != "ready" {
+        let _ = child.kill();
+        bail!("{prog} did not get ready");
+    }
+    let pid = child.id();
+    let result = (|| -> Result<Vec<u8>> {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+        let mut mem = std::fs::File::open(format!("/proc/{pid}/mem"))?;
+        let mut pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap"))?;
+        let mut out = Vec::new();
+        let mut page = vec![0u8; PAGE];
+        for l in maps.lines() {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // start-end perms offset dev inode [name]: private, writable,
+            // not file-backed (inode 0), not the stack or vsyscall areas.
+            if f.len() < 5 || !f[1].starts_with("rw") || !f[1].ends_with('p') || f[4] != "0" {
+                continue;
+            }
+            if f.get(5)
+                .is_some_and(|n| n.starts_with("[s") || n.starts_with("[v"))
+            {
+                continue;
+            }
+            let (a, b) = f[0].split_once('-').expect("maps range");
+            let (a, b) = (u64::from_str_radix(a, 16)?, u64::from_str_radix(b, 16)?);
+            let mut entries = vec![0u8; ((b - a) / PAGE as u64 * 8) as usize];
+            pagemap.seek(SeekFrom::Start(a / PAGE as u64 * 8))?;
+            pagemap.read_exact(&mut entries)?;
+            for (k, e) in entries.chunks_exact(8).enumerate() {
+                if out.len() >= want * PAGE {
+                    return Ok(out);
+                }
+                let e = u64::from_ne_bytes(e.try_into().expect("8 bytes"));
+                if e >> 63 == 0 {
+                    continue; // not present: never touched
+                }
+                mem.seek(SeekFrom::Start(a + (k * PAGE) as u64))?;
+                if mem.read_exact(&mut page).is_ok() {
+                    out.extend_from_slice(&page);
+                }
+            }
+        }
+        Ok(out)
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
+/// What a set of pages is made of: pages of one repeated 8-byte word (zero
+/// pages among them) and pages identical to an earlier page.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct Composition {
+    pub pages: u64,
+    pub zero: u64,
+    pub same_filled_nonzero: u64,
+    /// Pages equal, byte for byte, to an earlier page that is not
+    /// same-filled.
+    pub duplicate: u64,
+}
+
+impl Pages {
+    pub fn composition(&self) -> Composition {
+        use std::collections::HashMap;
+        use std::hash::{Hash, Hasher};
+        let mut c = Composition {
+            pages: self.count() as u64,
+            ..Composition::default()
+        };
+        let mut seen: HashMap<u64, Vec<usize>> = HashMap::new();
+        for i in 0..self.count() {
+            let p = self.page(i);
+            let w = &p[..8];
+            if p.chunks_exact(8).all(|c| c == w) {
+                if w == [0u8; 8] {
+                    c.zero += 1;
+                } else {
+                    c.same_filled_nonzero += 1;
+                }
+                continue;
+            }
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            p.hash(&mut h);
+            let list = seen.entry(h.finish()).or_default();
+            if list.iter().any(|&j| self.page(j) == p) {
+                c.duplicate += 1;
+            } else {
+                list.push(i);
+            }
+        }
+        c
+    }
 }
