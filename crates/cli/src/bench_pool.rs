@@ -157,6 +157,7 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         "allocator": pool.name(),
         "data": format!("{:?}", args.data).to_lowercase(),
         "data_source": pages.source,
+        "data_composition": pages.composition(),
         "mib": args.mib,
         "objects": count,
         "payload_bytes": payload,
