@@ -30,12 +30,14 @@ fn kernel_compressor(ours: &str) -> &'static str {
 }
 
 /// One kernel run (zswap with `compressor`, or plain swap with `None`).
-pub fn kernel_run(args: &Args, compressor: Option<&str>) -> Result<KernelRun> {
+/// Returns the run and the compressor the kernel really used.
+pub fn kernel_run(args: &Args, compressor: Option<&str>) -> Result<(KernelRun, Option<String>)> {
     let mut ks = KernelSwap::setup((args.mib as u64) << 21, compressor)?;
     let cg = ks.cgroup((args.budget_mib as u64) << 20)?;
     let run = usemem_in_cgroup(&cg, args.data, args.mib, args.pattern, args.passes)?;
+    let used = ks.compressor.clone();
     drop(ks);
-    Ok(run)
+    Ok((run, used))
 }
 
 pub fn run(args: &Args) -> Result<serde_json::Value> {
@@ -54,13 +56,13 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
             "kernel: zswap ({comp}) in a memory cgroup of {} MiB ...",
             args.budget_mib
         ));
-        let z = kernel_run(args, Some(comp))?;
+        let (z, comp) = kernel_run(args, Some(comp))?;
         note(&format!(
             "kernel zswap: fill {:.0} KB/s, pass {:.0} KB/s, corrupt {}, peak pool {} B, peak cgroup+pool {} B",
             z.report.fill_kbps, z.report.pass_kbps, z.report.corrupt_pages, z.peak_zswap_pool_bytes, z.peak_memory_bytes
         ));
         note("kernel: plain swap ...");
-        let s = kernel_run(args, None)?;
+        let (s, _) = kernel_run(args, None)?;
         note(&format!(
             "kernel swap: fill {:.0} KB/s, pass {:.0} KB/s, corrupt {}",
             s.report.fill_kbps, s.report.pass_kbps, s.report.corrupt_pages

@@ -145,6 +145,8 @@ pub struct KernelSwap {
     /// (parameter file, value before we touched it).
     saved: Vec<(String, String)>,
     cgroups: Vec<std::path::PathBuf>,
+    /// The compressor zswap really uses (None: zswap off).
+    pub compressor: Option<String>,
 }
 
 const ZSWAP_PARAMS: &str = "/sys/module/zswap/parameters";
@@ -211,6 +213,7 @@ impl KernelSwap {
             swapped_on: false,
             saved: Vec::new(),
             cgroups: Vec::new(),
+            compressor: None,
         };
         for p in [
             "enabled",
@@ -238,8 +241,19 @@ impl KernelSwap {
         ks.swapped_on = true;
         match compressor {
             Some(c) => {
-                std::fs::write(format!("{ZSWAP_PARAMS}/compressor"), c)
-                    .with_context(|| format!("the kernel's zswap has no compressor {c}"))?;
+                let param = format!("{ZSWAP_PARAMS}/compressor");
+                if std::fs::write(&param, c).is_err() {
+                    // As the issue asks: the same compressor where the
+                    // kernel has it, else its default, lzo.
+                    note(&format!(
+                        "the kernel has no {c} compressor for zswap: using lzo"
+                    ));
+                    std::fs::write(&param, "lzo")
+                        .context("the kernel's zswap has neither the asked compressor nor lzo")?;
+                    ks.compressor = Some("lzo".into());
+                } else {
+                    ks.compressor = Some(c.into());
+                }
                 std::fs::write(format!("{ZSWAP_PARAMS}/enabled"), "Y")?;
             }
             None => std::fs::write(format!("{ZSWAP_PARAMS}/enabled"), "N")?,

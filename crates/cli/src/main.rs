@@ -2,6 +2,7 @@
 //! Arguments are parsed and validated first (clap), then turned into the
 //! real configuration; `main` only maps errors to exit codes.
 
+mod bench_cache;
 mod bench_pool;
 mod bench_usemem;
 mod corpus;
@@ -35,6 +36,16 @@ enum Cmd {
     /// Benchmarks; each prints one JSON object on stdout with --json.
     #[command(subcommand)]
     Bench(Bench),
+    /// (internal) the kernel's zswap on the given pages.
+    #[command(hide = true)]
+    InternalKernelZswap {
+        #[arg(long, value_enum)]
+        data: corpus::DataKind,
+        #[arg(long)]
+        mib: usize,
+        #[arg(long)]
+        compressor: String,
+    },
     /// (internal) the workload child of the kernel reference runs.
     #[command(hide = true)]
     InternalUsemem {
@@ -163,6 +174,11 @@ fn run(cli: Cli) -> Result<()> {
             })?;
             emit(json, &v)
         }
+        Cmd::InternalKernelZswap {
+            data,
+            mib,
+            compressor,
+        } => emit(true, &bench_cache::kernel_zswap(data, mib, &compressor)?),
         Cmd::InternalUsemem {
             cgroup,
             data,
