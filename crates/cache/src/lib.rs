@@ -1,1 +1,2 @@
-//! uzswap-cache (to be built).
+//! uzswap-cache (being built): the zswap cache.
+pub mod dedup;
