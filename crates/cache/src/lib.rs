@@ -1,2 +1,3 @@
 //! uzswap-cache (being built): the zswap cache.
+pub mod admission;
 pub mod dedup;
