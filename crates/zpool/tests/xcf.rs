@@ -313,3 +313,78 @@ fn stress_threads_with_compaction() {
     p.check_invariants().unwrap();
     assert_eq!(p.pool_bytes(), 0);
 }
+
+/// Quick throughput figures, not a benchmark harness: run with
+/// `cargo test --release -p uzswap-zpool --test xcf -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn throughput_report() {
+    let n = 200_000usize;
+    let mut r = rand::rngs::StdRng::seed_from_u64(9);
+    let sizes: Vec<usize> = (0..n).map(|_| r.gen_range(2700..3300)).collect();
+    let data = fill_bytes(1, 4096);
+    for threads in [1usize, 2] {
+        let p = Arc::new(pool());
+        let t0 = std::time::Instant::now();
+        let hs: Vec<Vec<Handle>> = std::thread::scope(|s| {
+            let ws: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (p, sizes, data) = (&p, &sizes, &data);
+                    s.spawn(move || {
+                        sizes[t * n / threads..(t + 1) * n / threads]
+                            .iter()
+                            .map(|&z| p.malloc_write(&data[..z]).unwrap())
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            ws.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        let store = t0.elapsed();
+        let st = p.stats();
+        let t1 = std::time::Instant::now();
+        std::thread::scope(|s| {
+            for part in &hs {
+                let p = &p;
+                s.spawn(move || {
+                    let mut buf = vec![0u8; 4096];
+                    for &h in part {
+                        p.read(h, &mut buf).unwrap();
+                    }
+                });
+            }
+        });
+        let load = t1.elapsed();
+        // Free every other object, compact, then free the rest.
+        for part in &hs {
+            for &h in part.iter().step_by(2) {
+                p.free(h).unwrap();
+            }
+        }
+        let t2 = std::time::Instant::now();
+        let rep = p.compact();
+        let compact = t2.elapsed();
+        let after = p.stats();
+        let t3 = std::time::Instant::now();
+        for part in &hs {
+            for &h in part.iter().skip(1).step_by(2) {
+                p.free(h).unwrap();
+            }
+        }
+        let free = t3.elapsed();
+        eprintln!(
+            "threads {threads}: store {:.2} M/s ({:.0} MB/s), load {:.2} M/s, free(half) {:.2} M/s; fill overhead {:.3} % (chained {}), after free-half+compact {:.3} % ({} moved, {} pages freed in {:?}); metadata {} B",
+            n as f64 / store.as_secs_f64() / 1e6,
+            st.payload_bytes as f64 / store.as_secs_f64() / 1e6,
+            n as f64 / load.as_secs_f64() / 1e6,
+            (n / 2) as f64 / free.as_secs_f64() / 1e6,
+            st.overhead() * 100.0,
+            st.extra.iter().find(|(k, _)| k == "chained_objects").unwrap().1,
+            after.overhead() * 100.0,
+            rep.objects_moved,
+            rep.pages_freed,
+            compact,
+            st.metadata_bytes,
+        );
+    }
+}
