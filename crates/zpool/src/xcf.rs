@@ -34,9 +34,20 @@
 //! - **shard**: an independent sub-pool with its own lock and pages.
 //!
 //! # Lock order
-//! 1. one shard lock (never two at once: stats, compact and
-//!    check_invariants take them one after the other);
+//! 1. one shard lock (never two at once: stats and compact take them one
+//!    after the other). Exception: `check_invariants` holds all of them,
+//!    taken in index order;
 //! 2. the arena lock (inside `alloc_run`/`free_run`).
+//!
+//! # Limits of the design
+//! - A shard only allocates from its own pages: when the pool is at its
+//!   limit, a malloc fails with `LimitReached` even if another shard has
+//!   free space.
+//! - Generations have 16 bits and tags 16 bits: a handle used after 65536
+//!   reuses of its slot, or a handle of a pool created 65535 pools earlier,
+//!   is not detected (it names a live object, never freed memory).
+//! - Compaction may split a moved block over several free blocks, so
+//!   chains get longer; reads follow them at the cost of a few copies.
 //!
 //! Pool-wide counters are atomics, read without locks.
 //!
@@ -972,9 +983,13 @@ impl Zpool for XcfPool {
     }
 
     fn check_invariants(&self) -> Result<(), String> {
+        // All shard locks at once, in index order (the one exception to
+        // "one shard lock at a time"; nothing else takes two, so this cannot
+        // deadlock). Pages are taken and given back only under a shard lock,
+        // so with every shard locked the pool counter is exact.
+        let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let mut pages = 0;
-        for (i, s) in self.shards.iter().enumerate() {
-            let g = s.lock();
+        for (i, g) in guards.iter().enumerate() {
             g.check(i)?;
             pages += g.pages_held;
         }
