@@ -270,6 +270,7 @@ fn stress_threads_with_compaction() {
         std::thread::spawn(move || {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 p.compact();
+                p.check_invariants().unwrap();
                 std::thread::yield_now();
             }
         })
