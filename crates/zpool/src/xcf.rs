@@ -758,6 +758,13 @@ pub struct XcfPool {
     compactions: AtomicU64,
     objects_moved: AtomicU64,
     pages_compacted: AtomicU64,
+    /// Mallocs refused because the size was outside 1..=4096.
+    refused_size: AtomicU64,
+    /// Mallocs refused because a new page would pass the limit.
+    refused_limit: AtomicU64,
+    /// Mallocs refused because the OS gave no page (or the slot table of a
+    /// shard is full).
+    refused_oom: AtomicU64,
 }
 
 impl XcfPool {
@@ -782,6 +789,9 @@ impl XcfPool {
             compactions: AtomicU64::new(0),
             objects_moved: AtomicU64::new(0),
             pages_compacted: AtomicU64::new(0),
+            refused_size: AtomicU64::new(0),
+            refused_limit: AtomicU64::new(0),
+            refused_oom: AtomicU64::new(0),
         })
     }
 
@@ -829,10 +839,19 @@ impl Zpool for XcfPool {
     }
 
     fn malloc(&self, size: usize) -> Result<Handle, Error> {
-        check_size(size)?;
+        if let Err(e) = check_size(size) {
+            self.refused_size.fetch_add(1, Ordering::Relaxed);
+            return Err(e);
+        }
         let s = self.home_shard();
         let mut g = self.shards[s].lock();
-        let slot = g.malloc(&self.shared, size)?;
+        let slot = g.malloc(&self.shared, size).inspect_err(|e| {
+            let c = match e {
+                Error::LimitReached { .. } => &self.refused_limit,
+                _ => &self.refused_oom,
+            };
+            c.fetch_add(1, Ordering::Relaxed);
+        })?;
         let gen = g.objs[slot as usize].gen;
         Ok(self.encode(s, gen, slot))
     }
@@ -968,6 +987,18 @@ impl Zpool for XcfPool {
                 ("free_bytes".into(), free_bytes),
                 ("largest_free_block".into(), largest),
                 ("chained_objects".into(), chained),
+                (
+                    "refused_size".into(),
+                    self.refused_size.load(Ordering::Relaxed),
+                ),
+                (
+                    "refused_limit".into(),
+                    self.refused_limit.load(Ordering::Relaxed),
+                ),
+                (
+                    "refused_oom".into(),
+                    self.refused_oom.load(Ordering::Relaxed),
+                ),
             ],
         }
     }

@@ -113,6 +113,7 @@ fn errors() {
         p.malloc(4097),
         Err(Error::InvalidSize { size: 4097, .. })
     ));
+    assert_eq!(extra(&p, "refused_size"), 2);
     let h = p.malloc(100).unwrap();
     assert_eq!(q.free(h), Err(Error::ForeignHandle(h.to_raw())));
     assert_eq!(q.object_size(h), Err(Error::ForeignHandle(h.to_raw())));
@@ -170,6 +171,7 @@ fn limit() {
         }
     );
     assert_eq!(p.pool_bytes(), 8 * 4096);
+    assert_eq!(extra(&p, "refused_limit"), 1);
     assert_eq!(hs.len(), 8 * 4096 / 3000);
     p.set_limit(None);
     hs.push(p.malloc(3000).unwrap());
