@@ -1,20 +1,835 @@
-//! The scatter-gather allocator of seed 003 (work in progress).
-use crate::{CompactReport, Error, Handle, PoolStats, Zpool};
+//! The scatter-gather allocator of seed 003 ("xcf").
+//!
+//! # Data layout
+//! - The pool is `shards` independent sub-pools ([`Shard`]), each behind its
+//!   own lock. A thread allocates from "its" shard (a per-thread index given
+//!   round robin); free/read/write go to the shard named in the handle.
+//! - A shard holds pages, each one run of one page from the pool's
+//!   [`PageArena`]. The bytes of a page are tiled, without gap or overlap, by
+//!   **blocks**: runs of bytes inside one page, `GRAN`-aligned, a multiple of
+//!   `GRAN` long. A block is either owned by one object or free.
+//! - A block's **descriptor** (page, offset, length, owner, next, free-list
+//!   position) lives in the side table `Shard::descs`, never in the page.
+//!   Each page keeps the ids of its blocks sorted by offset, so a freed block
+//!   merges with free neighbours at once.
+//! - An **object** is a chain of blocks (`Obj::first`, then `Block::next`),
+//!   possibly in different pages, whose lengths add up to the object size
+//!   rounded up to `GRAN`.
+//! - Free blocks sit in exact-size free lists, one per multiple of `GRAN`
+//!   (`free[len / GRAN]`), with a bitmap of non-empty lists. An allocation
+//!   takes the best-fitting free block (smallest one that holds the rest of
+//!   the object, split if longer), else the largest free block whole, and
+//!   repeats; so small leftovers are used up and fragmentation stays near 0.
+//! - A page whose blocks all become free is given back to the OS at once.
+//!   Freed object bytes are zeroed, so a later object never shows old data.
+//! - A handle is `tag:16 | shard:4 | generation:16 | slot:28` (high to low
+//!   bits). The tag is per pool (never 0, so a handle is never 0), the slot
+//!   indexes the shard's object table, the generation is bumped on free.
+//!
+//! # Glossary
+//! - **page**: a 4096-byte OS page (one arena run).
+//! - **block**: a run of bytes inside one page; used or free.
+//! - **descriptor**: the side-table entry describing one block.
+//! - **chain**: the blocks of one object, in byte order of the object.
+//! - **shard**: an independent sub-pool with its own lock and pages.
+//!
+//! # Lock order
+//! 1. one shard lock (never two at once: stats and compact take them one
+//!    after the other). Exception: `check_invariants` holds all of them,
+//!    taken in index order;
+//! 2. the arena lock (inside `alloc_run`/`free_run`).
+//!
+//! # Limits of the design
+//! - A shard only allocates from its own pages: when the pool is at its
+//!   limit, a malloc fails with `LimitReached` even if another shard has
+//!   free space.
+//! - Generations have 16 bits and tags 16 bits: a handle used after 65536
+//!   reuses of its slot, or a handle of a pool created 65535 pools earlier,
+//!   is not detected (it names a live object, never freed memory).
+//! - Compaction may split a moved block over several free blocks, so
+//!   chains get longer; reads follow them at the cost of a few copies.
+//!
+//! Pool-wide counters are atomics, read without locks.
+//!
+//! Compaction runs per shard under its lock, so a handle stays valid and
+//! its bytes unchanged while blocks move: no reader can see a half-moved
+//! object. `map_read` holds the shard lock while its closure runs.
+
+use crate::sys::{PageArena, PAGE_SIZE};
+use crate::{check_size, CompactReport, Error, Handle, PoolStats, Zpool};
+use parking_lot::Mutex;
+use std::cell::{Cell, RefCell};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Allocation granularity: block offsets and lengths are multiples of it.
+const GRAN: usize = 8;
+/// Free lists: one per block length `k * GRAN`, `k` in `0..=PAGE_SIZE/GRAN`.
+const NBUCKETS: usize = PAGE_SIZE / GRAN + 1;
+/// Words of the non-empty free-list bitmap.
+const NWORDS: usize = NBUCKETS.div_ceil(64);
+/// "No block" in a chain link, and the owner of a free block.
+const NIL: u32 = u32::MAX;
+/// Most shards a pool may have (4 handle bits).
+const MAX_SHARDS: usize = 16;
+const SLOT_BITS: u32 = 28;
+const GEN_BITS: u32 = 16;
+const SHARD_BITS: u32 = 4;
 
 /// Configuration of a [`XcfPool`].
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct XcfConfig {
     /// Hard limit on pool bytes.
     pub limit_bytes: Option<u64>,
+    /// Independent sub-pools, each with its own lock (1..=16).
+    pub shards: usize,
 }
 
-/// The scatter-gather pool.
-pub struct XcfPool {}
+impl Default for XcfConfig {
+    fn default() -> Self {
+        XcfConfig {
+            limit_bytes: None,
+            shards: 4,
+        }
+    }
+}
+
+/// Descriptor of one block.
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    /// Index in `Shard::pages`. Invalid when the descriptor is unused.
+    page: u32,
+    /// Byte offset in the page (multiple of GRAN).
+    off: u16,
+    /// Length in bytes (multiple of GRAN, 8..=4096).
+    len: u16,
+    /// Object slot owning the block, or NIL when free.
+    owner: u32,
+    /// Next block of the owner's chain (NIL: last). Invalid when free.
+    next: u32,
+    /// Position in `free[len / GRAN]` when free and listed; invalid otherwise.
+    fpos: u32,
+}
+
+/// One page of a shard.
+#[derive(Debug, Default)]
+struct Page {
+    /// Address of the page; 0 when this table entry holds no page.
+    addr: usize,
+    /// Bytes in used blocks. `used + free bytes of its blocks == PAGE_SIZE`.
+    used: u32,
+    /// Ids of the page's blocks, sorted by offset, tiling `0..PAGE_SIZE`.
+    blocks: Vec<u32>,
+}
+
+/// One entry of the object table.
+#[derive(Clone, Copy, Debug, Default)]
+struct Obj {
+    /// First block of the chain; invalid when `!live`.
+    first: u32,
+    /// Size as requested; invalid when `!live`.
+    size: u32,
+    /// Generation, bumped on free; a handle carries the value at malloc.
+    gen: u16,
+    live: bool,
+}
+
+/// An independent sub-pool. Every field is guarded by the shard's lock.
+#[derive(Default)]
+struct Shard {
+    pages: Vec<Page>,
+    /// Indexes of `pages` entries holding no page.
+    free_page_ids: Vec<u32>,
+    descs: Vec<Block>,
+    /// Unused descriptor ids.
+    free_descs: Vec<u32>,
+    objs: Vec<Obj>,
+    /// Unused object slots.
+    free_slots: Vec<u32>,
+    /// `free[k]`: ids of listed free blocks of length `k * GRAN`.
+    free: Vec<Vec<u32>>,
+    /// Bit k set iff `free[k]` is not empty.
+    bits: [u64; NWORDS],
+    /// Sum of the lengths of listed free blocks.
+    free_bytes: usize,
+    /// Live objects and their requested bytes.
+    objects: u64,
+    payload: u64,
+    /// Blocks owned by objects.
+    used_blocks: u64,
+    /// Pages held by this shard.
+    pages_held: u64,
+}
+
+/// Pool-wide counters shared by the shards.
+struct Shared {
+    arena: PageArena,
+    pages_held: AtomicU64,
+    /// Limit in bytes; u64::MAX means none.
+    limit: AtomicU64,
+}
+
+impl Shared {
+    fn take_page(&self) -> Result<NonNull<u8>, Error> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        // Relaxed: the counter orders nothing else; two racing takers may
+        // both see room for one page, and the add-then-check below refuses
+        // the one that passes the limit.
+        let held = self.pages_held.fetch_add(1, Ordering::Relaxed) + 1;
+        if held.saturating_mul(PAGE_SIZE as u64) > limit {
+            self.pages_held.fetch_sub(1, Ordering::Relaxed);
+            return Err(Error::LimitReached { limit_bytes: limit });
+        }
+        match self.arena.alloc_run(1) {
+            Ok(p) => Ok(p),
+            Err(e) => {
+                self.pages_held.fetch_sub(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// # Safety
+    /// `addr` is a page from `take_page` that nothing refers to any more.
+    unsafe fn give_page(&self, addr: usize) {
+        let p = NonNull::new(addr as *mut u8).expect("page address is non-null");
+        // SAFETY: per this function's contract.
+        unsafe { self.arena.free_run(p, 1) };
+        self.pages_held.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn round_up(n: usize) -> usize {
+    n.div_ceil(GRAN) * GRAN
+}
+
+impl Shard {
+    fn new() -> Shard {
+        Shard {
+            free: (0..NBUCKETS).map(|_| Vec::new()).collect(),
+            ..Shard::default()
+        }
+    }
+
+    fn new_desc(&mut self, b: Block) -> u32 {
+        if let Some(id) = self.free_descs.pop() {
+            self.descs[id as usize] = b;
+            id
+        } else {
+            self.descs.push(b);
+            u32::try_from(self.descs.len() - 1).expect("descriptor table overflow")
+        }
+    }
+
+    fn drop_desc(&mut self, id: u32) {
+        self.descs[id as usize].owner = NIL;
+        self.free_descs.push(id);
+    }
+
+    fn fl_insert(&mut self, b: u32) {
+        let k = self.descs[b as usize].len as usize / GRAN;
+        self.descs[b as usize].fpos =
+            u32::try_from(self.free[k].len()).expect("free list overflow");
+        self.free[k].push(b);
+        self.bits[k / 64] |= 1 << (k % 64);
+        self.free_bytes += k * GRAN;
+    }
+
+    fn fl_remove(&mut self, b: u32) {
+        let d = self.descs[b as usize];
+        let k = d.len as usize / GRAN;
+        let pos = d.fpos as usize;
+        let list = &mut self.free[k];
+        debug_assert_eq!(list[pos], b);
+        list.swap_remove(pos);
+        if let Some(&moved) = list.get(pos) {
+            self.descs[moved as usize].fpos = d.fpos;
+        }
+        if self.free[k].is_empty() {
+            self.bits[k / 64] &= !(1 << (k % 64));
+        }
+        self.free_bytes -= k * GRAN;
+    }
+
+    /// Smallest non-empty free list index `>= k`.
+    fn find_at_least(&self, k: usize) -> Option<usize> {
+        let mut w = k / 64;
+        let mut mask = !0u64 << (k % 64);
+        while w < NWORDS {
+            let m = self.bits[w] & mask;
+            if m != 0 {
+                return Some(w * 64 + m.trailing_zeros() as usize);
+            }
+            w += 1;
+            mask = !0;
+        }
+        None
+    }
+
+    /// Largest non-empty free list index.
+    fn find_largest(&self) -> Option<usize> {
+        (0..NWORDS)
+            .rev()
+            .find(|&w| self.bits[w] != 0)
+            .map(|w| w * 64 + 63 - self.bits[w].leading_zeros() as usize)
+    }
+
+    fn block_index(&self, b: u32) -> usize {
+        let d = self.descs[b as usize];
+        let descs = &self.descs;
+        self.pages[d.page as usize]
+            .blocks
+            .binary_search_by_key(&d.off, |&id| descs[id as usize].off)
+            .expect("block is listed in its page")
+    }
+
+    fn add_page(&mut self, shared: &Shared) -> Result<(), Error> {
+        let addr = shared.take_page()?.as_ptr() as usize;
+        let pid = match self.free_page_ids.pop() {
+            Some(p) => p,
+            None => {
+                self.pages.push(Page::default());
+                u32::try_from(self.pages.len() - 1).expect("page table overflow")
+            }
+        };
+        let b = self.new_desc(Block {
+            page: pid,
+            off: 0,
+            len: PAGE_SIZE as u16,
+            owner: NIL,
+            next: NIL,
+            fpos: 0,
+        });
+        let page = &mut self.pages[pid as usize];
+        page.addr = addr;
+        page.used = 0;
+        page.blocks.clear();
+        page.blocks.push(b);
+        self.pages_held += 1;
+        self.fl_insert(b);
+        Ok(())
+    }
+
+    /// Takes `len` bytes (a multiple of GRAN, `<= free_bytes`) from the free
+    /// lists for `owner`; returns the first and last block of the new chain.
+    fn take_blocks(&mut self, len: usize, owner: u32) -> (u32, u32) {
+        debug_assert!(len <= self.free_bytes && len & (GRAN - 1) == 0);
+        let (mut first, mut last) = (NIL, NIL);
+        let mut rem = len;
+        while rem > 0 {
+            let k = self
+                .find_at_least(rem / GRAN)
+                .or_else(|| self.find_largest())
+                .expect("free bytes cover the request");
+            let b = *self.free[k].last().expect("listed bucket is non-empty");
+            self.fl_remove(b);
+            let blen = self.descs[b as usize].len as usize;
+            if blen > rem {
+                // Split: b keeps the head, the tail becomes a new free block.
+                let d = self.descs[b as usize];
+                let tail = self.new_desc(Block {
+                    page: d.page,
+                    off: d.off + rem as u16,
+                    len: (blen - rem) as u16,
+                    owner: NIL,
+                    next: NIL,
+                    fpos: 0,
+                });
+                let i = self.block_index(b);
+                self.pages[d.page as usize].blocks.insert(i + 1, tail);
+                self.descs[b as usize].len = rem as u16;
+                self.fl_insert(tail);
+            }
+            let take = blen.min(rem);
+            let d = &mut self.descs[b as usize];
+            d.owner = owner;
+            d.next = NIL;
+            let page = d.page as usize;
+            self.pages[page].used += take as u32;
+            self.used_blocks += 1;
+            if last == NIL {
+                first = b;
+            } else {
+                self.descs[last as usize].next = b;
+            }
+            last = b;
+            rem -= take;
+        }
+        (first, last)
+    }
+
+    fn ptr(&self, b: u32) -> (*mut u8, usize) {
+        let d = self.descs[b as usize];
+        (
+            (self.pages[d.page as usize].addr + d.off as usize) as *mut u8,
+            d.len as usize,
+        )
+    }
+
+    /// Frees a used block: wipes it, merges it with free neighbours, and
+    /// gives its page back when the whole page is free.
+    fn release_block(&mut self, shared: &Shared, b: u32) {
+        let (p, len) = self.ptr(b);
+        // SAFETY: the block lies inside a page this shard holds (blocks tile
+        // their page) and we hold the shard lock, so nobody else touches it.
+        unsafe { std::ptr::write_bytes(p, 0, len) };
+        let page = self.descs[b as usize].page as usize;
+        self.pages[page].used -= len as u32;
+        self.descs[b as usize].owner = NIL;
+        self.used_blocks -= 1;
+        let mut b = b;
+        let mut i = self.block_index(b);
+        if let Some(&nb) = self.pages[page].blocks.get(i + 1) {
+            if self.descs[nb as usize].owner == NIL {
+                self.fl_remove(nb);
+                self.descs[b as usize].len += self.descs[nb as usize].len;
+                self.pages[page].blocks.remove(i + 1);
+                self.drop_desc(nb);
+            }
+        }
+        if i > 0 {
+            let pb = self.pages[page].blocks[i - 1];
+            if self.descs[pb as usize].owner == NIL {
+                self.fl_remove(pb);
+                self.descs[pb as usize].len += self.descs[b as usize].len;
+                self.pages[page].blocks.remove(i);
+                self.drop_desc(b);
+                b = pb;
+                i -= 1;
+            }
+        }
+        if self.descs[b as usize].len as usize == PAGE_SIZE {
+            debug_assert_eq!(i, 0);
+            self.drop_page(shared, page);
+        } else {
+            self.fl_insert(b);
+        }
+    }
+
+    /// Gives a page back whose blocks are all free and unlisted.
+    fn drop_page(&mut self, shared: &Shared, page: usize) {
+        let blocks = std::mem::take(&mut self.pages[page].blocks);
+        for &b in &blocks {
+            self.drop_desc(b);
+        }
+        let addr = self.pages[page].addr;
+        self.pages[page] = Page {
+            addr: 0,
+            used: 0,
+            blocks,
+        };
+        self.pages[page].blocks.clear();
+        self.free_page_ids.push(page as u32);
+        self.pages_held -= 1;
+        // SAFETY: the page came from take_page; no block refers to it now
+        // and we hold the shard lock, so nobody reads it.
+        unsafe { shared.give_page(addr) };
+    }
+
+    fn malloc(&mut self, shared: &Shared, size: usize) -> Result<u32, Error> {
+        let r = round_up(size);
+        if self.free_bytes < r {
+            self.add_page(shared)?;
+        }
+        let slot = match self.free_slots.pop() {
+            Some(s) => s,
+            None => {
+                if self.objs.len() >= 1 << SLOT_BITS {
+                    return Err(Error::OutOfMemory {
+                        bytes: size,
+                        errno: libc::ENOMEM,
+                    });
+                }
+                self.objs.push(Obj::default());
+                (self.objs.len() - 1) as u32
+            }
+        };
+        let (first, _) = self.take_blocks(r, slot);
+        let o = &mut self.objs[slot as usize];
+        o.first = first;
+        o.size = size as u32;
+        o.live = true;
+        self.objects += 1;
+        self.payload += size as u64;
+        Ok(slot)
+    }
+
+    fn free(&mut self, shared: &Shared, slot: u32) -> usize {
+        let o = self.objs[slot as usize];
+        let mut b = o.first;
+        while b != NIL {
+            let next = self.descs[b as usize].next;
+            self.release_block(shared, b);
+            b = next;
+        }
+        let e = &mut self.objs[slot as usize];
+        e.live = false;
+        e.gen = e.gen.wrapping_add(1) & ((1 << GEN_BITS) - 1) as u16;
+        self.free_slots.push(slot);
+        self.objects -= 1;
+        self.payload -= o.size as u64;
+        o.size as usize
+    }
+
+    /// Calls `f(block bytes)` for each block of the object in order, with at
+    /// most `size` bytes in total.
+    fn for_each_chunk(&self, slot: u32, mut f: impl FnMut(*mut u8, usize)) {
+        let o = self.objs[slot as usize];
+        let mut rem = o.size as usize;
+        let mut b = o.first;
+        while b != NIL && rem > 0 {
+            let (p, len) = self.ptr(b);
+            let n = len.min(rem);
+            f(p, n);
+            rem -= n;
+            b = self.descs[b as usize].next;
+        }
+    }
+
+    /// Moves every used block out of the sparsest pages whose data fits in
+    /// the free space of the others; returns (objects moved, pages freed).
+    fn compact(&mut self, shared: &Shared) -> (u64, u64) {
+        let mut ids: Vec<usize> = (0..self.pages.len())
+            .filter(|&p| self.pages[p].addr != 0 && (self.pages[p].used as usize) < PAGE_SIZE)
+            .collect();
+        ids.sort_by_key(|&p| self.pages[p].used);
+        let mut outside = self.free_bytes;
+        let mut src_used = 0usize;
+        let mut src = Vec::new();
+        for p in ids {
+            let used = self.pages[p].used as usize;
+            let free = PAGE_SIZE - used;
+            if src_used + used + free > outside {
+                break;
+            }
+            src_used += used;
+            outside -= free;
+            src.push(p);
+        }
+        if src.is_empty() {
+            return (0, 0);
+        }
+        // Unlist the free blocks of the source pages so no block moves into
+        // a page that is being emptied.
+        for &p in &src {
+            for i in 0..self.pages[p].blocks.len() {
+                let b = self.pages[p].blocks[i];
+                if self.descs[b as usize].owner == NIL {
+                    self.fl_remove(b);
+                }
+            }
+        }
+        let mut owners = Vec::new();
+        for &p in &src {
+            for i in 0..self.pages[p].blocks.len() {
+                let b = self.pages[p].blocks[i];
+                let d = self.descs[b as usize];
+                if d.owner == NIL {
+                    continue;
+                }
+                let len = d.len as usize;
+                let (first, last) = self.take_blocks(len, d.owner);
+                let (from, _) = self.ptr(b);
+                let mut off = 0;
+                let mut nb = first;
+                while nb != NIL {
+                    let (to, n) = self.ptr(nb);
+                    // SAFETY: source and destination are blocks of pages
+                    // this shard holds, in different pages (sources are
+                    // unlisted), so they do not overlap; `off + n <= len`
+                    // since the new chain's lengths add up to `len`.
+                    unsafe { std::ptr::copy_nonoverlapping(from.add(off), to, n) };
+                    off += n;
+                    nb = self.descs[nb as usize].next;
+                }
+                // Splice the new chain in place of b.
+                self.descs[last as usize].next = d.next;
+                let o = &mut self.objs[d.owner as usize];
+                if o.first == b {
+                    o.first = first;
+                } else {
+                    let mut q = o.first;
+                    while self.descs[q as usize].next != b {
+                        q = self.descs[q as usize].next;
+                    }
+                    self.descs[q as usize].next = first;
+                }
+                self.descs[b as usize].owner = NIL;
+                self.pages[p].used -= len as u32;
+                self.used_blocks -= 1;
+                owners.push(d.owner);
+            }
+            self.drop_page(shared, p);
+        }
+        owners.sort_unstable();
+        owners.dedup();
+        (owners.len() as u64, src.len() as u64)
+    }
+
+    fn largest_free(&self) -> usize {
+        self.find_largest().map_or(0, |k| k * GRAN)
+    }
+
+    fn metadata_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.descs.capacity() * size_of::<Block>()
+            + self.objs.capacity() * size_of::<Obj>()
+            + self.pages.capacity() * size_of::<Page>()
+            + self
+                .pages
+                .iter()
+                .map(|p| p.blocks.capacity() * 4)
+                .sum::<usize>()
+            + self.free.iter().map(|l| l.capacity() * 4).sum::<usize>()
+            + (self.free_descs.capacity()
+                + self.free_slots.capacity()
+                + self.free_page_ids.capacity())
+                * 4
+    }
+
+    fn check(&self, s: usize) -> Result<(), String> {
+        let mut seen = vec![false; self.descs.len()];
+        let mut used_blocks = 0u64;
+        let mut page_free_blocks = 0usize;
+        let mut pages_held = 0u64;
+        for (pi, p) in self.pages.iter().enumerate() {
+            if p.addr == 0 {
+                if !p.blocks.is_empty() {
+                    return Err(format!("shard {s} page {pi}: empty entry has blocks"));
+                }
+                continue;
+            }
+            pages_held += 1;
+            let mut off = 0usize;
+            let mut used = 0usize;
+            let mut prev_free = false;
+            for &b in &p.blocks {
+                let d = self.descs[b as usize];
+                if std::mem::replace(&mut seen[b as usize], true) {
+                    return Err(format!("shard {s}: block {b} listed twice"));
+                }
+                if d.page as usize != pi || d.off as usize != off {
+                    return Err(format!(
+                        "shard {s} page {pi}: block {b} at {}:{} expected at {off} (gap or overlap)",
+                        d.page, d.off
+                    ));
+                }
+                if d.len == 0 || d.len as usize & (GRAN - 1) != 0 {
+                    return Err(format!("shard {s}: block {b} has length {}", d.len));
+                }
+                off += d.len as usize;
+                if d.owner == NIL {
+                    if prev_free {
+                        return Err(format!(
+                            "shard {s} page {pi}: adjacent free blocks not merged"
+                        ));
+                    }
+                    prev_free = true;
+                    page_free_blocks += 1;
+                    let k = d.len as usize / GRAN;
+                    if self.free[k].get(d.fpos as usize) != Some(&b) {
+                        return Err(format!("shard {s}: free block {b} not in its free list"));
+                    }
+                    let (ptr, len) = self.ptr(b);
+                    // SAFETY: the block lies in a page we hold (checked to
+                    // tile it above); the caller holds the shard lock.
+                    let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
+                    if bytes.iter().any(|&x| x != 0) {
+                        return Err(format!("shard {s}: free block {b} was not wiped"));
+                    }
+                } else {
+                    prev_free = false;
+                    used_blocks += 1;
+                    used += d.len as usize;
+                    let o = self.objs.get(d.owner as usize);
+                    if !o.is_some_and(|o| o.live) {
+                        return Err(format!(
+                            "shard {s}: block {b} owned by dead slot {}",
+                            d.owner
+                        ));
+                    }
+                }
+            }
+            if off != PAGE_SIZE {
+                return Err(format!("shard {s} page {pi}: blocks cover {off} bytes"));
+            }
+            if used != p.used as usize {
+                return Err(format!(
+                    "shard {s} page {pi}: used {} but blocks hold {used}",
+                    p.used
+                ));
+            }
+            if used == 0 {
+                return Err(format!("shard {s} page {pi}: empty page kept"));
+            }
+        }
+        for &b in &self.free_descs {
+            if std::mem::replace(&mut seen[b as usize], true) {
+                return Err(format!("shard {s}: descriptor {b} both used and free"));
+            }
+        }
+        if let Some(b) = seen.iter().position(|&x| !x) {
+            return Err(format!("shard {s}: descriptor {b} leaked"));
+        }
+        let mut listed = 0usize;
+        let mut free_bytes = 0usize;
+        for (k, l) in self.free.iter().enumerate() {
+            if (self.bits[k / 64] >> (k % 64)) & 1 != (!l.is_empty()) as u64 {
+                return Err(format!("shard {s}: bitmap bit {k} wrong"));
+            }
+            for (i, &b) in l.iter().enumerate() {
+                let d = self.descs[b as usize];
+                if d.owner != NIL || d.len as usize != k * GRAN || d.fpos as usize != i {
+                    return Err(format!("shard {s}: bad entry {b} in free list {k}"));
+                }
+                listed += 1;
+                free_bytes += d.len as usize;
+            }
+        }
+        if listed != page_free_blocks || free_bytes != self.free_bytes {
+            return Err(format!(
+                "shard {s}: free lists hold {listed} blocks/{free_bytes} B, pages {page_free_blocks}, counter {} B",
+                self.free_bytes
+            ));
+        }
+        let (mut objects, mut payload, mut chained) = (0u64, 0u64, 0u64);
+        for (slot, o) in self.objs.iter().enumerate() {
+            if !o.live {
+                continue;
+            }
+            objects += 1;
+            payload += o.size as u64;
+            let mut len = 0usize;
+            let mut b = o.first;
+            while b != NIL {
+                let d = self.descs[b as usize];
+                if d.owner as usize != slot {
+                    return Err(format!(
+                        "shard {s}: slot {slot} chain reaches block {b} of {}",
+                        d.owner
+                    ));
+                }
+                len += d.len as usize;
+                chained += 1;
+                if len > PAGE_SIZE {
+                    return Err(format!("shard {s}: slot {slot} chain too long"));
+                }
+                b = d.next;
+            }
+            if len != round_up(o.size as usize) {
+                return Err(format!(
+                    "shard {s}: slot {slot} of {} B has {len} B of blocks",
+                    o.size
+                ));
+            }
+        }
+        if self.free_slots.len() + objects as usize != self.objs.len() {
+            return Err(format!("shard {s}: object slots leaked"));
+        }
+        if chained != used_blocks || used_blocks != self.used_blocks {
+            return Err(format!(
+                "shard {s}: chains hold {chained} blocks, pages {used_blocks}, counter {}",
+                self.used_blocks
+            ));
+        }
+        if objects != self.objects || payload != self.payload || pages_held != self.pages_held {
+            return Err(format!("shard {s}: counters objects/payload/pages drifted"));
+        }
+        Ok(())
+    }
+}
+
+thread_local! {
+    /// Bounce buffer of `map_read` for objects split over several blocks.
+    static BOUNCE: RefCell<Box<[u8; PAGE_SIZE]>> = RefCell::new(Box::new([0; PAGE_SIZE]));
+    /// This thread's preferred shard (taken round robin on first use).
+    static SHARD_HINT: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+static NEXT_TAG: AtomicU64 = AtomicU64::new(0);
+static NEXT_HINT: AtomicUsize = AtomicUsize::new(0);
+
+/// The scatter-gather pool; see the module documentation.
+pub struct XcfPool {
+    shards: Box<[Mutex<Shard>]>,
+    shared: Shared,
+    /// Per-pool handle tag (1..=65535).
+    tag: u64,
+    compactions: AtomicU64,
+    objects_moved: AtomicU64,
+    pages_compacted: AtomicU64,
+    /// Mallocs refused because the size was outside 1..=4096.
+    refused_size: AtomicU64,
+    /// Mallocs refused because a new page would pass the limit.
+    refused_limit: AtomicU64,
+    /// Mallocs refused because the OS gave no page (or the slot table of a
+    /// shard is full).
+    refused_oom: AtomicU64,
+}
 
 impl XcfPool {
     /// Creates a pool.
-    pub fn new(_config: XcfConfig) -> Result<XcfPool, Error> {
-        todo!()
+    pub fn new(config: XcfConfig) -> Result<XcfPool, Error> {
+        if !(1..=MAX_SHARDS).contains(&config.shards) {
+            return Err(Error::Config(format!(
+                "xcf shards must be 1..={MAX_SHARDS}, got {}",
+                config.shards
+            )));
+        }
+        Ok(XcfPool {
+            shards: (0..config.shards)
+                .map(|_| Mutex::new(Shard::new()))
+                .collect(),
+            shared: Shared {
+                arena: PageArena::new(),
+                pages_held: AtomicU64::new(0),
+                limit: AtomicU64::new(config.limit_bytes.unwrap_or(u64::MAX)),
+            },
+            tag: NEXT_TAG.fetch_add(1, Ordering::Relaxed) % 0xffff + 1,
+            compactions: AtomicU64::new(0),
+            objects_moved: AtomicU64::new(0),
+            pages_compacted: AtomicU64::new(0),
+            refused_size: AtomicU64::new(0),
+            refused_limit: AtomicU64::new(0),
+            refused_oom: AtomicU64::new(0),
+        })
+    }
+
+    fn encode(&self, shard: usize, gen: u16, slot: u32) -> Handle {
+        let raw = (self.tag << (SLOT_BITS + GEN_BITS + SHARD_BITS))
+            | ((shard as u64) << (SLOT_BITS + GEN_BITS))
+            | ((gen as u64) << SLOT_BITS)
+            | slot as u64;
+        Handle::from_raw(raw).expect("tag is non-zero")
+    }
+
+    /// Locks the handle's shard and checks the handle; returns the guard
+    /// and the slot.
+    fn lookup(&self, h: Handle) -> Result<(parking_lot::MutexGuard<'_, Shard>, u32), Error> {
+        let raw = h.to_raw();
+        let tag = raw >> (SLOT_BITS + GEN_BITS + SHARD_BITS);
+        let shard = ((raw >> (SLOT_BITS + GEN_BITS)) & ((1 << SHARD_BITS) - 1)) as usize;
+        if tag != self.tag || shard >= self.shards.len() {
+            return Err(Error::ForeignHandle(raw));
+        }
+        let gen = ((raw >> SLOT_BITS) & ((1 << GEN_BITS) - 1)) as u16;
+        let slot = (raw & ((1 << SLOT_BITS) - 1)) as u32;
+        let g = self.shards[shard].lock();
+        match g.objs.get(slot as usize) {
+            Some(o) if o.live && o.gen == gen => Ok((g, slot)),
+            _ => Err(Error::StaleHandle(raw)),
+        }
+    }
+
+    fn home_shard(&self) -> usize {
+        SHARD_HINT.with(|c| {
+            let mut v = c.get();
+            if v == usize::MAX {
+                v = NEXT_HINT.fetch_add(1, Ordering::Relaxed);
+                c.set(v);
+            }
+            v % self.shards.len()
+        })
     }
 }
 
@@ -22,37 +837,199 @@ impl Zpool for XcfPool {
     fn name(&self) -> &'static str {
         "xcf"
     }
-    fn malloc(&self, _size: usize) -> Result<Handle, Error> {
-        todo!()
+
+    fn malloc(&self, size: usize) -> Result<Handle, Error> {
+        if let Err(e) = check_size(size) {
+            self.refused_size.fetch_add(1, Ordering::Relaxed);
+            return Err(e);
+        }
+        let s = self.home_shard();
+        let mut g = self.shards[s].lock();
+        let slot = g.malloc(&self.shared, size).inspect_err(|e| {
+            let c = match e {
+                Error::LimitReached { .. } => &self.refused_limit,
+                _ => &self.refused_oom,
+            };
+            c.fetch_add(1, Ordering::Relaxed);
+        })?;
+        let gen = g.objs[slot as usize].gen;
+        Ok(self.encode(s, gen, slot))
     }
-    fn free(&self, _handle: Handle) -> Result<usize, Error> {
-        todo!()
+
+    fn free(&self, handle: Handle) -> Result<usize, Error> {
+        let (mut g, slot) = self.lookup(handle)?;
+        Ok(g.free(&self.shared, slot))
     }
-    fn object_size(&self, _handle: Handle) -> Result<usize, Error> {
-        todo!()
+
+    fn object_size(&self, handle: Handle) -> Result<usize, Error> {
+        let (g, slot) = self.lookup(handle)?;
+        Ok(g.objs[slot as usize].size as usize)
     }
-    fn write(&self, _handle: Handle, _data: &[u8]) -> Result<(), Error> {
-        todo!()
+
+    fn write(&self, handle: Handle, data: &[u8]) -> Result<(), Error> {
+        let (g, slot) = self.lookup(handle)?;
+        let size = g.objs[slot as usize].size as usize;
+        if data.len() != size {
+            return Err(Error::BadBuffer {
+                got: data.len(),
+                object: size,
+                what: "write needs a buffer of exactly the object's size",
+            });
+        }
+        let mut off = 0;
+        g.for_each_chunk(slot, |p, n| {
+            // SAFETY: `p..p+n` is inside a block of this object in a page
+            // the shard holds; the shard lock is held; `off + n <= size`.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(off), p, n) };
+            off += n;
+        });
+        Ok(())
     }
-    fn read(&self, _handle: Handle, _buf: &mut [u8]) -> Result<usize, Error> {
-        todo!()
+
+    fn read(&self, handle: Handle, buf: &mut [u8]) -> Result<usize, Error> {
+        let (g, slot) = self.lookup(handle)?;
+        let size = g.objs[slot as usize].size as usize;
+        if buf.len() < size {
+            return Err(Error::BadBuffer {
+                got: buf.len(),
+                object: size,
+                what: "read needs a buffer at least the object's size",
+            });
+        }
+        let mut off = 0;
+        g.for_each_chunk(slot, |p, n| {
+            // SAFETY: as in write; `buf` has room for `size >= off + n`.
+            unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr().add(off), n) };
+            off += n;
+        });
+        Ok(size)
     }
-    fn map_read(&self, _handle: Handle, _f: &mut dyn FnMut(&[u8])) -> Result<(), Error> {
-        todo!()
+
+    fn map_read(&self, handle: Handle, f: &mut dyn FnMut(&[u8])) -> Result<(), Error> {
+        let (g, slot) = self.lookup(handle)?;
+        let o = g.objs[slot as usize];
+        let size = o.size as usize;
+        if g.descs[o.first as usize].next == NIL {
+            let (p, _) = g.ptr(o.first);
+            // SAFETY: the single block holds the whole object inside a page
+            // the shard holds; the lock (held until after `f`) keeps it from
+            // moving or being freed, and nobody writes it meanwhile.
+            let bytes = unsafe { std::slice::from_raw_parts(p, size) };
+            f(bytes);
+            return Ok(());
+        }
+        BOUNCE.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            let mut off = 0;
+            g.for_each_chunk(slot, |p, n| {
+                // SAFETY: as in read; the bounce buffer holds PAGE_SIZE >= size.
+                unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr().add(off), n) };
+                off += n;
+            });
+            f(&buf[..size]);
+        });
+        Ok(())
     }
+
     fn compact(&self) -> CompactReport {
-        todo!()
+        let mut r = CompactReport::default();
+        for s in self.shards.iter() {
+            let (moved, freed) = s.lock().compact(&self.shared);
+            r.objects_moved += moved;
+            r.pages_freed += freed;
+        }
+        self.compactions.fetch_add(1, Ordering::Relaxed);
+        self.objects_moved
+            .fetch_add(r.objects_moved, Ordering::Relaxed);
+        self.pages_compacted
+            .fetch_add(r.pages_freed, Ordering::Relaxed);
+        r
     }
+
     fn stats(&self) -> PoolStats {
-        todo!()
+        let (mut objects, mut payload, mut meta, mut descs, mut blocks) = (0, 0, 0, 0, 0);
+        let (mut free_bytes, mut free_blocks, mut largest, mut chained) = (0, 0, 0, 0);
+        for s in self.shards.iter() {
+            let g = s.lock();
+            objects += g.objects;
+            payload += g.payload;
+            meta += g.metadata_bytes() as u64;
+            descs += (g.descs.len() - g.free_descs.len()) as u64;
+            blocks += g.used_blocks;
+            free_bytes += g.free_bytes as u64;
+            free_blocks += g.free.iter().map(|l| l.len() as u64).sum::<u64>();
+            largest = largest.max(g.largest_free() as u64);
+            chained += g
+                .objs
+                .iter()
+                .filter(|o| o.live && g.descs[o.first as usize].next != NIL)
+                .count() as u64;
+        }
+        let pages = self.shared.pages_held.load(Ordering::Relaxed);
+        let limit = self.shared.limit.load(Ordering::Relaxed);
+        PoolStats {
+            allocator: "xcf",
+            classes: Vec::new(),
+            pages_held: pages,
+            pool_bytes: pages * PAGE_SIZE as u64,
+            objects,
+            payload_bytes: payload,
+            metadata_bytes: meta + self.shared.arena.metadata_bytes() as u64,
+            limit_bytes: (limit != u64::MAX).then_some(limit),
+            compactions: self.compactions.load(Ordering::Relaxed),
+            objects_moved: self.objects_moved.load(Ordering::Relaxed),
+            pages_compacted: self.pages_compacted.load(Ordering::Relaxed),
+            extra: vec![
+                ("shards".into(), self.shards.len() as u64),
+                ("descriptors".into(), descs),
+                ("blocks".into(), blocks),
+                ("free_blocks".into(), free_blocks),
+                ("free_bytes".into(), free_bytes),
+                ("largest_free_block".into(), largest),
+                ("chained_objects".into(), chained),
+                (
+                    "refused_size".into(),
+                    self.refused_size.load(Ordering::Relaxed),
+                ),
+                (
+                    "refused_limit".into(),
+                    self.refused_limit.load(Ordering::Relaxed),
+                ),
+                (
+                    "refused_oom".into(),
+                    self.refused_oom.load(Ordering::Relaxed),
+                ),
+            ],
+        }
     }
+
     fn pool_bytes(&self) -> u64 {
-        todo!()
+        self.shared.pages_held.load(Ordering::Relaxed) * PAGE_SIZE as u64
     }
-    fn set_limit(&self, _limit_bytes: Option<u64>) {
-        todo!()
+
+    fn set_limit(&self, limit_bytes: Option<u64>) {
+        self.shared
+            .limit
+            .store(limit_bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
     }
+
     fn check_invariants(&self) -> Result<(), String> {
-        todo!()
+        // All shard locks at once, in index order (the one exception to
+        // "one shard lock at a time"; nothing else takes two, so this cannot
+        // deadlock). Pages are taken and given back only under a shard lock,
+        // so with every shard locked the pool counter is exact.
+        let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let mut pages = 0;
+        for (i, g) in guards.iter().enumerate() {
+            g.check(i)?;
+            pages += g.pages_held;
+        }
+        let held = self.shared.pages_held.load(Ordering::Relaxed);
+        if pages != held {
+            return Err(format!(
+                "shards hold {pages} pages, pool counter says {held}"
+            ));
+        }
+        Ok(())
     }
 }
