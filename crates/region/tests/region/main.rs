@@ -1,0 +1,6 @@
+//! Integration tests of uzswap-region (one binary, one module per topic).
+//! The fork test lives in its own binary (`tests/fork.rs`): its fork hook
+//! brings back the pages of every pager in the process.
+
+mod basic;
+mod common;
