@@ -98,7 +98,7 @@
 //! goes to the *active* list, other pages to the *inactive* list. Victims
 //! come from the head of the inactive list; a page seen written since it
 //! was queued gets a second chance on the active list; the active list is
-//! kept at most half of the resident pages by demoting its head. On a
+//! kept at most 3/4 of the resident pages by demoting its head. On a
 //! skewed pattern this refaults markedly less than FIFO (which
 //! `VictimPolicy::Fifo` provides for comparison; see the test
 //! `policy_beats_fifo_on_skewed_access`).

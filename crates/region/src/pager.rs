@@ -476,6 +476,8 @@ struct Fault {
     write: bool,
     wp: bool,
     t0: Instant,
+    /// Deferred before (counters count a fault once).
+    retried: bool,
 }
 
 /// A victim inside an eviction batch.
@@ -555,9 +557,9 @@ impl State {
         let mut budget = 4 * (self.inactive.len() + self.active.len()) + 16;
         while out.len() < want && budget > 0 {
             budget -= 1;
-            // Keep the active list at most half of what is resident.
+            // Keep the active list at most 3/4 of what is resident.
             let demote = policy == VictimPolicy::Workingset
-                && (self.n_active * 2 > self.resident || self.inactive.is_empty());
+                && (self.n_active * 4 > self.resident * 3 || self.inactive.is_empty());
             if demote {
                 if let Some(e) = self.active.pop_front() {
                     if let Some(m) = self.entry_valid(e) {
@@ -649,6 +651,7 @@ impl Shared {
                             write,
                             wp,
                             t0,
+                            retried: false,
                         };
                         if let Outcome::Defer = self.fault(f, &mut buf) {
                             deferred.push(f);
@@ -680,7 +683,8 @@ impl Shared {
 
     fn retry(&self, deferred: &mut Vec<Fault>, buf: &mut PageBuf) {
         let old = std::mem::take(deferred);
-        for f in old {
+        for mut f in old {
+            f.retried = true;
             if let Outcome::Defer = self.fault(f, buf) {
                 deferred.push(f);
             }
@@ -722,7 +726,7 @@ impl Shared {
                     mm.referenced = true;
                     s.stats.faults_wp += 1;
                     drop(g);
-                    self.unprotect_retry(f.addr);
+                    return self.unprotect_once(f.addr);
                 }
                 PageState::Evicting => {
                     let mm = s.meta(area, page);
@@ -736,7 +740,7 @@ impl Shared {
                 }
                 PageState::Dirty => {
                     drop(g);
-                    self.unprotect_retry(f.addr);
+                    return self.unprotect_once(f.addr);
                 }
                 PageState::Absent | PageState::Stored => {
                     drop(g);
@@ -759,7 +763,9 @@ impl Shared {
             }
             PageState::Absent => {
                 if s.resident >= self.cfg.budget_pages {
-                    s.stats.faults_throttled += 1;
+                    if !f.retried {
+                        s.stats.faults_throttled += 1;
+                    }
                     return Outcome::Defer;
                 }
                 let r = if f.write {
@@ -800,7 +806,9 @@ impl Shared {
     ) -> Outcome {
         let free = self.cfg.budget_pages.saturating_sub(s.resident);
         if free == 0 {
-            s.stats.faults_throttled += 1;
+            if !f.retried {
+                s.stats.faults_throttled += 1;
+            }
             return Outcome::Defer;
         }
         // Readahead window: grows while faults follow the previous window,
@@ -808,7 +816,7 @@ impl Shared {
         let (npages, window) = {
             let a = s.areas.get_mut(&area).expect("area");
             if page == a.ra_next {
-                a.ra_window = (a.ra_window * 2).clamp(2, self.cfg.readahead_max);
+                a.ra_window = (a.ra_window * 2).max(2).min(self.cfg.readahead_max);
             } else {
                 a.ra_window /= 2;
             }
@@ -923,6 +931,18 @@ impl Shared {
         }
     }
 
+    /// Clears write protection from the handler. EAGAIN (an event is
+    /// pending, and only this thread can read it) defers the fault: the
+    /// page is `Dirty` by then, so the retry unprotects again.
+    fn unprotect_once(&self, addr: usize) -> Outcome {
+        match self.uffd.writeprotect(addr, PAGE_SIZE, false) {
+            Err(e) if e.errno == libc::EAGAIN => Outcome::Defer,
+            _ => Outcome::Done,
+        }
+    }
+
+    /// Clears write protection from a thread other than the handler,
+    /// retrying while an event is being delivered.
     fn unprotect_retry(&self, addr: usize) {
         loop {
             match self.uffd.writeprotect(addr, PAGE_SIZE, false) {

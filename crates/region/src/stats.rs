@@ -121,8 +121,6 @@ pub struct PagerStats {
     pub faults_foreign: u64,
     /// Pages brought back with a faulting neighbour (readahead).
     pub readahead_pages: u64,
-    /// Faults on a page a readahead had brought back (hits).
-    pub readahead_hits: u64,
     /// Refaults: missing faults on pages that had been evicted.
     pub refaults: u64,
     /// Refaults whose refault distance was within the budget (the page is
