@@ -32,3 +32,22 @@ pub fn page_mut<'a>(base: *mut u8, p: usize) -> &'a mut [u8] {
     // to each page themselves.
     unsafe { std::slice::from_raw_parts_mut(base.add(p * PAGE), PAGE) }
 }
+
+/// Reads one byte of page `p`, for real (a `let _ =` would not).
+pub fn touch(base: *mut u8, p: usize) -> u8 {
+    // SAFETY: tests touch pages inside their live region.
+    unsafe { std::ptr::read_volatile(base.add(p * PAGE)) }
+}
+
+/// Waits up to a second for `cond`: the handler processes an event after
+/// the system call that raised it has returned.
+pub fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    while std::time::Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    cond()
+}

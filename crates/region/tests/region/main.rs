@@ -4,4 +4,7 @@
 
 mod basic;
 mod common;
+mod discard;
+mod lifecycle;
 mod stress;
+mod syscalls;
