@@ -31,10 +31,12 @@
 //! - **missing fault, `Stored` page**: load it with `LoadMode::Keep` plus
 //!   the run of `Stored` pages after it (readahead; the window doubles up to
 //!   `readahead_max` while faults land right after the previous window and
-//!   halves otherwise), and map the run with one `UFFDIO_COPY` in
-//!   `MODE_WP`: the pages are `Clean` (write-protected, the store keeps an
-//!   identical copy). For a write fault the faulting page is mapped
-//!   writable instead and its entry invalidated (`Dirty`).
+//!   halves otherwise). The faulting page is mapped first, alone, so its
+//!   thread is woken at once; then the followers are loaded and mapped with
+//!   one `UFFDIO_COPY`. Pages are mapped in `MODE_WP` and become `Clean`
+//!   (write-protected, the store keeps an identical copy). For a write
+//!   fault the faulting page is mapped writable instead and its entry
+//!   invalidated (`Dirty`).
 //! - **write-protect fault on a `Clean` page**: invalidate the store's
 //!   entry, clear the protection (`UFFDIO_WRITEPROTECT`, which wakes the
 //!   writer). → `Dirty`.
@@ -98,7 +100,7 @@
 //! goes to the *active* list, other pages to the *inactive* list. Victims
 //! come from the head of the inactive list; a page seen written since it
 //! was queued gets a second chance on the active list; the active list is
-//! kept at most 3/4 of the resident pages by demoting its head. On a
+//! kept at most 7/8 of the resident pages by demoting its head. On a
 //! skewed pattern this refaults markedly less than FIFO (which
 //! `VictimPolicy::Fifo` provides for comparison; see the test
 //! `policy_beats_fifo_on_skewed_access`).

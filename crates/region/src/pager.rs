@@ -194,6 +194,9 @@ struct State {
     stats: PagerStats,
     lat_store: Histogram,
     lat_zero: Histogram,
+    /// Time inside the UFFDIO_COPY of store faults (includes waking the
+    /// faulting thread).
+    lat_copy: Histogram,
 }
 
 pub(crate) struct Shared {
@@ -362,6 +365,7 @@ impl Pager {
                 },
                 lat_store: Histogram::default(),
                 lat_zero: Histogram::default(),
+                lat_copy: Histogram::default(),
             }),
             cfg,
             work_cv: Condvar::new(),
@@ -557,9 +561,9 @@ impl State {
         let mut budget = 4 * (self.inactive.len() + self.active.len()) + 16;
         while out.len() < want && budget > 0 {
             budget -= 1;
-            // Keep the active list at most 3/4 of what is resident.
+            // Keep the active list at most 7/8 of what is resident.
             let demote = policy == VictimPolicy::Workingset
-                && (self.n_active * 4 > self.resident * 3 || self.inactive.is_empty());
+                && (self.n_active * 8 > self.resident * 7 || self.inactive.is_empty());
             if demote {
                 if let Some(e) = self.active.pop_front() {
                     if let Some(m) = self.entry_valid(e) {
@@ -597,6 +601,7 @@ impl Shared {
             st.resident_pages = s.resident as u64;
             st.fault_latency = s.lat_store.summary();
             st.zero_fault_latency = s.lat_zero.summary();
+            st.copy_latency = s.lat_copy.summary();
             st
         };
         st.store = self.store.stats();
@@ -833,7 +838,11 @@ impl Shared {
         while page + (n as u64) < limit && s.meta(area, page + n as u64).st == PageState::Stored {
             n += 1;
         }
-        // Load the faulting page, then the followers while loads succeed.
+        // The faulting page first, alone: its COPY wakes the thread, which
+        // then runs while the followers are loaded and mapped. A write
+        // fault gets its page writable (the store's copy is dropped below);
+        // everything else is mapped write-protected and clean, so evicting
+        // it again needs no store.
         let src = match self.store.load(area, page, buf.page(0), LoadMode::Keep) {
             Ok(l) => l,
             Err(_) => {
@@ -842,6 +851,16 @@ impl Shared {
                 return Outcome::Done;
             }
         };
+        let tc = Instant::now();
+        // SAFETY: buf page 0 holds the loaded bytes.
+        match unsafe { self.uffd.copy(f.addr, buf.addr(0), PAGE_SIZE, !f.write) } {
+            Ok(()) => {}
+            Err(e) if e.errno == libc::EAGAIN => return Outcome::Defer,
+            Err(e) if e.errno == libc::EEXIST => {}
+            Err(_) => return Outcome::Done,
+        }
+        s.lat_copy.record(tc.elapsed().as_nanos() as u64);
+        s.lat_store.record(f.t0.elapsed().as_nanos() as u64);
         let mut got = 1;
         while got < n {
             if self
@@ -853,41 +872,18 @@ impl Shared {
             }
             got += 1;
         }
-        // Map them. A write fault gets its page writable (and the store's
-        // copy dropped); everything else is mapped write-protected and
-        // clean, so evicting it again needs no store.
-        let mapped;
-        let first = if f.write {
-            // SAFETY: buf page 0 holds the loaded bytes.
-            match unsafe { self.uffd.copy(f.addr, buf.addr(0), PAGE_SIZE, false) } {
-                Ok(()) => 1,
-                Err(e) if e.errno == libc::EAGAIN => return Outcome::Defer,
-                Err(e) if e.errno == libc::EEXIST => 1,
-                Err(_) => return Outcome::Done,
-            }
-        } else {
-            0
-        };
-        if got > first {
-            let dst = f.addr + first * PAGE_SIZE;
-            // SAFETY: buf pages first..got hold loaded bytes.
+        let mut mapped = 1;
+        if got > 1 {
+            // SAFETY: buf pages 1..got hold loaded bytes.
             match unsafe {
                 self.uffd
-                    .copy(dst, buf.addr(first), (got - first) * PAGE_SIZE, true)
+                    .copy(f.addr + PAGE_SIZE, buf.addr(1), (got - 1) * PAGE_SIZE, true)
             } {
                 Ok(()) => mapped = got,
-                Err(e) => {
-                    mapped = first + e.done / PAGE_SIZE;
-                    if mapped == 0 {
-                        return match e.errno {
-                            libc::EAGAIN => Outcome::Defer,
-                            _ => Outcome::Done,
-                        };
-                    }
-                }
+                // Partly done (EAGAIN, EEXIST): the rest stay `Stored`,
+                // and the store still holds them (loaded with Keep).
+                Err(e) => mapped = 1 + e.done / PAGE_SIZE,
             }
-        } else {
-            mapped = first;
         }
         // Account for what was mapped.
         let distance = s.evict_clock.wrapping_sub(s.meta(area, page).evicted_at) as usize;
@@ -919,7 +915,6 @@ impl Shared {
             Loaded::SameFilled => s.stats.faults_same_filled += 1,
         }
         s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.resident as u64);
-        s.lat_store.record(f.t0.elapsed().as_nanos() as u64);
         self.kick(s);
         Outcome::Done
     }

@@ -152,10 +152,14 @@ pub struct PagerStats {
     pub stored_pages: u64,
     /// The budget in pages.
     pub budget_pages: u64,
-    /// Handler service time of missing faults served from the store (from
-    /// reading the message to the page being mapped; excludes the kernel's
-    /// wake-up of the faulting thread).
+    /// Handler service time of missing faults served from the store: from
+    /// reading the message to the faulting page being mapped (its
+    /// readahead followers are mapped after that). The faulting thread
+    /// also pays the kernel's fault entry and its own wake-up.
     pub fault_latency: LatencySummary,
+    /// Time inside `UFFDIO_COPY` for store faults (part of `fault_latency`;
+    /// it includes the kernel waking the faulting thread).
+    pub copy_latency: LatencySummary,
     /// Handler service time of zero-page faults.
     pub zero_fault_latency: LatencySummary,
     /// The store's own counters.

@@ -6,5 +6,6 @@ mod basic;
 mod common;
 mod discard;
 mod lifecycle;
+mod policy;
 mod stress;
 mod syscalls;
