@@ -51,7 +51,12 @@
 //!   follow them causally; the page states make each step idempotent.
 //! - **budget full**: a fault that would map a page with `resident ≥
 //!   budget` is deferred (the thread stays blocked) until the evictor has
-//!   made room; it signals the handler's eventfd.
+//!   made room; it signals the handler's eventfd. One exception: a page
+//!   claimed by the eviction batch in flight that the program discarded
+//!   meanwhile is served at once, because the faulting thread is then the
+//!   evictor itself (reading the page to store it). The budget can so be
+//!   exceeded by at most one batch, only while the program discards pages
+//!   under eviction.
 //! - **load failure**: the page gets a poison marker (`UFFDIO_POISON`), so
 //!   the access raises SIGBUS as a swap read error does; never made-up data.
 //!

@@ -141,6 +141,11 @@ struct PageMeta {
     parked: bool,
     /// A write was seen since the page was queued (second chance).
     referenced: bool,
+    /// The page is a victim of the eviction batch in flight (from claim to
+    /// settle). The evictor reads such a page; if the program discarded it
+    /// meanwhile that read faults, and the handler must serve it even with
+    /// the budget full (the evictor is the one that would make room).
+    claimed: bool,
     /// The page is on the active list (only meaningful while resident).
     active: bool,
     /// Generation of the page's queue entry; older entries are stale.
@@ -767,7 +772,7 @@ impl Shared {
                 Outcome::Done
             }
             PageState::Absent => {
-                if s.resident >= self.cfg.budget_pages {
+                if s.resident >= self.cfg.budget_pages && !m.claimed {
                     if !f.retried {
                         s.stats.faults_throttled += 1;
                     }
@@ -1081,6 +1086,7 @@ impl Shared {
                 }
                 _ => continue,
             };
+            s.meta(area, page).claimed = true;
             s.areas.get_mut(&area).expect("area").inflight += 1;
             out.push(Victim {
                 area,
@@ -1209,6 +1215,7 @@ impl Shared {
                         s.stats.evictions += 1;
                     }
                 }
+                s.meta(area, page).claimed = false;
                 let a = s.areas.get_mut(&area).expect("area");
                 a.inflight -= 1;
                 if a.dying && a.inflight == 0 {
