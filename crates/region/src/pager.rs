@@ -1456,3 +1456,37 @@ fn split_out(segs: &mut BTreeMap<usize, Seg>, start: usize, end: usize) -> Vec<(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(len_pages: usize, first: u64) -> Seg {
+        Seg {
+            len: len_pages * PAGE_SIZE,
+            area: 1,
+            first,
+        }
+    }
+
+    #[test]
+    fn split_out_middle_and_edges() {
+        let mut segs = BTreeMap::new();
+        let b = 0x10_0000;
+        segs.insert(b, seg(10, 0));
+        let out = split_out(&mut segs, b + 2 * PAGE_SIZE, b + 5 * PAGE_SIZE);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, b + 2 * PAGE_SIZE);
+        assert_eq!((out[0].1.len, out[0].1.first), (3 * PAGE_SIZE, 2));
+        assert_eq!(segs.len(), 2);
+        assert_eq!(segs[&b].len, 2 * PAGE_SIZE);
+        let tail = segs[&(b + 5 * PAGE_SIZE)];
+        assert_eq!((tail.len, tail.first), (5 * PAGE_SIZE, 5));
+        assert_eq!(lookup(&segs, b + 6 * PAGE_SIZE), Some((1, 6)));
+        assert_eq!(lookup(&segs, b + 3 * PAGE_SIZE), None);
+        // A range over both remaining parts and beyond.
+        let out = split_out(&mut segs, b, b + 20 * PAGE_SIZE);
+        assert_eq!(out.len(), 2);
+        assert!(segs.is_empty());
+    }
+}

@@ -127,3 +127,45 @@ fn mremap_moves_stored_pages_with_the_mapping() {
     drop(r);
     assert_eq!(store.len(), 0);
 }
+
+#[test]
+fn partial_mremap_splits_the_region() {
+    let (pager, store, r) = setup(32);
+    let base = r.as_ptr();
+    r.evict(0..32);
+    // SAFETY: pages 8..16 of the live region move onto a fresh
+    // reservation; the test reads them only at their new address.
+    let to = unsafe {
+        let dst = libc::mmap(
+            std::ptr::null_mut(),
+            8 * PAGE,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(dst, libc::MAP_FAILED);
+        let to = libc::mremap(
+            base.add(8 * PAGE).cast(),
+            8 * PAGE,
+            8 * PAGE,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            dst,
+        );
+        assert_eq!(to, dst);
+        to as *mut u8
+    };
+    let mut want = vec![0u8; PAGE];
+    for p in 0..8 {
+        fill(&mut want, p + 8, 1);
+        assert_eq!(page_mut(to, p), &want[..], "moved page {}", p + 8);
+    }
+    for p in (0..8).chain(16..32) {
+        fill(&mut want, p, 1);
+        assert_eq!(page_mut(base, p), &want[..], "page {p} in place");
+    }
+    pager.check_invariants().unwrap();
+    // The hole left behind is unmapped; the Region's drop unmaps both parts.
+    drop(r);
+    assert_eq!(store.len(), 0);
+}
