@@ -6,6 +6,7 @@ mod basic;
 mod common;
 mod discard;
 mod lifecycle;
+mod load_error;
 mod policy;
 mod stress;
 mod syscalls;
