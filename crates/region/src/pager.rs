@@ -412,6 +412,8 @@ impl Pager {
             return Err(RegionError::Empty);
         }
         let addr = sys::map_anon(len).map_err(RegionError::Map)?;
+        // Best effort: a kernel without THP refuses the advice, harmlessly.
+        let _ = sys::no_huge_pages(addr, len);
         if let Err(e) = sh.uffd.register(addr, len) {
             // SAFETY: we just mapped it and nobody has seen the address.
             unsafe { sys::unmap(addr, len) };

@@ -678,6 +678,19 @@ pub fn map_anon(len: usize) -> io::Result<usize> {
     Ok(p as usize)
 }
 
+/// `madvise(MADV_NOHUGEPAGE)`: the pager works in 4 KiB pages; a huge
+/// page (a THP fault or a khugepaged collapse) would be evicted and
+/// tracked as 512 unrelated pages.
+pub fn no_huge_pages(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: only changes the huge-page policy of our own mapping; no
+    // contents are affected.
+    let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_NOHUGEPAGE) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Unmaps a range.
 ///
 /// # Safety
