@@ -136,8 +136,9 @@ impl PageState {
 struct PageMeta {
     st: PageState,
     /// A fault on this page waits for the evictor to settle it; whoever
-    /// settles the page wakes it. Invalid (false) when not resident...
-    /// except for `Discarding` pages about to become `Stored`.
+    /// settles the page (evictor commit/settle, or a remove event) clears
+    /// the flag and wakes the range. Only set in `Evicting`,
+    /// `EvictAborted` and `Discarding`.
     parked: bool,
     /// A write was seen since the page was queued (second chance).
     referenced: bool,
