@@ -1,1 +1,148 @@
-//! uzswap-region (to be built).
+//! uzswap-region: memory regions whose cold pages live in a compressed
+//! store, made real through userfaultfd (zswap rebuilt in userspace).
+//!
+//! # Glossary
+//! - **page**: a 4096-byte OS page.
+//! - **region**: an anonymous private mapping registered with the pager's
+//!   userfaultfd for missing and write-protect faults ([`Region`]).
+//! - **area**: a region's id; the store's keys are `(area, page index)`.
+//! - **resident**: a page that may be mapped (states `Dirty`, `Clean`,
+//!   `Evicting`, `EvictAborted`, `Discarding` of [`PageState`]). The pager
+//!   keeps `resident ≤ budget` for all its regions together.
+//! - **store**: where evicted pages go ([`PageStore`]; the real one is
+//!   `uzswap_cache::Cache`, [`MemStore`] serves tests).
+//! - **parked fault**: a fault on a page the evictor is working on; the
+//!   handler only flags it, and whoever settles the page wakes it.
+//!
+//! # Moving parts
+//! One [`Pager`] owns one userfaultfd, one handler thread (`uzswap-uffd`),
+//! one evictor thread (`uzswap-evict`), one store and one budget. Regions
+//! made by it share all of these. Architecture invariant: only `sys`
+//! touches userfaultfd and `libc`.
+//!
+//! # Fault protocol (handler thread)
+//! The handler reads messages in batches (up to 64), spinning on the
+//! non-blocking descriptor for `PagerConfig::spin` after the last message
+//! before blocking in `poll`: the wake-up from `poll` is most of the 15 µs
+//! a plain handler costs here. It never blocks on the evictor. Per message:
+//! - **missing fault, `Absent` page** (never touched, or discarded): zeros.
+//!   A read gets `UFFDIO_ZEROPAGE`; a write gets `UFFDIO_COPY` of a zero
+//!   page (it would copy the zero page at once anyway). → `Dirty`.
+//! - **missing fault, `Stored` page**: load it with `LoadMode::Keep` plus
+//!   the run of `Stored` pages after it (readahead; the window doubles up to
+//!   `readahead_max` while faults land right after the previous window and
+//!   halves otherwise). The faulting page is mapped first, alone, so its
+//!   thread is woken at once; then the followers are loaded and mapped with
+//!   one `UFFDIO_COPY`. Pages are mapped in `MODE_WP` and become `Clean`
+//!   (write-protected, the store keeps an identical copy). For a write
+//!   fault the faulting page is mapped writable instead and its entry
+//!   invalidated (`Dirty`).
+//! - **write-protect fault on a `Clean` page**: invalidate the store's
+//!   entry, clear the protection (`UFFDIO_WRITEPROTECT`, which wakes the
+//!   writer). → `Dirty`.
+//! - **any fault on a page mid-eviction**: park it (see below). A
+//!   write-protect fault on an `Evicting` page also aborts that eviction.
+//! - **a fault on a page already resolved** (several threads faulted on it,
+//!   or a readahead mapped it): `UFFDIO_WAKE`. `EEXIST` from COPY/ZEROPAGE
+//!   means the same and is treated as resolved.
+//! - **`EAGAIN`** from a resolving ioctl: a remove/unmap/remap event is
+//!   being delivered and must be *read* first; the fault is deferred and
+//!   retried after the next read. Events can be read after faults that
+//!   follow them causally; the page states make each step idempotent.
+//! - **budget full**: a fault that would map a page with `resident ≥
+//!   budget` is deferred (the thread stays blocked) until the evictor has
+//!   made room; it signals the handler's eventfd. One exception: a page
+//!   claimed by the eviction batch in flight that the program discarded
+//!   meanwhile is served at once, because the faulting thread is then the
+//!   evictor itself (reading the page to store it). The budget can so be
+//!   exceeded by at most one batch, only while the program discards pages
+//!   under eviction.
+//! - **load failure**: the page gets a poison marker (`UFFDIO_POISON`), so
+//!   the access raises SIGBUS as a swap read error does; never made-up data.
+//!
+//! Kernel-mode accesses (`read(2)` into, `write(2)` from region memory) fault
+//! through the same handler: this is why the pager runs a handler thread
+//! rather than `UFFD_FEATURE_SIGBUS` mode, which fails them with EFAULT.
+//!
+//! # Eviction: write-protect before copy (evictor thread)
+//! The evictor sleeps until `resident > budget − margin` and then evicts in
+//! batches until `resident ≤ budget − 2·margin` (margin = budget/32, 2..256),
+//! so faults rarely find the budget full. For each victim:
+//! 1. *claim* (state lock): `Dirty` → `Evicting`; `Clean` → `Discarding`.
+//! 2. `UFFDIO_WRITEPROTECT` the page. When the ioctl returns the TLB is
+//!    flushed and no CPU can write it; a write now faults with the WP flag,
+//!    and the handler marks the page `EvictAborted` and parks the writer.
+//!    (A `Clean` page is already protected and skips steps 2–3.)
+//! 3. copy the bytes out (`process_vm_readv` on ourselves, so a concurrent
+//!    unmap is an error, not a crash) and `store` them.
+//! 4. *commit* (state lock): still `Evicting` → `Discarding`; `EvictAborted`
+//!    → drop the stored copy, unprotect (which wakes the writer), `Dirty`;
+//!    anything else (the program discarded the page meanwhile) → drop the
+//!    stored copy.
+//! 5. `MADV_DONTNEED` the page. Because EVENT_REMOVE is on, this raises a
+//!    remove event; the evictor records the address in `self_discards`
+//!    first so the handler knows that event is ours and keeps the entry.
+//!    If the program discards the same page at the same moment, the two
+//!    events are counted, whichever is seen first, and the page ends
+//!    `Absent` either way.
+//! 6. *settle* (state lock): `Discarding` → `Stored`; wake parked faults,
+//!    which retry and fault as missing, now loading the page.
+//!
+//! No write is lost: a write before step 2 is in the copy; a write after
+//! step 2 faults and either aborts the eviction (before step 4) or waits
+//! until step 6 and then reloads the stored bytes. A `Clean` page was never
+//! written since it was loaded (any write would have faulted), so dropping
+//! it needs no store: the store kept its copy (`clean_drops`).
+//!
+//! # Victim choice: two lists and refault distance
+//! Reads of mapped anonymous memory cannot be observed here (no accessed
+//! bits, WP_ASYNC would disable the synchronous protection eviction needs),
+//! so the policy uses what is seen: faults, refaults and writes to clean
+//! pages. As the kernel's workingset code does, every eviction ticks a
+//! clock and the page keeps the tick; on a refault the *refault distance*
+//! (evictions since) is compared with the budget: a page that would still
+//! have been resident with twice the memory is part of the working set and
+//! goes to the *active* list, other pages to the *inactive* list. Victims
+//! come from the head of the inactive list; a page seen written since it
+//! was queued gets a second chance on the active list; the active list is
+//! kept at most 7/8 of the resident pages by demoting its head. On a
+//! skewed pattern this refaults markedly less than FIFO (which
+//! `VictimPolicy::Fifo` provides for comparison; see the test
+//! `policy_beats_fifo_on_skewed_access`).
+//!
+//! # Events
+//! - **remove** (`MADV_DONTNEED`, `MADV_REMOVE`) and **unmap**: the pages
+//!   become `Absent` and the store's entries are invalidated; an eviction in
+//!   flight notices at commit or settle. Unmapped ranges leave the segment
+//!   map.
+//! - **remap** (`mremap`): the segment map moves; pages keep their `(area,
+//!   page)` keys, so the store's entries move with them at no cost.
+//!   Limitation: an eviction in flight on a page being moved acts on the old
+//!   address; its ioctls fail there and the eviction is abandoned, unless a
+//!   new mapping is placed at the old address within those microseconds.
+//! - **fork**: EVENT_FORK is not used. Without it the child's copy of a
+//!   region is plain memory (no userfaultfd), so an evicted page would read
+//!   as zeros in the child. A `pthread_atfork` prepare hook therefore stops
+//!   eviction and brings every `Stored` page of every pager back (`Clean`)
+//!   before `fork()`; eviction resumes in the parent. Trade-off: a fork
+//!   costs one load per evicted page and the resident set exceeds the budget
+//!   until the evictor catches up; in exchange the child needs no handler
+//!   (EVENT_FORK would need CAP_SYS_PTRACE and a handler per child). Set
+//!   `PagerConfig::fork_prefault = false` if the program only forks to exec.
+//!
+//! # Lock order
+//! `gate` (one eviction batch or fork at a time) → `state` → the store's
+//! locks. `state` is never held across `MADV_DONTNEED` of region memory or a
+//! read of it (both may need the handler, which needs `state`).
+
+pub mod pager;
+pub mod region;
+pub mod stats;
+pub mod store;
+pub mod sys;
+
+pub use pager::{PageState, Pager, PagerConfig, PagerError, RegionError, VictimPolicy};
+pub use region::Region;
+pub use stats::{LatencySummary, PagerStats};
+pub use store::{LoadError, LoadMode, Loaded, MemStore, PageStore, StoreError, StoreStats, Stored};
+pub use sys::{OpenError, PAGE_SIZE};

@@ -1,0 +1,1495 @@
+//! The pager: one userfaultfd, one handler thread, one evictor thread, one
+//! [`PageStore`] and one resident budget shared by all its regions.
+//!
+//! See the crate documentation for the protocol; this file implements it.
+//!
+//! # Lock order
+//! 1. `Shared::gate` (raw mutex: one eviction batch or one fork at a time)
+//! 2. `Shared::state`
+//! 3. the store's internal locks (taken inside `PageStore` calls)
+//!
+//! No thread holds `state` across a call that may need the handler to make
+//! progress: `madvise` on a registered range (it waits until the handler has
+//! read the remove event) or a read of region memory (it may fault). The
+//! handler itself never waits for the evictor: a fault that must wait is
+//! *parked* (a flag on the page) and woken by whoever settles the page.
+
+use crate::stats::{Histogram, PagerStats};
+use crate::store::{LoadMode, Loaded, PageStore};
+use crate::sys::{self, feature, Msg, OpenError, RawMsg, Uffd, PAGE_SIZE};
+use parking_lot::lock_api::RawMutex as _;
+use parking_lot::{Condvar, Mutex, RawMutex};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How victims are chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum VictimPolicy {
+    /// Two lists with second chance and refault-distance activation (see
+    /// the crate documentation). The default.
+    Workingset,
+    /// Plain first-in first-out, for comparison.
+    Fifo,
+}
+
+/// Settings of a [`Pager`].
+#[derive(Clone, Debug)]
+pub struct PagerConfig {
+    /// Most pages of all regions resident at once. At least 16.
+    pub budget_pages: usize,
+    /// Most stored neighbours brought back with a faulting page.
+    pub readahead_max: usize,
+    /// Victim choice.
+    pub policy: VictimPolicy,
+    /// How long the handler spins on the descriptor after its last message
+    /// before blocking in poll (a wake-up from poll costs several µs).
+    pub spin: Duration,
+    /// Pages evicted per batch.
+    pub evict_batch: usize,
+    /// Bring every evicted page back before `fork()` (see `crate` docs).
+    pub fork_prefault: bool,
+    /// Test hook: pretend userfaultfd(2) failed with this errno and
+    /// /dev/userfaultfd with EACCES.
+    #[doc(hidden)]
+    pub inject_open_errno: Option<i32>,
+}
+
+impl PagerConfig {
+    /// Defaults for a budget of `budget_pages`.
+    pub fn new(budget_pages: usize) -> PagerConfig {
+        PagerConfig {
+            budget_pages,
+            readahead_max: 8,
+            policy: VictimPolicy::Workingset,
+            spin: Duration::from_micros(50),
+            evict_batch: 32,
+            fork_prefault: true,
+            inject_open_errno: None,
+        }
+    }
+}
+
+/// Why a pager could not be made. Nothing is left set up.
+#[derive(Debug, thiserror::Error)]
+pub enum PagerError {
+    /// userfaultfd could not be opened or negotiated.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// The configuration is unusable.
+    #[error("invalid pager configuration: {0}")]
+    Config(&'static str),
+    /// A helper thread or descriptor could not be created.
+    #[error("could not start the pager: {0}")]
+    Start(io::Error),
+}
+
+/// Why a region could not be made. Nothing is left set up.
+#[derive(Debug, thiserror::Error)]
+pub enum RegionError {
+    /// Zero-sized region.
+    #[error("a region needs at least one page")]
+    Empty,
+    /// mmap failed.
+    #[error("could not map the region: {0}")]
+    Map(io::Error),
+    /// UFFDIO_REGISTER failed.
+    #[error("could not register the region with userfaultfd: {0}")]
+    Register(io::Error),
+}
+
+/// The state of one page of a region.
+///
+/// "mapped" means a page may be present at the page's address; the store
+/// "holds" it when an entry equal to the page's contents exists.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub enum PageState {
+    /// Not mapped, not held: a fault maps zeros.
+    #[default]
+    Absent,
+    /// Not mapped, held: a fault loads it.
+    Stored,
+    /// Mapped and writable; the store holds nothing for it.
+    Dirty,
+    /// Mapped write-protected; the store holds an identical copy (loaded
+    /// with `LoadMode::Keep`), so eviction only drops it.
+    Clean,
+    /// Mapped write-protected while the evictor copies and stores it.
+    Evicting,
+    /// Like `Evicting`, but a write is waiting: the evictor will drop what
+    /// it stored, unprotect the page and make it `Dirty`.
+    EvictAborted,
+    /// Held; the evictor is discarding the mapping (`MADV_DONTNEED`).
+    Discarding,
+}
+
+impl PageState {
+    fn resident(self) -> bool {
+        !matches!(self, PageState::Absent | PageState::Stored)
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct PageMeta {
+    st: PageState,
+    /// A fault on this page waits for the evictor to settle it; whoever
+    /// settles the page (evictor commit/settle, or a remove event) clears
+    /// the flag and wakes the range. Only set in `Evicting`,
+    /// `EvictAborted` and `Discarding`.
+    parked: bool,
+    /// A write was seen since the page was queued (second chance).
+    referenced: bool,
+    /// The page is a victim of the eviction batch in flight (from claim to
+    /// settle). The evictor reads such a page; if the program discarded it
+    /// meanwhile that read faults, and the handler must serve it even with
+    /// the budget full (the evictor is the one that would make room).
+    claimed: bool,
+    /// The page is on the active list (only meaningful while resident).
+    active: bool,
+    /// Generation of the page's queue entry; older entries are stale.
+    qgen: u32,
+    /// Eviction clock when the page was last evicted (valid if `Stored`).
+    evicted_at: u32,
+}
+
+struct Area {
+    meta: Vec<PageMeta>,
+    /// The region is being dropped: no new victims from it.
+    dying: bool,
+    /// Victims of this area inside an eviction batch.
+    inflight: usize,
+    /// Readahead: page index of the last missing fault, and the window.
+    ra_next: u64,
+    ra_window: usize,
+}
+
+/// A registered address range: `len` bytes starting at the key, holding
+/// pages `first..` of `area`. Split and moved by remap events.
+#[derive(Clone, Copy, Debug)]
+struct Seg {
+    len: usize,
+    area: u32,
+    first: u64,
+}
+
+#[derive(Clone, Copy)]
+struct QEntry {
+    area: u32,
+    page: u32,
+    qgen: u32,
+}
+
+struct State {
+    areas: HashMap<u32, Area>,
+    segs: BTreeMap<usize, Seg>,
+    inactive: VecDeque<QEntry>,
+    active: VecDeque<QEntry>,
+    /// Resident pages on the active list.
+    n_active: usize,
+    /// Pages in a resident state, over all areas.
+    resident: usize,
+    /// Evictions so far (wrapping), for refault distances.
+    evict_clock: u32,
+    /// Addresses the evictor is about to `MADV_DONTNEED`: the next remove
+    /// event for each is ours, not the program's.
+    self_discards: HashMap<usize, u32>,
+    next_area: u32,
+    stats: PagerStats,
+    lat_store: Histogram,
+    lat_zero: Histogram,
+    /// Time inside the UFFDIO_COPY of store faults (includes waking the
+    /// faulting thread).
+    lat_copy: Histogram,
+}
+
+pub(crate) struct Shared {
+    uffd: Uffd,
+    store: Arc<dyn PageStore>,
+    cfg: PagerConfig,
+    state: Mutex<State>,
+    /// The evictor waits here for work.
+    work_cv: Condvar,
+    /// Region drops wait here for in-flight evictions of their area.
+    done_cv: Condvar,
+    /// Serialises eviction batches with each other and with fork.
+    gate: RawMutex,
+    shutdown: AtomicBool,
+    /// The handler holds faults back (budget full): wake it after a batch.
+    throttled: AtomicBool,
+    wake: sys::EventFd,
+    pid: i32,
+    start_threshold: usize,
+    stop_threshold: usize,
+}
+
+/// Owns the helper threads; the last `Pager` or `Region` handle stops them.
+pub(crate) struct Owner {
+    pub(crate) sh: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        if self.sh.pid != sys::getpid() {
+            // A forked child: the threads do not exist here.
+            return;
+        }
+        // Relaxed is enough: the flag is re-read after every wake-up below,
+        // and the condvar/eventfd provide the ordering.
+        self.sh.shutdown.store(true, Ordering::Relaxed);
+        self.sh.wake.signal();
+        {
+            let _g = self.sh.state.lock();
+            self.sh.work_cv.notify_all();
+        }
+        for t in self.threads.lock().drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A set of regions sharing a handler, a store and a budget.
+pub struct Pager {
+    owner: Arc<Owner>,
+}
+
+/// One page buffer aligned to a page (UFFDIO_COPY wants an aligned source).
+struct PageBuf {
+    ptr: *mut u8,
+    pages: usize,
+}
+
+impl PageBuf {
+    fn new(pages: usize) -> PageBuf {
+        let layout = std::alloc::Layout::from_size_align(pages * PAGE_SIZE, PAGE_SIZE)
+            .expect("page buffer layout");
+        // SAFETY: the layout has a non-zero size (pages >= 1).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null(), "out of memory for a page buffer");
+        PageBuf { ptr, pages }
+    }
+
+    fn page(&mut self, i: usize) -> &mut [u8] {
+        assert!(i < self.pages);
+        // SAFETY: page i lies inside the allocation, and `&mut self` makes
+        // the returned slice the only reference to it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * PAGE_SIZE), PAGE_SIZE) }
+    }
+
+    fn addr(&self, i: usize) -> *const u8 {
+        // SAFETY: in bounds of the allocation (i <= pages).
+        unsafe { self.ptr.add(i * PAGE_SIZE) }
+    }
+}
+
+impl Drop for PageBuf {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.pages * PAGE_SIZE, PAGE_SIZE)
+            .expect("page buffer layout");
+        // SAFETY: allocated in `new` with this very layout.
+        unsafe { std::alloc::dealloc(self.ptr, layout) };
+    }
+}
+
+// ---- fork -----------------------------------------------------------------
+
+static REGISTRY: Mutex<Vec<Weak<Shared>>> = parking_lot::const_mutex(Vec::new());
+static FORK_HELD: Mutex<Vec<Arc<Shared>>> = parking_lot::const_mutex(Vec::new());
+static ATFORK: std::sync::Once = std::sync::Once::new();
+
+unsafe extern "C" fn fork_prepare() {
+    let list: Vec<Arc<Shared>> = REGISTRY
+        .lock()
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|s| s.cfg.fork_prefault && s.pid == sys::getpid())
+        .collect();
+    for s in &list {
+        s.gate.lock();
+        s.prefault_all_locked();
+    }
+    *FORK_HELD.lock() = list;
+}
+
+unsafe extern "C" fn fork_parent() {
+    for s in std::mem::take(&mut *FORK_HELD.lock()) {
+        // SAFETY: fork_prepare locked the gate of every pager in FORK_HELD
+        // on this thread and nothing unlocked it since.
+        unsafe { s.gate.unlock() };
+        let _g = s.state.lock();
+        s.work_cv.notify_one();
+    }
+}
+
+unsafe extern "C" fn fork_child() {
+    let held = std::mem::take(&mut *FORK_HELD.lock());
+    for s in &held {
+        // SAFETY: as in fork_parent; the child's copy of the lock is held by
+        // the (only) thread that runs this hook.
+        unsafe { s.gate.unlock() };
+    }
+    // The child never uses the pager: keep the references from running
+    // any destructor there.
+    std::mem::forget(held);
+}
+
+// ---- pager ----------------------------------------------------------------
+
+impl Pager {
+    /// Opens userfaultfd and starts the handler and evictor threads.
+    pub fn new(store: Arc<dyn PageStore>, cfg: PagerConfig) -> Result<Pager, PagerError> {
+        if cfg.budget_pages < 16 {
+            return Err(PagerError::Config("budget_pages must be at least 16"));
+        }
+        if cfg.evict_batch == 0 {
+            return Err(PagerError::Config("evict_batch must be at least 1"));
+        }
+        let uffd = Uffd::open(feature::POISON, cfg.inject_open_errno)?;
+        let wake = sys::EventFd::new().map_err(PagerError::Start)?;
+        let margin = (cfg.budget_pages / 32).clamp(2, 256);
+        let sh = Arc::new(Shared {
+            uffd,
+            store,
+            start_threshold: cfg.budget_pages - margin,
+            stop_threshold: cfg.budget_pages - 2 * margin,
+            state: Mutex::new(State {
+                areas: HashMap::new(),
+                segs: BTreeMap::new(),
+                inactive: VecDeque::new(),
+                active: VecDeque::new(),
+                n_active: 0,
+                resident: 0,
+                evict_clock: 0,
+                self_discards: HashMap::new(),
+                next_area: 1,
+                stats: PagerStats {
+                    budget_pages: cfg.budget_pages as u64,
+                    ..PagerStats::default()
+                },
+                lat_store: Histogram::default(),
+                lat_zero: Histogram::default(),
+                lat_copy: Histogram::default(),
+            }),
+            cfg,
+            work_cv: Condvar::new(),
+            done_cv: Condvar::new(),
+            gate: RawMutex::INIT,
+            shutdown: AtomicBool::new(false),
+            throttled: AtomicBool::new(false),
+            wake,
+            pid: sys::getpid(),
+        });
+        let owner = Arc::new(Owner {
+            sh: sh.clone(),
+            threads: Mutex::new(Vec::new()),
+        });
+        let h = sh.clone();
+        let t1 = std::thread::Builder::new()
+            .name("uzswap-uffd".into())
+            .spawn(move || h.handler_loop())
+            .map_err(PagerError::Start)?;
+        owner.threads.lock().push(t1);
+        let e = sh.clone();
+        let t2 = std::thread::Builder::new()
+            .name("uzswap-evict".into())
+            .spawn(move || e.evictor_loop())
+            .map_err(PagerError::Start)?;
+        owner.threads.lock().push(t2);
+        REGISTRY.lock().push(Arc::downgrade(&sh));
+        ATFORK.call_once(|| {
+            sys::atfork(fork_prepare, fork_parent, fork_child).expect("pthread_atfork");
+        });
+        Ok(Pager { owner })
+    }
+
+    /// Maps a new region of `bytes` (rounded up to pages).
+    pub fn region(&self, bytes: usize) -> Result<crate::Region, RegionError> {
+        let sh = &self.owner.sh;
+        let len = bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        if len == 0 {
+            return Err(RegionError::Empty);
+        }
+        let addr = sys::map_anon(len).map_err(RegionError::Map)?;
+        // Best effort: a kernel without THP refuses the advice, harmlessly.
+        let _ = sys::no_huge_pages(addr, len);
+        if let Err(e) = sh.uffd.register(addr, len) {
+            // SAFETY: we just mapped it and nobody has seen the address.
+            unsafe { sys::unmap(addr, len) };
+            return Err(RegionError::Register(e));
+        }
+        let area = {
+            let mut s = sh.state.lock();
+            let area = s.next_area;
+            s.next_area += 1;
+            s.areas.insert(
+                area,
+                Area {
+                    meta: vec![PageMeta::default(); len / PAGE_SIZE],
+                    dying: false,
+                    inflight: 0,
+                    ra_next: u64::MAX,
+                    ra_window: 0,
+                },
+            );
+            s.segs.insert(
+                addr,
+                Seg {
+                    len,
+                    area,
+                    first: 0,
+                },
+            );
+            area
+        };
+        sh.store.open_area(area);
+        Ok(crate::Region::new(self.owner.clone(), area, addr, len))
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> PagerStats {
+        self.owner.sh.stats()
+    }
+
+    /// Brings every evicted page of every region back (what the fork hook
+    /// does). Returns the pages brought back.
+    pub fn prefault_all(&self) -> usize {
+        let sh = &self.owner.sh;
+        sh.gate.lock();
+        let n = sh.prefault_all_locked();
+        // SAFETY: locked just above on this thread.
+        unsafe { sh.gate.unlock() };
+        n
+    }
+
+    /// Negotiated userfaultfd feature bits (see `sys::feature`).
+    pub fn features(&self) -> u64 {
+        self.owner.sh.uffd.features()
+    }
+
+    /// Checks the pager's invariants (see `Shared::check_invariants`).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.owner.sh.check_invariants()
+    }
+}
+
+/// What handling a fault came to.
+enum Outcome {
+    Done,
+    /// Retry later: EAGAIN (an event must be read first) or budget full.
+    Defer,
+}
+
+#[derive(Clone, Copy)]
+struct Fault {
+    addr: usize,
+    write: bool,
+    wp: bool,
+    t0: Instant,
+    /// Deferred before (counters count a fault once).
+    retried: bool,
+}
+
+/// A victim inside an eviction batch.
+struct Victim {
+    area: u32,
+    page: u32,
+    addr: usize,
+    /// The page was `Clean`: nothing to store.
+    clean: bool,
+    /// Stored successfully (dirty victims).
+    stored: bool,
+    /// `MADV_DONTNEED` is to be (or was) issued.
+    discard: bool,
+    unprotect: bool,
+}
+
+fn lookup(segs: &BTreeMap<usize, Seg>, addr: usize) -> Option<(u32, u64)> {
+    let (start, seg) = segs.range(..=addr).next_back()?;
+    if addr >= start + seg.len {
+        return None;
+    }
+    Some((seg.area, seg.first + ((addr - start) / PAGE_SIZE) as u64))
+}
+
+impl State {
+    fn meta(&mut self, area: u32, page: u64) -> &mut PageMeta {
+        &mut self.areas.get_mut(&area).expect("area of a segment").meta[page as usize]
+    }
+
+    /// Puts a page that became resident on a list.
+    fn enqueue(&mut self, area: u32, page: u64, active: bool) {
+        let m = self.meta(area, page);
+        m.qgen = m.qgen.wrapping_add(1);
+        m.referenced = false;
+        let was_active = m.active;
+        m.active = active;
+        let e = QEntry {
+            area,
+            page: page as u32,
+            qgen: m.qgen,
+        };
+        if active {
+            self.active.push_back(e);
+        } else {
+            self.inactive.push_back(e);
+        }
+        match (was_active, active) {
+            (false, true) => self.n_active += 1,
+            (true, false) => self.n_active -= 1,
+            _ => {}
+        }
+    }
+
+    /// Accounting for a page that stops being resident.
+    fn leave(&mut self, area: u32, page: u64) {
+        let m = self.meta(area, page);
+        m.qgen = m.qgen.wrapping_add(1);
+        let was_active = std::mem::replace(&mut m.active, false);
+        if was_active {
+            self.n_active -= 1;
+        }
+        self.resident -= 1;
+    }
+
+    fn entry_valid(&self, e: QEntry) -> Option<PageMeta> {
+        let a = self.areas.get(&e.area)?;
+        if a.dying {
+            return None;
+        }
+        let m = a.meta[e.page as usize];
+        (m.qgen == e.qgen && m.st.resident()).then_some(m)
+    }
+
+    /// Picks up to `want` victims among `Dirty`/`Clean` pages.
+    fn select(&mut self, want: usize, policy: VictimPolicy) -> Vec<(u32, u64)> {
+        let mut out = Vec::new();
+        let mut budget = 4 * (self.inactive.len() + self.active.len()) + 16;
+        while out.len() < want && budget > 0 {
+            budget -= 1;
+            // Keep the active list at most 7/8 of what is resident.
+            let demote = policy == VictimPolicy::Workingset
+                && (self.n_active * 8 > self.resident * 7 || self.inactive.is_empty());
+            if demote {
+                if let Some(e) = self.active.pop_front() {
+                    if let Some(m) = self.entry_valid(e) {
+                        if m.active {
+                            self.enqueue(e.area, e.page as u64, false);
+                        }
+                    }
+                    continue;
+                }
+            }
+            let Some(e) = self.inactive.pop_front() else {
+                break;
+            };
+            let Some(m) = self.entry_valid(e) else {
+                continue;
+            };
+            if !matches!(m.st, PageState::Dirty | PageState::Clean) {
+                continue;
+            }
+            if policy == VictimPolicy::Workingset && m.referenced {
+                self.enqueue(e.area, e.page as u64, true);
+                continue;
+            }
+            out.push((e.area, e.page as u64));
+        }
+        out
+    }
+}
+
+impl Shared {
+    fn stats(&self) -> PagerStats {
+        let mut st = {
+            let s = self.state.lock();
+            let mut st = s.stats.clone();
+            st.resident_pages = s.resident as u64;
+            st.fault_latency = s.lat_store.summary();
+            st.zero_fault_latency = s.lat_zero.summary();
+            st.copy_latency = s.lat_copy.summary();
+            st
+        };
+        st.store = self.store.stats();
+        st.stored_pages = st.store.pages;
+        st
+    }
+
+    fn page_addr(s: &State, area: u32, page: u64) -> Option<usize> {
+        s.segs.iter().find_map(|(start, seg)| {
+            (seg.area == area
+                && page >= seg.first
+                && page < seg.first + (seg.len / PAGE_SIZE) as u64)
+                .then(|| start + (page - seg.first) as usize * PAGE_SIZE)
+        })
+    }
+
+    // ---- handler ----------------------------------------------------------
+
+    fn handler_loop(self: Arc<Self>) {
+        let mut msgs = vec![RawMsg::default(); 64];
+        let mut buf = PageBuf::new(self.cfg.readahead_max + 1);
+        let mut deferred: Vec<Fault> = Vec::new();
+        let mut last = Instant::now();
+        let mut spins = 0u32;
+        while !self.shutdown.load(Ordering::Relaxed) {
+            let n = match self.uffd.read_msgs(&mut msgs) {
+                Ok(n) => n,
+                Err(e) => panic!("reading userfaultfd failed: {e}"),
+            };
+            if n == 0 {
+                if !deferred.is_empty() {
+                    self.retry(&mut deferred, &mut buf);
+                }
+                spins += 1;
+                // Check the clock only every 64 spins.
+                if spins & 63 != 0 || last.elapsed() < self.cfg.spin {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                let timeout = if deferred.is_empty() { -1 } else { 1 };
+                sys::poll2(self.uffd.raw_fd(), self.wake.raw_fd(), timeout);
+                self.wake.drain();
+                last = Instant::now();
+                continue;
+            }
+            let t0 = Instant::now();
+            for m in &msgs[..n] {
+                match m.decode() {
+                    Msg::Fault { addr, write, wp } => {
+                        let f = Fault {
+                            addr,
+                            write,
+                            wp,
+                            t0,
+                            retried: false,
+                        };
+                        if let Outcome::Defer = self.fault(f, &mut buf) {
+                            deferred.push(f);
+                        }
+                    }
+                    Msg::Remove { start, end } => self.discard_range(start, end, true),
+                    Msg::Unmap { start, end } => {
+                        self.discard_range(start, end, false);
+                        self.forget_range(start, end);
+                    }
+                    Msg::Remap { from, to, len } => self.remap(from, to, len),
+                    Msg::Fork { fd } => {
+                        // Not negotiated; close it should it ever come.
+                        // SAFETY: the kernel gave us this descriptor.
+                        drop(unsafe {
+                            <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd)
+                        });
+                    }
+                    Msg::Unknown(_) => {}
+                }
+            }
+            if !deferred.is_empty() {
+                self.retry(&mut deferred, &mut buf);
+            }
+            last = Instant::now();
+            spins = 0;
+        }
+    }
+
+    fn retry(&self, deferred: &mut Vec<Fault>, buf: &mut PageBuf) {
+        let old = std::mem::take(deferred);
+        for mut f in old {
+            f.retried = true;
+            if let Outcome::Defer = self.fault(f, buf) {
+                deferred.push(f);
+            }
+        }
+        if !deferred.is_empty() {
+            self.throttled.store(true, Ordering::Relaxed);
+            let _g = self.state.lock();
+            self.work_cv.notify_one();
+        }
+    }
+
+    /// Resolves one fault. Never blocks on the evictor.
+    fn fault(&self, f: Fault, buf: &mut PageBuf) -> Outcome {
+        let mut g = self.state.lock();
+        let s = &mut *g;
+        let Some((area, page)) = lookup(&s.segs, f.addr) else {
+            // Not ours (grown by mremap, or a region being dropped): serve
+            // it as plain memory.
+            s.stats.faults_foreign += 1;
+            drop(g);
+            let r = if f.wp {
+                self.uffd.writeprotect(f.addr, PAGE_SIZE, false)
+            } else {
+                self.uffd.zeropage(f.addr, PAGE_SIZE)
+            };
+            return match r {
+                Err(e) if e.errno == libc::EAGAIN => Outcome::Defer,
+                _ => Outcome::Done,
+            };
+        };
+        let m = *s.meta(area, page);
+        if f.wp {
+            match m.st {
+                PageState::Clean => {
+                    // The store's copy goes stale with this write.
+                    self.store.invalidate(area, page);
+                    let mm = s.meta(area, page);
+                    mm.st = PageState::Dirty;
+                    mm.referenced = true;
+                    s.stats.faults_wp += 1;
+                    drop(g);
+                    return self.unprotect_once(f.addr);
+                }
+                PageState::Evicting => {
+                    let mm = s.meta(area, page);
+                    mm.st = PageState::EvictAborted;
+                    mm.parked = true;
+                    s.stats.faults_parked += 1;
+                }
+                PageState::EvictAborted | PageState::Discarding => {
+                    s.meta(area, page).parked = true;
+                    s.stats.faults_parked += 1;
+                }
+                PageState::Dirty => {
+                    drop(g);
+                    return self.unprotect_once(f.addr);
+                }
+                PageState::Absent | PageState::Stored => {
+                    drop(g);
+                    let _ = self.uffd.wake(f.addr, PAGE_SIZE);
+                }
+            }
+            return Outcome::Done;
+        }
+        match m.st {
+            PageState::Dirty | PageState::Clean => {
+                // Already resolved (by a readahead or an earlier message).
+                drop(g);
+                let _ = self.uffd.wake(f.addr, PAGE_SIZE);
+                Outcome::Done
+            }
+            PageState::Evicting | PageState::EvictAborted | PageState::Discarding => {
+                s.meta(area, page).parked = true;
+                s.stats.faults_parked += 1;
+                Outcome::Done
+            }
+            PageState::Absent => {
+                if s.resident >= self.cfg.budget_pages && !m.claimed {
+                    if !f.retried {
+                        s.stats.faults_throttled += 1;
+                    }
+                    return Outcome::Defer;
+                }
+                let r = if f.write {
+                    // A write would copy the zero page at once: give a page.
+                    buf.page(0).fill(0);
+                    // SAFETY: buf page 0 is readable memory we own.
+                    unsafe { self.uffd.copy(f.addr, buf.addr(0), PAGE_SIZE, false) }
+                } else {
+                    self.uffd.zeropage(f.addr, PAGE_SIZE)
+                };
+                match r {
+                    Ok(()) => {}
+                    Err(e) if e.errno == libc::EAGAIN => return Outcome::Defer,
+                    Err(e) if e.errno == libc::EEXIST => {}
+                    Err(_) => return Outcome::Done, // ENOENT: range gone
+                }
+                s.meta(area, page).st = PageState::Dirty;
+                s.resident += 1;
+                s.enqueue(area, page, false);
+                s.stats.faults_zero += 1;
+                s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.resident as u64);
+                s.lat_zero.record(f.t0.elapsed().as_nanos() as u64);
+                self.kick(s);
+                Outcome::Done
+            }
+            PageState::Stored => self.fault_stored(s, f, area, page, buf),
+        }
+    }
+
+    /// A missing fault on a stored page: load it and its stored followers.
+    fn fault_stored(
+        &self,
+        s: &mut State,
+        f: Fault,
+        area: u32,
+        page: u64,
+        buf: &mut PageBuf,
+    ) -> Outcome {
+        let free = self.cfg.budget_pages.saturating_sub(s.resident);
+        if free == 0 {
+            if !f.retried {
+                s.stats.faults_throttled += 1;
+            }
+            return Outcome::Defer;
+        }
+        // Readahead window: grows while faults follow the previous window,
+        // halves otherwise.
+        let (npages, window) = {
+            let a = s.areas.get_mut(&area).expect("area");
+            if page == a.ra_next {
+                a.ra_window = (a.ra_window * 2).max(2).min(self.cfg.readahead_max);
+            } else {
+                a.ra_window /= 2;
+            }
+            (a.meta.len() as u64, a.ra_window)
+        };
+        let seg_end = {
+            let (_, seg) = s.segs.range(..=f.addr).next_back().expect("segment");
+            seg.first + (seg.len / PAGE_SIZE) as u64
+        };
+        let limit = (page + 1 + window.min(free - 1) as u64)
+            .min(npages)
+            .min(seg_end);
+        let mut n = 1usize;
+        while page + (n as u64) < limit && s.meta(area, page + n as u64).st == PageState::Stored {
+            n += 1;
+        }
+        // The faulting page first, alone: its COPY wakes the thread, which
+        // then runs while the followers are loaded and mapped. A write
+        // fault gets its page writable (the store's copy is dropped below);
+        // everything else is mapped write-protected and clean, so evicting
+        // it again needs no store.
+        let src = match self.store.load(area, page, buf.page(0), LoadMode::Keep) {
+            Ok(l) => l,
+            Err(_) => {
+                s.stats.load_errors += 1;
+                fail_access(self, f.addr);
+                return Outcome::Done;
+            }
+        };
+        let tc = Instant::now();
+        // SAFETY: buf page 0 holds the loaded bytes.
+        match unsafe { self.uffd.copy(f.addr, buf.addr(0), PAGE_SIZE, !f.write) } {
+            Ok(()) => {}
+            Err(e) if e.errno == libc::EAGAIN => return Outcome::Defer,
+            Err(e) if e.errno == libc::EEXIST => {}
+            Err(_) => return Outcome::Done,
+        }
+        s.lat_copy.record(tc.elapsed().as_nanos() as u64);
+        s.lat_store.record(f.t0.elapsed().as_nanos() as u64);
+        let mut got = 1;
+        while got < n {
+            if self
+                .store
+                .load(area, page + got as u64, buf.page(got), LoadMode::Keep)
+                .is_err()
+            {
+                break;
+            }
+            got += 1;
+        }
+        let mut mapped = 1;
+        if got > 1 {
+            // SAFETY: buf pages 1..got hold loaded bytes.
+            match unsafe {
+                self.uffd
+                    .copy(f.addr + PAGE_SIZE, buf.addr(1), (got - 1) * PAGE_SIZE, true)
+            } {
+                Ok(()) => mapped = got,
+                // Partly done (EAGAIN, EEXIST): the rest stay `Stored`,
+                // and the store still holds them (loaded with Keep).
+                Err(e) => mapped = 1 + e.done / PAGE_SIZE,
+            }
+        }
+        // Account for what was mapped.
+        let distance = s.evict_clock.wrapping_sub(s.meta(area, page).evicted_at) as usize;
+        let activate =
+            self.cfg.policy == VictimPolicy::Workingset && distance <= self.cfg.budget_pages;
+        s.stats.refaults += 1;
+        if activate {
+            s.stats.refaults_activated += 1;
+        }
+        for i in 0..mapped {
+            let p = page + i as u64;
+            let dirty = i == 0 && f.write;
+            s.meta(area, p).st = if dirty {
+                PageState::Dirty
+            } else {
+                PageState::Clean
+            };
+            if dirty {
+                self.store.invalidate(area, p);
+            }
+            s.resident += 1;
+            s.enqueue(area, p, i == 0 && activate);
+        }
+        s.stats.readahead_pages += mapped.saturating_sub(1) as u64;
+        s.areas.get_mut(&area).expect("area").ra_next = page + mapped as u64;
+        match src {
+            Loaded::Pool => s.stats.faults_pool += 1,
+            Loaded::Backing => s.stats.faults_backing += 1,
+            Loaded::SameFilled => s.stats.faults_same_filled += 1,
+        }
+        s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.resident as u64);
+        self.kick(s);
+        Outcome::Done
+    }
+
+    /// Wakes the evictor when the resident set nears the budget.
+    fn kick(&self, s: &State) {
+        if s.resident > self.start_threshold {
+            self.work_cv.notify_one();
+        }
+    }
+
+    /// Clears write protection from the handler. EAGAIN (an event is
+    /// pending, and only this thread can read it) defers the fault: the
+    /// page is `Dirty` by then, so the retry unprotects again.
+    fn unprotect_once(&self, addr: usize) -> Outcome {
+        match self.uffd.writeprotect(addr, PAGE_SIZE, false) {
+            Err(e) if e.errno == libc::EAGAIN => Outcome::Defer,
+            _ => Outcome::Done,
+        }
+    }
+
+    /// Clears write protection from a thread other than the handler,
+    /// retrying while an event is being delivered.
+    fn unprotect_retry(&self, addr: usize) {
+        loop {
+            match self.uffd.writeprotect(addr, PAGE_SIZE, false) {
+                Err(e) if e.errno == libc::EAGAIN => std::thread::yield_now(),
+                _ => return,
+            }
+        }
+    }
+
+    /// The program discarded `[start, end)` (remove or unmap event): what
+    /// the store held for it goes, the pages read as zeros afterwards.
+    /// With `own_check`, a remove we caused ourselves is recognised and
+    /// skipped.
+    fn discard_range(&self, start: usize, end: usize, own_check: bool) {
+        let mut wake = Vec::new();
+        {
+            let mut g = self.state.lock();
+            let s = &mut *g;
+            let mut addr = start & !(PAGE_SIZE - 1);
+            while addr < end {
+                let this = addr;
+                addr += PAGE_SIZE;
+                if own_check {
+                    if let Some(c) = s.self_discards.get_mut(&this) {
+                        *c -= 1;
+                        if *c == 0 {
+                            s.self_discards.remove(&this);
+                        }
+                        continue;
+                    }
+                }
+                let Some((area, page)) = lookup(&s.segs, this) else {
+                    continue;
+                };
+                let m = *s.meta(area, page);
+                match m.st {
+                    PageState::Absent => continue,
+                    PageState::Stored | PageState::Clean | PageState::Discarding => {
+                        self.store.invalidate(area, page)
+                    }
+                    // The evictor sees the state change and drops what it
+                    // stored itself.
+                    PageState::Dirty | PageState::Evicting | PageState::EvictAborted => {}
+                }
+                if m.st.resident() {
+                    s.leave(area, page);
+                }
+                let mm = s.meta(area, page);
+                mm.st = PageState::Absent;
+                if std::mem::replace(&mut mm.parked, false) {
+                    wake.push(this);
+                }
+                s.stats.discarded_pages += 1;
+            }
+        }
+        for a in wake {
+            let _ = self.uffd.wake(a, PAGE_SIZE);
+        }
+    }
+
+    /// Drops the segments of an unmapped range.
+    fn forget_range(&self, start: usize, end: usize) {
+        let mut s = self.state.lock();
+        let moved = split_out(&mut s.segs, start, end);
+        drop(moved);
+    }
+
+    /// `[from, from+len)` now lives at `to`: move the segments. Pages keep
+    /// their `(area, page)` keys, so the store's entries move with them.
+    fn remap(&self, from: usize, to: usize, len: usize) {
+        let mut s = self.state.lock();
+        let moved = split_out(&mut s.segs, from, from + len);
+        for (start, seg) in moved {
+            s.segs.insert(to + (start - from), seg);
+        }
+        s.stats.remaps += 1;
+    }
+
+    // ---- evictor ----------------------------------------------------------
+
+    fn evictor_loop(self: Arc<Self>) {
+        loop {
+            {
+                let mut s = self.state.lock();
+                while !self.shutdown.load(Ordering::Relaxed) && s.resident <= self.start_threshold {
+                    self.work_cv.wait(&mut s);
+                }
+                if self.shutdown.load(Ordering::Relaxed) {
+                    return;
+                }
+            }
+            loop {
+                self.gate.lock();
+                let n = {
+                    let s = self.state.lock();
+                    s.resident
+                        .saturating_sub(self.stop_threshold)
+                        .min(self.cfg.evict_batch)
+                };
+                let done = if n > 0 {
+                    let victims = {
+                        let mut s = self.state.lock();
+                        let v = s.select(n, self.cfg.policy);
+                        self.claim(&mut s, v)
+                    };
+                    let k = victims.len();
+                    self.evict(victims);
+                    k
+                } else {
+                    0
+                };
+                // SAFETY: locked at the top of this iteration on this thread.
+                unsafe { self.gate.unlock() };
+                if self.throttled.swap(false, Ordering::Relaxed) {
+                    self.wake.signal();
+                }
+                if done == 0 || self.shutdown.load(Ordering::Relaxed) {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Marks chosen pages as in eviction (under the state lock).
+    fn claim(&self, s: &mut State, v: Vec<(u32, u64)>) -> Vec<Victim> {
+        let mut out = Vec::with_capacity(v.len());
+        for (area, page) in v {
+            let Some(addr) = Shared::page_addr(s, area, page) else {
+                continue;
+            };
+            let m = s.meta(area, page);
+            let clean = match m.st {
+                PageState::Dirty => {
+                    m.st = PageState::Evicting;
+                    false
+                }
+                PageState::Clean => {
+                    m.st = PageState::Discarding;
+                    *s.self_discards.entry(addr).or_insert(0) += 1;
+                    true
+                }
+                _ => continue,
+            };
+            s.meta(area, page).claimed = true;
+            s.areas.get_mut(&area).expect("area").inflight += 1;
+            out.push(Victim {
+                area,
+                page: page as u32,
+                addr,
+                clean,
+                stored: false,
+                discard: clean,
+                unprotect: false,
+            });
+        }
+        out
+    }
+
+    /// Evicts claimed victims: write-protect, copy out, store, commit,
+    /// discard, settle. Runs without the state lock except to commit.
+    fn evict(&self, mut victims: Vec<Victim>) {
+        let mut buf = vec![0u8; PAGE_SIZE];
+        // 1. Write-protect dirty victims. After this no CPU can write them:
+        //    a write faults (WP) and the handler parks or aborts.
+        // 2. Copy each out and store it.
+        for v in victims.iter_mut().filter(|v| !v.clean) {
+            let wp = loop {
+                match self.uffd.writeprotect(v.addr, PAGE_SIZE, true) {
+                    Err(e) if e.errno == libc::EAGAIN => std::thread::yield_now(),
+                    r => break r,
+                }
+            };
+            if wp.is_err() {
+                continue;
+            }
+            if sys::read_own(v.addr, &mut buf).is_err() {
+                continue;
+            }
+            match self.store.store(v.area, v.page as u64, &buf) {
+                Ok(_) => v.stored = true,
+                Err(_) => {
+                    self.state.lock().stats.store_rejected += 1;
+                }
+            }
+        }
+        // 3. Commit: a victim still `Evicting` becomes `Discarding`; one a
+        //    write reached goes back to `Dirty`; one the program discarded
+        //    meanwhile loses what we stored.
+        {
+            let mut g = self.state.lock();
+            let s = &mut *g;
+            for v in victims.iter_mut().filter(|v| !v.clean) {
+                let (area, page) = (v.area, v.page as u64);
+                let st = s.meta(area, page).st;
+                match st {
+                    PageState::Evicting if v.stored => {
+                        s.meta(area, page).st = PageState::Discarding;
+                        *s.self_discards.entry(v.addr).or_insert(0) += 1;
+                        v.discard = true;
+                    }
+                    PageState::Evicting | PageState::EvictAborted => {
+                        if v.stored {
+                            self.store.invalidate(area, page);
+                        }
+                        if st == PageState::EvictAborted {
+                            s.stats.evictions_aborted += 1;
+                        }
+                        let m = s.meta(area, page);
+                        m.st = PageState::Dirty;
+                        m.parked = false; // the unprotect below wakes them
+                        v.unprotect = true;
+                        // A written page is hot; a refused one goes round again.
+                        let hot = st == PageState::EvictAborted;
+                        s.enqueue(
+                            area,
+                            page,
+                            hot && self.cfg.policy == VictimPolicy::Workingset,
+                        );
+                    }
+                    _ => {
+                        if v.stored {
+                            self.store.invalidate(area, page);
+                        }
+                    }
+                }
+            }
+        }
+        for v in victims.iter().filter(|v| v.unprotect) {
+            self.unprotect_retry(v.addr);
+        }
+        // 4. Discard. The remove event this raises is recognised by the
+        //    handler through `self_discards`.
+        let mut failed = Vec::new();
+        for v in victims.iter().filter(|v| v.discard) {
+            // SAFETY: the page is held by the store and `Discarding`: its
+            // contents may go. The address was taken from the segment map
+            // under the lock (see the crate docs on remaps).
+            if unsafe { sys::dontneed(v.addr, PAGE_SIZE) }.is_err() {
+                failed.push(v.addr);
+            }
+        }
+        // 5. Settle: `Discarding` → `Stored`, wake parked faults.
+        let mut wake = Vec::new();
+        {
+            let mut g = self.state.lock();
+            let s = &mut *g;
+            for a in failed {
+                if let Some(c) = s.self_discards.get_mut(&a) {
+                    *c -= 1;
+                    if *c == 0 {
+                        s.self_discards.remove(&a);
+                    }
+                }
+            }
+            for v in &victims {
+                let (area, page) = (v.area, v.page as u64);
+                if v.discard && s.meta(area, page).st == PageState::Discarding {
+                    s.leave(area, page);
+                    let clock = s.evict_clock;
+                    s.evict_clock = clock.wrapping_add(1);
+                    let m = s.meta(area, page);
+                    m.st = PageState::Stored;
+                    m.evicted_at = clock;
+                    if std::mem::replace(&mut m.parked, false) {
+                        wake.push(v.addr);
+                    }
+                    if v.clean {
+                        s.stats.clean_drops += 1;
+                    } else {
+                        s.stats.evictions += 1;
+                    }
+                }
+                s.meta(area, page).claimed = false;
+                let a = s.areas.get_mut(&area).expect("area");
+                a.inflight -= 1;
+                if a.dying && a.inflight == 0 {
+                    self.done_cv.notify_all();
+                }
+            }
+        }
+        for a in wake {
+            let _ = self.uffd.wake(a, PAGE_SIZE);
+        }
+    }
+
+    /// Evicts the given pages of `area` now, on the calling thread.
+    pub(crate) fn evict_pages(&self, area: u32, pages: std::ops::Range<u64>) -> usize {
+        self.gate.lock();
+        let victims = {
+            let mut s = self.state.lock();
+            let v: Vec<(u32, u64)> = pages
+                .filter(|p| {
+                    s.areas
+                        .get(&area)
+                        .and_then(|a| a.meta.get(*p as usize))
+                        .is_some_and(|m| matches!(m.st, PageState::Dirty | PageState::Clean))
+                })
+                .map(|p| (area, p))
+                .collect();
+            self.claim(&mut s, v)
+        };
+        let before = {
+            let s = self.state.lock();
+            s.stats.evictions + s.stats.clean_drops
+        };
+        self.evict(victims);
+        let after = {
+            let s = self.state.lock();
+            s.stats.evictions + s.stats.clean_drops
+        };
+        // SAFETY: locked at the top of this function on this thread.
+        unsafe { self.gate.unlock() };
+        (after - before) as usize
+    }
+
+    /// Brings every stored page back, write-protected and clean. The gate
+    /// must be held (no eviction in flight).
+    fn prefault_all_locked(&self) -> usize {
+        let mut buf = PageBuf::new(1);
+        let mut n = 0;
+        let todo: Vec<(usize, u32, u64)> = {
+            let s = self.state.lock();
+            let mut v = Vec::new();
+            for (start, seg) in &s.segs {
+                let a = &s.areas[&seg.area];
+                for i in 0..seg.len / PAGE_SIZE {
+                    let p = seg.first + i as u64;
+                    if a.meta[p as usize].st == PageState::Stored {
+                        v.push((start + i * PAGE_SIZE, seg.area, p));
+                    }
+                }
+            }
+            v
+        };
+        for (addr, area, page) in todo {
+            loop {
+                let mut g = self.state.lock();
+                let s = &mut *g;
+                if lookup(&s.segs, addr) != Some((area, page))
+                    || s.meta(area, page).st != PageState::Stored
+                {
+                    break;
+                }
+                if self
+                    .store
+                    .load(area, page, buf.page(0), LoadMode::Keep)
+                    .is_err()
+                {
+                    s.stats.load_errors += 1;
+                    break;
+                }
+                // SAFETY: buf page 0 holds the loaded bytes.
+                match unsafe { self.uffd.copy(addr, buf.addr(0), PAGE_SIZE, true) } {
+                    Err(e) if e.errno == libc::EAGAIN => {
+                        // An event is pending: let the handler read it
+                        // (it may need the state lock to get there).
+                        drop(g);
+                        std::thread::sleep(Duration::from_micros(50));
+                        continue;
+                    }
+                    Err(e) if e.errno != libc::EEXIST => break,
+                    _ => {}
+                }
+                s.meta(area, page).st = PageState::Clean;
+                s.resident += 1;
+                s.enqueue(area, page, false);
+                n += 1;
+                break;
+            }
+        }
+        let mut s = self.state.lock();
+        s.stats.fork_prefaults += 1;
+        s.stats.fork_prefault_pages += n as u64;
+        s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.resident as u64);
+        n
+    }
+
+    /// Drops a region: waits for evictions in flight, unregisters, unmaps,
+    /// and drops the store's entries.
+    pub(crate) fn drop_area(&self, area: u32) {
+        if self.pid != sys::getpid() {
+            return; // a forked child: the pager is not ours to touch
+        }
+        let segs = {
+            let mut s = self.state.lock();
+            if let Some(a) = s.areas.get_mut(&area) {
+                a.dying = true;
+            }
+            while s.areas.get(&area).is_some_and(|a| a.inflight > 0) {
+                self.done_cv.wait(&mut s);
+            }
+            let segs: Vec<(usize, Seg)> = s
+                .segs
+                .iter()
+                .filter(|(_, seg)| seg.area == area)
+                .map(|(a, seg)| (*a, *seg))
+                .collect();
+            for (a, _) in &segs {
+                s.segs.remove(a);
+            }
+            if let Some(a) = s.areas.remove(&area) {
+                let r = a.meta.iter().filter(|m| m.st.resident()).count();
+                let act = a
+                    .meta
+                    .iter()
+                    .filter(|m| m.st.resident() && m.active)
+                    .count();
+                s.resident -= r;
+                s.n_active -= act;
+            }
+            segs
+        };
+        for (addr, seg) in segs {
+            let _ = self.uffd.unregister(addr, seg.len);
+            // SAFETY: the region is being dropped; its segments were ours
+            // and are no longer known to the handler or the evictor.
+            unsafe { sys::unmap(addr, seg.len) };
+        }
+        self.store.invalidate_area(area);
+    }
+
+    pub(crate) fn page_state(&self, area: u32, page: u64) -> Option<PageState> {
+        let s = self.state.lock();
+        s.areas.get(&area)?.meta.get(page as usize).map(|m| m.st)
+    }
+
+    pub(crate) fn area_resident(&self, area: u32) -> usize {
+        let s = self.state.lock();
+        s.areas
+            .get(&area)
+            .map_or(0, |a| a.meta.iter().filter(|m| m.st.resident()).count())
+    }
+
+    /// Re-derives the counters from the page states.
+    fn check_invariants(&self) -> Result<(), String> {
+        let s = self.state.lock();
+        let mut resident = 0;
+        let mut active = 0;
+        for a in s.areas.values() {
+            for m in &a.meta {
+                if m.st.resident() {
+                    resident += 1;
+                    if m.active {
+                        active += 1;
+                    }
+                }
+            }
+        }
+        if resident != s.resident {
+            return Err(format!("resident {} != counted {}", s.resident, resident));
+        }
+        if active != s.n_active {
+            return Err(format!("n_active {} != counted {}", s.n_active, active));
+        }
+        Ok(())
+    }
+}
+
+/// A load failed: the access must not see made-up data. Map a poison
+/// marker (the access gets SIGBUS, as on a swap read error) if the kernel
+/// has it, else zeros.
+fn fail_access(sh: &Shared, addr: usize) {
+    if sh.uffd.features() & feature::POISON != 0 && sh.uffd.poison(addr, PAGE_SIZE).is_ok() {
+        return;
+    }
+    let _ = sh.uffd.zeropage(addr, PAGE_SIZE);
+}
+
+/// Removes the parts of segments inside `[start, end)` and returns them
+/// (keyed by their start address); parts outside stay.
+fn split_out(segs: &mut BTreeMap<usize, Seg>, start: usize, end: usize) -> Vec<(usize, Seg)> {
+    let hits: Vec<(usize, Seg)> = segs
+        .range(..end)
+        .filter(|(s, seg)| **s + seg.len > start)
+        .map(|(s, seg)| (*s, *seg))
+        .collect();
+    let mut out = Vec::new();
+    for (s, seg) in hits {
+        segs.remove(&s);
+        let e = s + seg.len;
+        let pages = |a: usize| ((a - s) / PAGE_SIZE) as u64;
+        if s < start {
+            segs.insert(
+                s,
+                Seg {
+                    len: start - s,
+                    ..seg
+                },
+            );
+        }
+        if e > end {
+            segs.insert(
+                end,
+                Seg {
+                    len: e - end,
+                    area: seg.area,
+                    first: seg.first + pages(end),
+                },
+            );
+        }
+        let ms = s.max(start);
+        let me = e.min(end);
+        out.push((
+            ms,
+            Seg {
+                len: me - ms,
+                area: seg.area,
+                first: seg.first + pages(ms),
+            },
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(len_pages: usize, first: u64) -> Seg {
+        Seg {
+            len: len_pages * PAGE_SIZE,
+            area: 1,
+            first,
+        }
+    }
+
+    #[test]
+    fn split_out_middle_and_edges() {
+        let mut segs = BTreeMap::new();
+        let b = 0x10_0000;
+        segs.insert(b, seg(10, 0));
+        let out = split_out(&mut segs, b + 2 * PAGE_SIZE, b + 5 * PAGE_SIZE);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, b + 2 * PAGE_SIZE);
+        assert_eq!((out[0].1.len, out[0].1.first), (3 * PAGE_SIZE, 2));
+        assert_eq!(segs.len(), 2);
+        assert_eq!(segs[&b].len, 2 * PAGE_SIZE);
+        let tail = segs[&(b + 5 * PAGE_SIZE)];
+        assert_eq!((tail.len, tail.first), (5 * PAGE_SIZE, 5));
+        assert_eq!(lookup(&segs, b + 6 * PAGE_SIZE), Some((1, 6)));
+        assert_eq!(lookup(&segs, b + 3 * PAGE_SIZE), None);
+        // A range over both remaining parts and beyond.
+        let out = split_out(&mut segs, b, b + 20 * PAGE_SIZE);
+        assert_eq!(out.len(), 2);
+        assert!(segs.is_empty());
+    }
+}

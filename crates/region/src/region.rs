@@ -1,0 +1,100 @@
+//! [`Region`]: an anonymous mapping served by a [`crate::Pager`].
+
+use crate::pager::{Owner, PageState};
+use crate::sys::{self, PAGE_SIZE};
+use std::sync::Arc;
+
+/// An anonymous read-write mapping whose pages the pager keeps under its
+/// budget. It behaves as ordinary memory for every thread, for system
+/// calls too. Dropping it unmaps it and drops everything the store held for
+/// it.
+///
+/// The memory is shared by raw pointer ([`Region::as_ptr`]); concurrent
+/// access through it follows the usual rules for shared memory.
+pub struct Region {
+    owner: Arc<Owner>,
+    area: u32,
+    addr: usize,
+    len: usize,
+}
+
+// SAFETY: a Region is an owned mapping plus a handle to the pager, which is
+// Send + Sync itself; its address may be used from any thread.
+unsafe impl Send for Region {}
+// SAFETY: every `&self` method only reads immutable fields or goes through
+// the pager's locks; the memory itself is reached by raw pointer only.
+unsafe impl Sync for Region {}
+
+impl Region {
+    pub(crate) fn new(owner: Arc<Owner>, area: u32, addr: usize, len: usize) -> Region {
+        Region {
+            owner,
+            area,
+            addr,
+            len,
+        }
+    }
+
+    /// Start of the mapping (page aligned). Valid until the region is
+    /// dropped (or the program moves it with mremap).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.addr as *mut u8
+    }
+
+    /// The memory as a slice.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is `len` readable and writable bytes for the
+        // region's lifetime, and `&mut self` rules out other slices.
+        unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len) }
+    }
+
+    /// Length in bytes (a multiple of the page size).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty (never: regions have at least one page).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Pages in the region.
+    pub fn pages(&self) -> usize {
+        self.len / PAGE_SIZE
+    }
+
+    /// The area id: the first half of the region's keys in the store.
+    pub fn area(&self) -> u32 {
+        self.area
+    }
+
+    /// The pager's view of page `page`.
+    pub fn page_state(&self, page: usize) -> Option<PageState> {
+        self.owner.sh.page_state(self.area, page as u64)
+    }
+
+    /// Pages of this region the pager counts as resident.
+    pub fn resident_pages(&self) -> usize {
+        self.owner.sh.area_resident(self.area)
+    }
+
+    /// Pages of this region the kernel reports resident (`mincore`), the
+    /// check of the budget against the real resident set.
+    pub fn mincore_resident(&self) -> std::io::Result<usize> {
+        sys::mincore_count(self.addr, self.len)
+    }
+
+    /// Evicts the resident pages among `pages` now, on this thread.
+    /// Returns the pages evicted (stored or dropped clean).
+    pub fn evict(&self, pages: std::ops::Range<usize>) -> usize {
+        self.owner
+            .sh
+            .evict_pages(self.area, pages.start as u64..pages.end as u64)
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        self.owner.sh.drop_area(self.area);
+    }
+}

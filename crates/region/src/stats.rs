@@ -1,0 +1,185 @@
+//! Pager statistics: counters users read, and a fault latency histogram.
+
+use crate::store::StoreStats;
+use serde::Serialize;
+
+/// Linear buckets of 100 ns up to 50 µs, then doubling buckets up to ~1.6 s.
+const LINEAR_NS: u64 = 100;
+const LINEAR_BUCKETS: usize = 500;
+const LOG_BUCKETS: usize = 16;
+
+/// A latency histogram in nanoseconds.
+#[derive(Clone, Debug)]
+pub struct Histogram {
+    buckets: Vec<u64>,
+    count: u64,
+    sum_ns: u64,
+    max_ns: u64,
+}
+
+impl Default for Histogram {
+    fn default() -> Histogram {
+        Histogram {
+            buckets: vec![0; LINEAR_BUCKETS + LOG_BUCKETS],
+            count: 0,
+            sum_ns: 0,
+            max_ns: 0,
+        }
+    }
+}
+
+impl Histogram {
+    /// Records one sample.
+    pub fn record(&mut self, ns: u64) {
+        let i = if ns < LINEAR_NS * LINEAR_BUCKETS as u64 {
+            (ns / LINEAR_NS) as usize
+        } else {
+            let over = ns / (LINEAR_NS * LINEAR_BUCKETS as u64);
+            let l = (64 - over.leading_zeros()) as usize; // 1.. for over >= 1
+            LINEAR_BUCKETS + (l - 1).min(LOG_BUCKETS - 1)
+        };
+        self.buckets[i] += 1;
+        self.count += 1;
+        self.sum_ns += ns;
+        self.max_ns = self.max_ns.max(ns);
+    }
+
+    /// Upper bound of bucket `i` in ns.
+    fn upper(i: usize) -> u64 {
+        if i < LINEAR_BUCKETS {
+            (i as u64 + 1) * LINEAR_NS
+        } else {
+            LINEAR_NS * LINEAR_BUCKETS as u64 * (2u64 << (i - LINEAR_BUCKETS))
+        }
+    }
+
+    /// The `q` quantile (0..=1) in ns, as its bucket's upper bound.
+    pub fn quantile_ns(&self, q: f64) -> u64 {
+        if self.count == 0 {
+            return 0;
+        }
+        let want = ((self.count as f64 * q).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, b) in self.buckets.iter().enumerate() {
+            seen += b;
+            if seen >= want {
+                return Histogram::upper(i).min(self.max_ns.max(1));
+            }
+        }
+        self.max_ns
+    }
+
+    /// Summary for reports.
+    pub fn summary(&self) -> LatencySummary {
+        LatencySummary {
+            count: self.count,
+            mean_us: if self.count == 0 {
+                0.0
+            } else {
+                self.sum_ns as f64 / self.count as f64 / 1000.0
+            },
+            p50_us: self.quantile_ns(0.5) as f64 / 1000.0,
+            p99_us: self.quantile_ns(0.99) as f64 / 1000.0,
+            max_us: self.max_ns as f64 / 1000.0,
+        }
+    }
+}
+
+/// Quantiles of a latency histogram, in microseconds.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct LatencySummary {
+    /// Samples.
+    pub count: u64,
+    /// Mean.
+    pub mean_us: f64,
+    /// Median (upper bound of its 100 ns bucket).
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// Largest sample.
+    pub max_us: f64,
+}
+
+/// Counters of one pager (all its regions).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PagerStats {
+    /// Missing faults resolved with zeros (never-touched or discarded page).
+    pub faults_zero: u64,
+    /// Missing faults resolved from the store's in-memory pool.
+    pub faults_pool: u64,
+    /// Missing faults resolved from the store's backing file.
+    pub faults_backing: u64,
+    /// Missing faults resolved from a same-filled entry.
+    pub faults_same_filled: u64,
+    /// Write-protect faults (a write to a clean or mid-eviction page).
+    pub faults_wp: u64,
+    /// Faults that had to wait for an eviction in flight on their page.
+    pub faults_parked: u64,
+    /// Faults held back because the resident budget was full.
+    pub faults_throttled: u64,
+    /// Faults on addresses no region owns (served with zeros).
+    pub faults_foreign: u64,
+    /// Pages brought back with a faulting neighbour (readahead).
+    pub readahead_pages: u64,
+    /// Refaults: missing faults on pages that had been evicted.
+    pub refaults: u64,
+    /// Refaults whose refault distance was within the budget (the page is
+    /// part of the working set and was activated).
+    pub refaults_activated: u64,
+    /// Pages evicted after being stored (dirty pages).
+    pub evictions: u64,
+    /// Clean pages dropped without storing (the store kept their copy).
+    pub clean_drops: u64,
+    /// Evictions abandoned because a write hit the page.
+    pub evictions_aborted: u64,
+    /// Evictions abandoned because the store refused the page.
+    pub store_rejected: u64,
+    /// Loads that failed (the access gets SIGBUS through a poison marker).
+    pub load_errors: u64,
+    /// Pages discarded by the program (madvise/munmap) while held.
+    pub discarded_pages: u64,
+    /// Remap events handled.
+    pub remaps: u64,
+    /// Times the fork hook brought every evicted page back.
+    pub fork_prefaults: u64,
+    /// Pages brought back by the fork hook.
+    pub fork_prefault_pages: u64,
+    /// Resident pages now (mapped in some region).
+    pub resident_pages: u64,
+    /// Highest `resident_pages` seen.
+    pub peak_resident_pages: u64,
+    /// Pages held by the store for these regions now.
+    pub stored_pages: u64,
+    /// The budget in pages.
+    pub budget_pages: u64,
+    /// Handler service time of missing faults served from the store: from
+    /// reading the message to the faulting page being mapped (its
+    /// readahead followers are mapped after that). The faulting thread
+    /// also pays the kernel's fault entry and its own wake-up.
+    pub fault_latency: LatencySummary,
+    /// Time inside `UFFDIO_COPY` for store faults (part of `fault_latency`;
+    /// it includes the kernel waking the faulting thread).
+    pub copy_latency: LatencySummary,
+    /// Handler service time of zero-page faults.
+    pub zero_fault_latency: LatencySummary,
+    /// The store's own counters.
+    pub store: StoreStats,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles() {
+        let mut h = Histogram::default();
+        for i in 1..=100u64 {
+            h.record(i * 400);
+        }
+        let p50 = h.quantile_ns(0.5);
+        assert!((20_000..=20_100).contains(&p50), "{p50}");
+        assert!(h.quantile_ns(0.99) >= 39_600);
+        h.record(10_000_000_000);
+        assert_eq!(h.summary().count, 101);
+    }
+}

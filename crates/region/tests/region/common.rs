@@ -1,0 +1,53 @@
+use std::sync::Arc;
+use uzswap_region::{MemStore, Pager, PagerConfig};
+
+pub const PAGE: usize = 4096;
+
+pub fn pager(budget: usize) -> (Pager, Arc<MemStore>) {
+    pager_with(PagerConfig::new(budget))
+}
+
+pub fn pager_with(cfg: PagerConfig) -> (Pager, Arc<MemStore>) {
+    let store = Arc::new(MemStore::new());
+    let p = Pager::new(store.clone(), cfg).expect("userfaultfd available (tests run as root)");
+    (p, store)
+}
+
+/// The byte pattern of version `v` of page `p`: varied, and compressible
+/// enough for lz4 to matter.
+pub fn fill(buf: &mut [u8], p: usize, v: u32) {
+    let seed = (p as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (v as u64) << 32;
+    for (i, c) in buf.chunks_exact_mut(8).enumerate() {
+        let x = if i % 4 == 0 {
+            seed.wrapping_add(i as u64)
+        } else {
+            seed
+        };
+        c.copy_from_slice(&x.to_le_bytes());
+    }
+}
+
+pub fn page_mut<'a>(base: *mut u8, p: usize) -> &'a mut [u8] {
+    // SAFETY: tests index pages inside their region and synchronise access
+    // to each page themselves.
+    unsafe { std::slice::from_raw_parts_mut(base.add(p * PAGE), PAGE) }
+}
+
+/// Reads one byte of page `p`, for real (a `let _ =` would not).
+pub fn touch(base: *mut u8, p: usize) -> u8 {
+    // SAFETY: tests touch pages inside their live region.
+    unsafe { std::ptr::read_volatile(base.add(p * PAGE)) }
+}
+
+/// Waits up to a second for `cond`: the handler processes an event after
+/// the system call that raised it has returned.
+pub fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    while std::time::Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    cond()
+}

@@ -1,0 +1,171 @@
+//! The program discards region memory (MADV_DONTNEED, munmap) or moves it
+//! (mremap): the store must drop or move what it held.
+
+use crate::common::*;
+use uzswap_region::PageState;
+
+fn setup(
+    pages: usize,
+) -> (
+    uzswap_region::Pager,
+    std::sync::Arc<uzswap_region::MemStore>,
+    uzswap_region::Region,
+) {
+    let (pager, store) = pager(32);
+    let r = pager.region(pages * PAGE).unwrap();
+    for p in 0..pages {
+        fill(page_mut(r.as_ptr(), p), p, 1);
+    }
+    (pager, store, r)
+}
+
+#[test]
+fn madvise_dontneed_on_evicted_pages_reads_zeros() {
+    let (pager, store, r) = setup(64);
+    let base = r.as_ptr();
+    r.evict(0..64);
+    // Mix states: some back clean, some dirty, some still stored.
+    touch(base, 10);
+    page_mut(base, 11)[5] = 1;
+    assert_eq!(r.page_state(10), Some(PageState::Clean));
+    assert_eq!(r.page_state(11), Some(PageState::Dirty));
+    assert!(store.contains(r.area(), 12));
+    // SAFETY: pages 8..16 of the live region; their contents may go.
+    let rc = unsafe { libc::madvise(base.add(8 * PAGE).cast(), 8 * PAGE, libc::MADV_DONTNEED) };
+    assert_eq!(rc, 0);
+    for p in 8..16 {
+        assert!(
+            eventually(|| !store.contains(r.area(), p as u64)),
+            "entry of page {p} dropped"
+        );
+        assert!(
+            page_mut(base, p).iter().all(|b| *b == 0),
+            "page {p} reads zeros"
+        );
+    }
+    let mut want = vec![0u8; PAGE];
+    for p in (0..8).chain(16..64) {
+        fill(&mut want, p, 1);
+        assert_eq!(page_mut(base, p), &want[..], "page {p} untouched");
+    }
+    assert!(pager.stats().discarded_pages >= 8);
+    pager.check_invariants().unwrap();
+}
+
+#[test]
+fn munmap_of_evicted_pages_drops_entries() {
+    let (pager, store, r) = setup(64);
+    let base = r.as_ptr();
+    r.evict(0..64);
+    assert_eq!(store.area_len(r.area()), 64);
+    // SAFETY: pages 20..30 of the region are unmapped, then a fresh
+    // anonymous mapping takes their place before anything reads them.
+    unsafe {
+        assert_eq!(libc::munmap(base.add(20 * PAGE).cast(), 10 * PAGE), 0);
+        let p = libc::mmap(
+            base.add(20 * PAGE).cast(),
+            10 * PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        );
+        assert_eq!(p, base.add(20 * PAGE).cast());
+    }
+    assert!(eventually(|| store.area_len(r.area()) == 54));
+    for p in 20..30 {
+        assert!(page_mut(base, p).iter().all(|b| *b == 0));
+    }
+    let mut want = vec![0u8; PAGE];
+    for p in (0..20).chain(30..64) {
+        fill(&mut want, p, 1);
+        assert_eq!(page_mut(base, p), &want[..]);
+    }
+    pager.check_invariants().unwrap();
+    drop(r);
+    // The hole we mapped is not the region's: unmap it ourselves.
+    // SAFETY: our own mapping, no longer used.
+    unsafe { libc::munmap(base.add(20 * PAGE).cast(), 10 * PAGE) };
+    assert_eq!(store.len(), 0);
+}
+
+#[test]
+fn mremap_moves_stored_pages_with_the_mapping() {
+    let (pager, store, r) = setup(32);
+    let base = r.as_ptr();
+    r.evict(0..32);
+    // Reserve a destination, then move the whole region there.
+    // SAFETY: a fresh reservation; mremap moves our live region onto it,
+    // and the old address is not used afterwards (the pager follows the
+    // remap event, and the Region's drop unmaps where the pages now are).
+    let to = unsafe {
+        let dst = libc::mmap(
+            std::ptr::null_mut(),
+            32 * PAGE,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(dst, libc::MAP_FAILED);
+        let to = libc::mremap(
+            base.cast(),
+            32 * PAGE,
+            32 * PAGE,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            dst,
+        );
+        assert_eq!(to, dst);
+        to as *mut u8
+    };
+    let mut want = vec![0u8; PAGE];
+    for p in 0..32 {
+        fill(&mut want, p, 1);
+        assert_eq!(page_mut(to, p), &want[..], "moved page {p}");
+    }
+    assert!(pager.stats().remaps >= 1);
+    drop(r);
+    assert_eq!(store.len(), 0);
+}
+
+#[test]
+fn partial_mremap_splits_the_region() {
+    let (pager, store, r) = setup(32);
+    let base = r.as_ptr();
+    r.evict(0..32);
+    // SAFETY: pages 8..16 of the live region move onto a fresh
+    // reservation; the test reads them only at their new address.
+    let to = unsafe {
+        let dst = libc::mmap(
+            std::ptr::null_mut(),
+            8 * PAGE,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(dst, libc::MAP_FAILED);
+        let to = libc::mremap(
+            base.add(8 * PAGE).cast(),
+            8 * PAGE,
+            8 * PAGE,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            dst,
+        );
+        assert_eq!(to, dst);
+        to as *mut u8
+    };
+    let mut want = vec![0u8; PAGE];
+    for p in 0..8 {
+        fill(&mut want, p + 8, 1);
+        assert_eq!(page_mut(to, p), &want[..], "moved page {}", p + 8);
+    }
+    for p in (0..8).chain(16..32) {
+        fill(&mut want, p, 1);
+        assert_eq!(page_mut(base, p), &want[..], "page {p} in place");
+    }
+    pager.check_invariants().unwrap();
+    // The hole left behind is unmapped; the Region's drop unmaps both parts.
+    drop(r);
+    assert_eq!(store.len(), 0);
+}

@@ -1,0 +1,12 @@
+//! Integration tests of uzswap-region (one binary, one module per topic).
+//! The fork test lives in its own binary (`tests/fork.rs`): its fork hook
+//! brings back the pages of every pager in the process.
+
+mod basic;
+mod common;
+mod discard;
+mod lifecycle;
+mod load_error;
+mod policy;
+mod stress;
+mod syscalls;

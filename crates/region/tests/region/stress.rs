@@ -1,0 +1,191 @@
+//! Many threads read and write random pages of a region 8x larger than the
+//! budget, each page checked against a shadow version, while eviction runs
+//! all the time. Not a benchmark.
+
+use crate::common::*;
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[test]
+fn threads_on_a_region_eight_times_the_budget() {
+    const BUDGET: usize = 128;
+    const PAGES: usize = 8 * BUDGET;
+    const THREADS: usize = 4;
+    let (pager, store) = pager(BUDGET);
+    let r = pager.region(PAGES * PAGE).unwrap();
+    let base = r.as_ptr() as usize;
+    // version 0: never written, reads as zeros.
+    let shadow: Vec<Mutex<u32>> = (0..PAGES).map(|_| Mutex::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let errors = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|sc| {
+        for t in 0..THREADS {
+            let shadow = &shadow;
+            let errors = &errors;
+            let stop = &stop;
+            sc.spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
+                let mut want = vec![0u8; PAGE];
+                let mut ops = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let p = rng.gen_range(0..PAGES);
+                    let mut v = shadow[p].lock();
+                    let page = page_mut(base as *mut u8, p);
+                    if *v == 0 {
+                        want.fill(0);
+                    } else {
+                        fill(&mut want, p, *v);
+                    }
+                    if page != &want[..] {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if rng.gen_bool(0.3) {
+                        *v += 1;
+                        // Partial writes too: a write to the middle of a
+                        // page mid-eviction must not be lost.
+                        fill(&mut want, p, *v);
+                        if rng.gen_bool(0.5) {
+                            page.copy_from_slice(&want);
+                        } else {
+                            page[..2048].copy_from_slice(&want[..2048]);
+                            page[2048..].copy_from_slice(&want[2048..]);
+                        }
+                    }
+                    ops += 1;
+                }
+                ops
+            });
+        }
+        let mut checks = 0;
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            let resident = r.mincore_resident().unwrap();
+            assert!(resident <= BUDGET, "mincore says {resident} pages resident");
+            pager.check_invariants().unwrap();
+            checks += 1;
+        }
+        assert!(checks > 10);
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert_eq!(errors.load(Ordering::Relaxed), 0);
+    // Final full check.
+    let mut want = vec![0u8; PAGE];
+    for (p, v) in shadow.iter().enumerate() {
+        let v = *v.lock();
+        if v == 0 {
+            want.fill(0);
+        } else {
+            fill(&mut want, p, v);
+        }
+        assert_eq!(page_mut(base as *mut u8, p), &want[..], "page {p}");
+    }
+    let st = pager.stats();
+    eprintln!("{}", serde_json::to_string_pretty(&st).unwrap());
+    assert!(st.evictions > 1000, "eviction ran: {}", st.evictions);
+    assert!(st.peak_resident_pages <= BUDGET as u64);
+    assert_eq!(st.load_errors, 0);
+    pager.check_invariants().unwrap();
+    drop(r);
+    assert_eq!(store.len(), 0);
+}
+
+/// Like the test above, but threads also discard pages (MADV_DONTNEED, a
+/// discarded page must read as zeros) and write pages from the kernel
+/// (read(2) from a pipe into the page), racing with eviction.
+#[test]
+fn discards_and_syscalls_race_with_eviction() {
+    const BUDGET: usize = 64;
+    const PAGES: usize = 8 * BUDGET;
+    let (pager, store) = pager(BUDGET);
+    let r = pager.region(PAGES * PAGE).unwrap();
+    let base = r.as_ptr() as usize;
+    let shadow: Vec<Mutex<u32>> = (0..PAGES).map(|_| Mutex::new(0)).collect();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let errors = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|sc| {
+        for t in 0..3u64 {
+            let shadow = &shadow;
+            let errors = &errors;
+            sc.spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(100 + t);
+                let mut want = vec![0u8; PAGE];
+                let mut fds = [0; 2];
+                // SAFETY: pipe writes two descriptors into the array.
+                assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+                while Instant::now() < deadline {
+                    let p = rng.gen_range(0..PAGES);
+                    let mut v = shadow[p].lock();
+                    let page = page_mut(base as *mut u8, p);
+                    if *v == 0 {
+                        want.fill(0);
+                    } else {
+                        fill(&mut want, p, *v);
+                    }
+                    if page != &want[..] {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    match rng.gen_range(0..10) {
+                        0..=3 => {}
+                        4..=6 => {
+                            *v += 1;
+                            fill(&mut want, p, *v);
+                            page.copy_from_slice(&want);
+                        }
+                        7 | 8 => {
+                            *v += 1;
+                            fill(&mut want, p, *v);
+                            // SAFETY: our pipe, our buffers; the page is
+                            // live region memory we hold the lock of.
+                            unsafe {
+                                assert_eq!(
+                                    libc::write(fds[1], want.as_ptr().cast(), PAGE),
+                                    PAGE as isize
+                                );
+                                assert_eq!(
+                                    libc::read(fds[0], page.as_mut_ptr().cast(), PAGE),
+                                    PAGE as isize
+                                );
+                            }
+                        }
+                        _ => {
+                            // SAFETY: one page of the live region whose
+                            // contents we mean to drop.
+                            let rc = unsafe {
+                                libc::madvise(page.as_mut_ptr().cast(), PAGE, libc::MADV_DONTNEED)
+                            };
+                            assert_eq!(rc, 0);
+                            *v = 0;
+                        }
+                    }
+                }
+                // SAFETY: closing our own descriptors.
+                unsafe {
+                    libc::close(fds[0]);
+                    libc::close(fds[1]);
+                }
+            });
+        }
+    });
+    assert_eq!(errors.load(Ordering::Relaxed), 0);
+    let mut want = vec![0u8; PAGE];
+    for (p, v) in shadow.iter().enumerate() {
+        let v = *v.lock();
+        if v == 0 {
+            want.fill(0);
+        } else {
+            fill(&mut want, p, v);
+        }
+        assert_eq!(page_mut(base as *mut u8, p), &want[..], "page {p}");
+    }
+    let st = pager.stats();
+    assert!(st.evictions > 100 && st.discarded_pages > 100, "{st:?}");
+    // A page discarded while being evicted is served past the budget (the
+    // evictor itself reads it): at most one batch over.
+    assert!(st.peak_resident_pages <= (BUDGET + 32) as u64, "{st:?}");
+    pager.check_invariants().unwrap();
+    drop(r);
+    assert!(eventually(|| store.is_empty()));
+}
