@@ -194,7 +194,7 @@ impl Shared {
     unsafe fn give_page(&self, addr: usize) {
         let p = NonNull::new(addr as *mut u8).expect("page address is non-null");
         // SAFETY: per this function's contract.
-        unsafe { self.arena.free_run(p, 1) };
+        unsafe { self.arena.free_run(p, 1, true) };
         self.pages_held.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -11,7 +11,7 @@ use uzswap_zpool::{new_pool, AllocatorKind, Error, Handle, Zpool, ZsConfig, ZsPo
 
 /// Every allocator the shared tests run against.
 fn kinds() -> Vec<AllocatorKind> {
-    vec![AllocatorKind::Zsmalloc]
+    vec![AllocatorKind::Zsmalloc, AllocatorKind::Xcf]
 }
 
 fn pool(kind: AllocatorKind) -> Arc<dyn Zpool> {
