@@ -244,26 +244,6 @@ fn fill_overhead() {
 }
 
 #[test]
-fn rss_falls_after_free_and_compact() {
-    let p = pool();
-    let rss0 = uzswap_zpool::rss_bytes().unwrap();
-    let mut hs = Vec::new();
-    let d = vec![0xa5u8; 3000];
-    while p.pool_bytes() < 64 << 20 {
-        hs.push(p.malloc_write(&d).unwrap());
-    }
-    let rss1 = uzswap_zpool::rss_bytes().unwrap();
-    assert!(rss1 > rss0 + (48 << 20), "rss {rss0} -> {rss1}");
-    for h in hs {
-        p.free(h).unwrap();
-    }
-    p.compact();
-    assert_eq!(p.pool_bytes(), 0);
-    let rss2 = uzswap_zpool::rss_bytes().unwrap();
-    assert!(rss2 < rss1 - (48 << 20), "rss {rss1} -> {rss2}");
-}
-
-#[test]
 fn stress_threads_with_compaction() {
     let p = Arc::new(pool());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
