@@ -1,3 +1,46 @@
-//! uzswap-cache (being built): the zswap cache.
+//! uzswap-cache: zswap in userspace. A cache of 4 KiB pages keyed by
+//! `(area, offset)` — the frontswap contract — that compresses pages into a
+//! pool ([`uzswap_zpool`]), records same-filled pages without memory, can
+//! share identical pages, and writes the least recently used entries back
+//! to a backing tier (by default an encrypted, unlinked local file) when the
+//! pool reaches its limit.
+//!
+//! Usable on its own: nothing here knows about page faults.
+//!
+//! ```
+//! use uzswap_cache::{Cache, CacheConfig, LoadMode, PoolLimit};
+//! let cache = Cache::new(CacheConfig {
+//!     pool_limit: PoolLimit::Bytes(64 << 20),
+//!     ..CacheConfig::default()
+//! })?;
+//! cache.open_area(0)?;
+//! let page = [7u8; 4096];
+//! cache.store(0, 42, &page)?;
+//! let mut back = [0u8; 4096];
+//! cache.load(0, 42, &mut back, LoadMode::Exclusive)?;
+//! assert_eq!(back, page);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
 pub mod admission;
+pub mod backing;
+mod cache;
+pub mod codec;
+mod config;
 pub mod dedup;
+mod seal;
+mod stats;
+
+pub use admission::IoLimits;
+pub use backing::{BackingStore, Fault, FaultInjector, FileBacking};
+pub use cache::{same_filled_word, Cache, LoadMode, Loaded, Stored, SHARDS};
+pub use codec::{Codec, Compressor};
+pub use config::{
+    Backing, CacheConfig, DedupScope, Error, Incompressible, LoadError, PoolLimit, Proactive,
+    Reject, StoreError, MAX_AREAS,
+};
+pub use stats::CacheStats;
+pub use uzswap_zpool::{AllocatorKind, PoolStats};
+
+/// The page size the cache works in.
+pub const PAGE_SIZE: usize = 4096;

@@ -1,0 +1,449 @@
+//! The backing tier: where written-back pages go.
+//!
+//! [`BackingStore`] is the small trait a tier implements: fixed 4 KiB slots,
+//! vectored writes of adjacent slots, single-slot reads. The cache seals
+//! (encrypts or checksums) pages before they reach the store, so a store
+//! sees only opaque slots and needs no integrity logic of its own.
+//! [`FileBacking`] is the default: a sparse local file, owner-only, unlinked
+//! as soon as it is open. [`FaultInjector`] wraps any store and fails on
+//! command, for tests and the soak.
+//!
+//! [`SlotMap`] hands out slots, preferring runs of adjacent free slots so a
+//! writeback batch becomes one `pwritev`.
+
+use crate::PAGE_SIZE;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// A tier of fixed-size (`PAGE_SIZE`) slots addressed by number.
+pub trait BackingStore: Send + Sync {
+    /// Writes `pages` (each `PAGE_SIZE` bytes) to slots `first..first+n`.
+    /// Either all are written or an error is returned (a short write is an
+    /// error).
+    fn write_slots(&self, first: u64, pages: &[&[u8]]) -> io::Result<()>;
+    /// Reads slot `slot` into `page` (`PAGE_SIZE` bytes); a short read is an
+    /// error.
+    fn read_slot(&self, slot: u64, page: &mut [u8]) -> io::Result<()>;
+    /// Says the slots are free; a store may release their space.
+    fn discard(&self, _first: u64, _count: u64) {}
+    /// Reads and writes in flight on the device under the store, if known
+    /// (the cache adds its own in-flight counts).
+    fn device_inflight(&self) -> Option<(u32, u32)> {
+        None
+    }
+    /// For messages: where the slots live.
+    fn describe(&self) -> String;
+}
+
+/// The default tier: a local file of slots.
+pub struct FileBacking {
+    file: File,
+    path: PathBuf,
+    /// Where `device_inflight` looks (the file's directory: the file itself
+    /// is unlinked).
+    dir: PathBuf,
+}
+
+impl FileBacking {
+    /// Creates a backing file. `path` may name a directory (an unnamed file
+    /// is made in it) or a file that must not exist yet. The file is created
+    /// with mode 0600 and unlinked at once, so nothing stays on disk however
+    /// the process ends.
+    pub fn create(path: &Path) -> io::Result<FileBacking> {
+        let (file, dir) = if path.is_dir() {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .mode(0o600)
+                .custom_flags(libc::O_TMPFILE)
+                .open(path)
+                .or_else(|_| {
+                    // Filesystems without O_TMPFILE: a named file, unlinked.
+                    let name = path.join(format!(".uzswap-{}-{}", std::process::id(), unique()));
+                    create_unlinked(&name)
+                })?;
+            (file, path.to_path_buf())
+        } else {
+            let dir = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+                .to_path_buf();
+            (create_unlinked(path)?, dir)
+        };
+        Ok(FileBacking {
+            file,
+            path: path.to_path_buf(),
+            dir,
+        })
+    }
+
+    /// Bytes the file occupies on disk (it is sparse).
+    pub fn allocated_bytes(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        self.file.metadata().map(|m| m.blocks() * 512).unwrap_or(0)
+    }
+}
+
+fn unique() -> u64 {
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+fn create_unlinked(path: &Path) -> io::Result<File> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    std::fs::remove_file(path)?;
+    Ok(file)
+}
+
+impl BackingStore for FileBacking {
+    fn write_slots(&self, first: u64, pages: &[&[u8]]) -> io::Result<()> {
+        let mut iov: Vec<io::IoSlice<'_>> = pages.iter().map(|p| io::IoSlice::new(p)).collect();
+        let mut slices = &mut iov[..];
+        let mut at = first * PAGE_SIZE as u64;
+        while !slices.is_empty() {
+            // SAFETY: the iovecs point into live slices for the call's
+            // duration; the fd is ours and open.
+            let n = unsafe {
+                libc::pwritev(
+                    std::os::fd::AsRawFd::as_raw_fd(&self.file),
+                    slices.as_ptr().cast(),
+                    slices.len().min(1024) as libc::c_int,
+                    at as libc::off_t,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Err(io::Error::new(io::ErrorKind::WriteZero, "backing file accepted no bytes"));
+            }
+            at += n as u64;
+            io::IoSlice::advance_slices(&mut slices, n as usize);
+        }
+        Ok(())
+    }
+
+    fn read_slot(&self, slot: u64, page: &mut [u8]) -> io::Result<()> {
+        self.file.read_exact_at(page, slot * PAGE_SIZE as u64)
+    }
+
+    fn discard(&self, first: u64, count: u64) {
+        // SAFETY: plain syscall on our fd; failure only leaves blocks in use.
+        unsafe {
+            libc::fallocate(
+                std::os::fd::AsRawFd::as_raw_fd(&self.file),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                (first * PAGE_SIZE as u64) as libc::off_t,
+                (count * PAGE_SIZE as u64) as libc::off_t,
+            );
+        }
+    }
+
+    fn device_inflight(&self) -> Option<(u32, u32)> {
+        crate::admission::device_inflight(&self.dir)
+    }
+
+    fn describe(&self) -> String {
+        format!("backing file in {}", self.path.display())
+    }
+}
+
+/// What a [`FaultInjector`] does to the next operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Writes fail with EIO.
+    WriteError,
+    /// Writes fail with ENOSPC (a full disk).
+    NoSpace,
+    /// Writes stop half-way and report a short write.
+    ShortWrite,
+    /// Reads fail with EIO.
+    ReadError,
+    /// Reads return the slot with one bit flipped.
+    FlipBit,
+    /// Reads find the file truncated (EOF).
+    Truncated,
+}
+
+/// Wraps a store and injects faults: `arm(fault, count)` makes the next
+/// `count` matching operations fail that way. Counts what it injected.
+pub struct FaultInjector<S> {
+    inner: S,
+    fault: parking_lot::Mutex<Option<(Fault, u64)>>,
+    injected: AtomicU64,
+    /// Reported as the device's in-flight (reads, writes), for admission
+    /// tests: packed reads << 16 | writes; u32::MAX means "unknown".
+    inflight: AtomicU32,
+}
+
+impl<S: BackingStore> FaultInjector<S> {
+    pub fn new(inner: S) -> FaultInjector<S> {
+        FaultInjector {
+            inner,
+            fault: parking_lot::Mutex::new(None),
+            injected: AtomicU64::new(0),
+            inflight: AtomicU32::new(u32::MAX),
+        }
+    }
+
+    /// The next `count` operations of the fault's kind fail.
+    pub fn arm(&self, fault: Fault, count: u64) {
+        *self.fault.lock() = Some((fault, count));
+    }
+
+    /// Stops injecting.
+    pub fn disarm(&self) {
+        *self.fault.lock() = None;
+    }
+
+    /// Faults injected so far.
+    pub fn injected(&self) -> u64 {
+        self.injected.load(Ordering::Relaxed)
+    }
+
+    /// Makes `device_inflight` report these counts.
+    pub fn set_device_inflight(&self, reads: u16, writes: u16) {
+        self.inflight
+            .store(u32::from(reads) << 16 | u32::from(writes), Ordering::Relaxed);
+    }
+
+    fn take(&self, want: &[Fault]) -> Option<Fault> {
+        let mut f = self.fault.lock();
+        let (fault, count) = (*f)?;
+        if !want.contains(&fault) {
+            return None;
+        }
+        *f = if count > 1 {
+            Some((fault, count - 1))
+        } else {
+            None
+        };
+        self.injected.fetch_add(1, Ordering::Relaxed);
+        Some(fault)
+    }
+}
+
+impl<S: BackingStore> BackingStore for FaultInjector<S> {
+    fn write_slots(&self, first: u64, pages: &[&[u8]]) -> io::Result<()> {
+        match self.take(&[Fault::WriteError, Fault::NoSpace, Fault::ShortWrite]) {
+            Some(Fault::WriteError) => Err(io::Error::from_raw_os_error(libc::EIO)),
+            Some(Fault::NoSpace) => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+            Some(_) => {
+                // Half of the data reaches the file, then the write stops.
+                let half = pages.len() / 2;
+                if half > 0 {
+                    self.inner.write_slots(first, &pages[..half])?;
+                }
+                Err(io::Error::new(io::ErrorKind::WriteZero, "short write (injected)"))
+            }
+            None => self.inner.write_slots(first, pages),
+        }
+    }
+
+    fn read_slot(&self, slot: u64, page: &mut [u8]) -> io::Result<()> {
+        match self.take(&[Fault::ReadError, Fault::FlipBit, Fault::Truncated]) {
+            Some(Fault::ReadError) => Err(io::Error::from_raw_os_error(libc::EIO)),
+            Some(Fault::Truncated) => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "backing file truncated (injected)",
+            )),
+            Some(_) => {
+                self.inner.read_slot(slot, page)?;
+                let bit = (slot as usize * 8191 + 3) % (page.len() * 8);
+                page[bit / 8] ^= 1 << (bit % 8);
+                Ok(())
+            }
+            None => self.inner.read_slot(slot, page),
+        }
+    }
+
+    fn discard(&self, first: u64, count: u64) {
+        self.inner.discard(first, count)
+    }
+
+    fn device_inflight(&self) -> Option<(u32, u32)> {
+        match self.inflight.load(Ordering::Relaxed) {
+            u32::MAX => self.inner.device_inflight(),
+            v => Some((v >> 16, v & 0xffff)),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!("fault-injecting {}", self.inner.describe())
+    }
+}
+
+/// Free-slot bookkeeping: free extents (start → length) below `end`, the
+/// first never-used slot. Allocation prefers one extent that holds the whole
+/// run, then the end of the file, then pieces.
+#[derive(Debug, Default)]
+pub struct SlotMap {
+    free: BTreeMap<u64, u64>,
+    end: u64,
+    capacity: Option<u64>,
+    used: u64,
+}
+
+impl SlotMap {
+    pub fn new(capacity: Option<u64>) -> SlotMap {
+        SlotMap {
+            capacity,
+            ..SlotMap::default()
+        }
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// Slots past the last used one are never read: the file's high mark.
+    pub fn end(&self) -> u64 {
+        self.end
+    }
+
+    /// Allocates up to `n` slots as runs `(first, len)`; fewer (possibly
+    /// none) when the capacity is reached.
+    pub fn alloc(&mut self, n: u64) -> Vec<(u64, u64)> {
+        let mut runs = Vec::new();
+        let mut want = n;
+        if let Some((&start, &len)) = self.free.iter().find(|(_, &len)| len >= want) {
+            self.take_extent(start, len, want, &mut runs);
+            want = 0;
+        }
+        if want > 0 {
+            let room = self.capacity.map_or(u64::MAX, |c| c.saturating_sub(self.end));
+            let tail = want.min(room);
+            if tail > 0 {
+                runs.push((self.end, tail));
+                self.end += tail;
+                self.used += tail;
+                want -= tail;
+            }
+        }
+        while want > 0 {
+            let Some((&start, &len)) = self.free.iter().next() else {
+                break;
+            };
+            let take = want.min(len);
+            self.take_extent(start, len, take, &mut runs);
+            want -= take;
+        }
+        runs
+    }
+
+    fn take_extent(&mut self, start: u64, len: u64, take: u64, runs: &mut Vec<(u64, u64)>) {
+        self.free.remove(&start);
+        if len > take {
+            self.free.insert(start + take, len - take);
+        }
+        runs.push((start, take));
+        self.used += take;
+    }
+
+    /// Returns a slot; merges it with free neighbours. Returns the merged
+    /// extent so the caller may discard it.
+    pub fn free(&mut self, slot: u64) -> (u64, u64) {
+        debug_assert!(slot < self.end);
+        self.used -= 1;
+        let mut start = slot;
+        let mut len = 1;
+        if let Some((&s, &l)) = self.free.range(..slot).next_back() {
+            debug_assert!(s + l <= slot, "slot {slot} freed twice");
+            if s + l == slot {
+                self.free.remove(&s);
+                start = s;
+                len += l;
+            }
+        }
+        if let Some(l) = self.free.remove(&(slot + 1)) {
+            len += l;
+        }
+        if start + len == self.end {
+            // The tail shrinks back: the file's high mark falls.
+            self.end = start;
+        } else {
+            self.free.insert(start, len);
+        }
+        (start, len)
+    }
+
+    /// Whether `slot` is allocated (for invariant checks).
+    pub fn is_used(&self, slot: u64) -> bool {
+        slot < self.end
+            && !self
+                .free
+                .range(..=slot)
+                .next_back()
+                .is_some_and(|(&s, &l)| slot < s + l)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_runs_are_adjacent_and_reused() {
+        let mut m = SlotMap::new(None);
+        assert_eq!(m.alloc(8), vec![(0, 8)]);
+        for s in [2, 3, 4, 6] {
+            m.free(s);
+        }
+        assert_eq!(m.used(), 4);
+        // A run of 3 fits in the extent 2..5.
+        assert_eq!(m.alloc(3), vec![(2, 3)]);
+        // A run of 4 does not fit in 6..7: taken from the end.
+        assert_eq!(m.alloc(4), vec![(8, 4)]);
+        assert!(m.is_used(5) && !m.is_used(6) && m.is_used(11));
+        for s in 0..12 {
+            if s != 6 {
+                m.free(s);
+            }
+        }
+        assert_eq!((m.used(), m.end()), (0, 0), "everything merged back");
+    }
+
+    #[test]
+    fn capacity_limits_and_pieces() {
+        let mut m = SlotMap::new(Some(6));
+        assert_eq!(m.alloc(4), vec![(0, 4)]);
+        m.free(1);
+        assert_eq!(m.alloc(4), vec![(4, 2), (1, 1)]);
+        assert!(m.alloc(1).is_empty());
+    }
+
+    #[test]
+    fn file_backing_round_trips_and_is_private() {
+        let dir = std::env::temp_dir();
+        let b = FileBacking::create(&dir).unwrap();
+        let pages: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i + 1; PAGE_SIZE]).collect();
+        let refs: Vec<&[u8]> = pages.iter().map(|p| &p[..]).collect();
+        b.write_slots(5, &refs).unwrap();
+        let mut page = vec![0u8; PAGE_SIZE];
+        b.read_slot(6, &mut page).unwrap();
+        assert_eq!(page, pages[1]);
+        // Never-written slots past the end are a short read, not zeros.
+        assert!(b.read_slot(100, &mut page).is_err());
+        b.discard(5, 1);
+        // A named file: created 0600 and gone from the directory at once.
+        let named = dir.join(format!("uzswap-test-{}", std::process::id()));
+        let f = FileBacking::create(&named).unwrap();
+        assert!(!named.exists());
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(f.file.metadata().unwrap().permissions().mode() & 0o777, 0o600);
+    }
+}

@@ -1,0 +1,314 @@
+//! Compressors: which one new stores use ([`Compressor`], switchable at
+//! runtime) and which one an object was written with ([`Codec`], kept in
+//! every entry so that switching never strands a stored page).
+//!
+//! Compression contexts (zstd, libdeflate) are per thread: a store never
+//! waits for another thread's codec, and no lock is held while compressing.
+
+use crate::PAGE_SIZE;
+use std::cell::RefCell;
+use std::fmt;
+use std::str::FromStr;
+
+/// The compressor for new stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Compressor {
+    /// lz4 (lz4_flex, pure Rust): the default, fastest to load.
+    #[default]
+    Lz4,
+    /// zstd at `level` (negative levels trade ratio for speed).
+    Zstd {
+        /// Compression level, [`ZSTD_LEVELS`].
+        level: i32,
+    },
+    /// raw deflate (libdeflate) at `level`, as the kernel's zswap offers.
+    Deflate {
+        /// Compression level, [`DEFLATE_LEVELS`].
+        level: i32,
+    },
+}
+
+/// The output buffer [`Compressor::compress`] needs: the worst case of any
+/// codec on one page (lz4's is the largest and it insists on it).
+pub const COMPRESS_BOUND: usize = lz4_flex::block::get_maximum_output_size(PAGE_SIZE);
+
+/// Levels accepted for zstd (the library's fast levels go lower still, but
+/// below -50 a page barely compresses).
+pub const ZSTD_LEVELS: std::ops::RangeInclusive<i32> = -50..=22;
+/// Levels accepted for deflate (libdeflate's range).
+pub const DEFLATE_LEVELS: std::ops::RangeInclusive<i32> = 1..=12;
+
+/// Default level when a name is given without one.
+const ZSTD_DEFAULT: i32 = 1;
+const DEFLATE_DEFAULT: i32 = 1;
+
+/// A compressor name that could not be understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown compressor {given:?}: {why}; choose lz4, zstd[:LEVEL] (LEVEL -50..=22, e.g. zstd:-1) or deflate[:LEVEL] (1..=12)")]
+pub struct BadCompressor {
+    /// What was given.
+    pub given: String,
+    /// What was wrong with it.
+    pub why: &'static str,
+}
+
+impl Compressor {
+    /// Checks the level against the codec's range.
+    pub fn validate(self) -> Result<Compressor, BadCompressor> {
+        let bad = |why| BadCompressor {
+            given: self.to_string(),
+            why,
+        };
+        match self {
+            Compressor::Zstd { level } if !ZSTD_LEVELS.contains(&level) => {
+                Err(bad("zstd level out of range"))
+            }
+            Compressor::Deflate { level } if !DEFLATE_LEVELS.contains(&level) => {
+                Err(bad("deflate level out of range"))
+            }
+            c => Ok(c),
+        }
+    }
+
+    /// The codec tag objects written by this compressor carry.
+    pub fn codec(self) -> Codec {
+        match self {
+            Compressor::Lz4 => Codec::Lz4,
+            Compressor::Zstd { .. } => Codec::Zstd,
+            Compressor::Deflate { .. } => Codec::Deflate,
+        }
+    }
+
+    /// Packs into a u64 for an atomic (kind in the high half, level low).
+    pub(crate) fn pack(self) -> u64 {
+        let (kind, level) = match self {
+            Compressor::Lz4 => (1u64, 0i32),
+            Compressor::Zstd { level } => (2, level),
+            Compressor::Deflate { level } => (3, level),
+        };
+        (kind << 32) | u64::from(level as u32)
+    }
+
+    pub(crate) fn unpack(v: u64) -> Compressor {
+        let level = v as u32 as i32;
+        match v >> 32 {
+            2 => Compressor::Zstd { level },
+            3 => Compressor::Deflate { level },
+            _ => Compressor::Lz4,
+        }
+    }
+
+    /// Compresses a page into `out` (at least [`COMPRESS_BOUND`] bytes).
+    /// `None` when the codec fails; the caller judges the size.
+    pub fn compress(self, page: &[u8], out: &mut [u8]) -> Option<usize> {
+        match self {
+            Compressor::Lz4 => lz4_flex::block::compress_into(page, out).ok(),
+            Compressor::Zstd { level } => ZSTD_C.with(|c| {
+                let mut c = c.borrow_mut();
+                if c.as_ref().is_none_or(|(l, _)| *l != level) {
+                    let mut z = zstd::bulk::Compressor::new(level).ok()?;
+                    // A page's frame need not record its size: it is known.
+                    z.include_contentsize(false).ok()?;
+                    z.include_checksum(false).ok()?;
+                    *c = Some((level, z));
+                }
+                let (_, z) = c.as_mut()?;
+                z.compress_to_buffer(page, out).ok()
+            }),
+            Compressor::Deflate { level } => DEFLATE_C.with(|c| {
+                let mut c = c.borrow_mut();
+                if c.as_ref().is_none_or(|(l, _)| *l != level) {
+                    let lvl = libdeflater::CompressionLvl::new(level).ok()?;
+                    *c = Some((level, libdeflater::Compressor::new(lvl)));
+                }
+                let (_, z) = c.as_mut()?;
+                z.deflate_compress(page, out).ok()
+            }),
+        }
+    }
+}
+
+impl fmt::Display for Compressor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Compressor::Lz4 => write!(f, "lz4"),
+            Compressor::Zstd { level } => write!(f, "zstd:{level}"),
+            Compressor::Deflate { level } => write!(f, "deflate:{level}"),
+        }
+    }
+}
+
+impl FromStr for Compressor {
+    type Err = BadCompressor;
+    fn from_str(s: &str) -> Result<Compressor, BadCompressor> {
+        let bad = |why| BadCompressor {
+            given: s.to_string(),
+            why,
+        };
+        let (name, level) = match s.split_once(':') {
+            Some((n, l)) => (
+                n,
+                Some(l.trim().parse::<i32>().map_err(|_| bad("level is not an integer"))?),
+            ),
+            None => (s, None),
+        };
+        let c = match name.trim().to_ascii_lowercase().as_str() {
+            "lz4" if level.is_none() => Compressor::Lz4,
+            "lz4" => return Err(bad("lz4 takes no level")),
+            "zstd" => Compressor::Zstd {
+                level: level.unwrap_or(ZSTD_DEFAULT),
+            },
+            "deflate" => Compressor::Deflate {
+                level: level.unwrap_or(DEFLATE_DEFAULT),
+            },
+            "lzo" | "lzo-rle" => return Err(bad("lzo is not built in (its fast port is GPL)")),
+            _ => return Err(bad("no such compressor")),
+        };
+        c.validate().map_err(|e| bad(e.why))
+    }
+}
+
+/// How one stored object is encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[repr(u8)]
+pub enum Codec {
+    /// The page itself, uncompressed (it did not compress enough).
+    Raw = 0,
+    /// lz4 block.
+    Lz4 = 1,
+    /// zstd frame.
+    Zstd = 2,
+    /// raw deflate stream.
+    Deflate = 3,
+}
+
+/// An object that did not decode to exactly one page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeError;
+
+impl Codec {
+    /// Decodes `src` into `page` (exactly `PAGE_SIZE` bytes). Arbitrary
+    /// input never panics: it decodes to a full page or fails.
+    pub fn decompress(self, src: &[u8], page: &mut [u8]) -> Result<(), DecodeError> {
+        if page.len() != PAGE_SIZE {
+            return Err(DecodeError);
+        }
+        let n = match self {
+            Codec::Raw => {
+                if src.len() != PAGE_SIZE {
+                    return Err(DecodeError);
+                }
+                page.copy_from_slice(src);
+                PAGE_SIZE
+            }
+            Codec::Lz4 => lz4_flex::block::decompress_into(src, page).map_err(|_| DecodeError)?,
+            Codec::Zstd => ZSTD_D.with(|d| {
+                let mut d = d.borrow_mut();
+                if d.is_none() {
+                    *d = zstd::bulk::Decompressor::new().ok();
+                }
+                d.as_mut()
+                    .ok_or(DecodeError)?
+                    .decompress_to_buffer(src, page)
+                    .map_err(|_| DecodeError)
+            })?,
+            Codec::Deflate => DEFLATE_D.with(|d| {
+                d.borrow_mut()
+                    .deflate_decompress(src, page)
+                    .map_err(|_| DecodeError)
+            })?,
+        };
+        if n == PAGE_SIZE {
+            Ok(())
+        } else {
+            Err(DecodeError)
+        }
+    }
+
+    /// Tag byte back to a codec (for stored formats and fuzzing).
+    pub fn from_u8(v: u8) -> Option<Codec> {
+        Some(match v {
+            0 => Codec::Raw,
+            1 => Codec::Lz4,
+            2 => Codec::Zstd,
+            3 => Codec::Deflate,
+            _ => return None,
+        })
+    }
+}
+
+thread_local! {
+    static ZSTD_C: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
+    static ZSTD_D: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+    static DEFLATE_C: RefCell<Option<(i32, libdeflater::Compressor)>> = const { RefCell::new(None) };
+    static DEFLATE_D: RefCell<libdeflater::Decompressor> = RefCell::new(libdeflater::Decompressor::new());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text_page() -> Vec<u8> {
+        let words = b"the quick brown fox jumps over the lazy dog, swap cache ";
+        (0..PAGE_SIZE)
+            .map(|i| words[(i * 7 + i / 61) % words.len()])
+            .collect()
+    }
+
+    #[test]
+    fn every_compressor_round_trips() {
+        let page = text_page();
+        for c in ["lz4", "zstd", "zstd:-1", "zstd:19", "deflate", "deflate:9"] {
+            let c: Compressor = c.parse().unwrap();
+            let mut out = vec![0u8; COMPRESS_BOUND];
+            let n = c.compress(&page, &mut out).unwrap_or_else(|| panic!("{c}"));
+            assert!(n < PAGE_SIZE / 2, "{c}: {n}");
+            let mut back = vec![0u8; PAGE_SIZE];
+            c.codec().decompress(&out[..n], &mut back).unwrap();
+            assert_eq!(back, page, "{c}");
+            assert_eq!(Compressor::unpack(c.pack()), c);
+        }
+    }
+
+    #[test]
+    fn random_bytes_do_not_shrink() {
+        let mut x = 0x9e3779b97f4a7c15u64;
+        let page: Vec<u8> = (0..PAGE_SIZE)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        for c in [
+            Compressor::Lz4,
+            Compressor::Zstd { level: 3 },
+            Compressor::Deflate { level: 6 },
+        ] {
+            let mut out = vec![0u8; COMPRESS_BOUND];
+            assert!(c.compress(&page, &mut out).unwrap() >= PAGE_SIZE, "{c}");
+        }
+    }
+
+    #[test]
+    fn names_and_levels_are_checked() {
+        assert_eq!("zstd:-1".parse(), Ok(Compressor::Zstd { level: -1 }));
+        assert_eq!("ZSTD".parse(), Ok(Compressor::Zstd { level: 1 }));
+        for bad in ["lz5", "zstd:99", "zstd:x", "deflate:0", "lz4:3", "lzo"] {
+            let e = bad.parse::<Compressor>().unwrap_err();
+            assert!(e.to_string().contains("choose lz4"), "{e}");
+        }
+    }
+
+    #[test]
+    fn garbage_never_decodes_to_a_wrong_length() {
+        let mut page = vec![0u8; PAGE_SIZE];
+        for codec in [Codec::Raw, Codec::Lz4, Codec::Zstd, Codec::Deflate] {
+            for src in [&[][..], &[0u8; 7][..], &[0xffu8; 100][..], &text_page()[..]] {
+                // Either a full page or an error, never a panic.
+                let _ = codec.decompress(src, &mut page);
+            }
+        }
+    }
+}
