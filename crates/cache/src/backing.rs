@@ -129,7 +129,10 @@ impl BackingStore for FileBacking {
                 return Err(e);
             }
             if n == 0 {
-                return Err(io::Error::new(io::ErrorKind::WriteZero, "backing file accepted no bytes"));
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "backing file accepted no bytes",
+                ));
             }
             at += n as u64;
             io::IoSlice::advance_slices(&mut slices, n as usize);
@@ -217,8 +220,10 @@ impl<S: BackingStore> FaultInjector<S> {
 
     /// Makes `device_inflight` report these counts.
     pub fn set_device_inflight(&self, reads: u16, writes: u16) {
-        self.inflight
-            .store(u32::from(reads) << 16 | u32::from(writes), Ordering::Relaxed);
+        self.inflight.store(
+            u32::from(reads) << 16 | u32::from(writes),
+            Ordering::Relaxed,
+        );
     }
 
     fn take(&self, want: &[Fault]) -> Option<Fault> {
@@ -248,7 +253,10 @@ impl<S: BackingStore> BackingStore for FaultInjector<S> {
                 if half > 0 {
                     self.inner.write_slots(first, &pages[..half])?;
                 }
-                Err(io::Error::new(io::ErrorKind::WriteZero, "short write (injected)"))
+                Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "short write (injected)",
+                ))
             }
             None => self.inner.write_slots(first, pages),
         }
@@ -325,7 +333,9 @@ impl SlotMap {
             want = 0;
         }
         if want > 0 {
-            let room = self.capacity.map_or(u64::MAX, |c| c.saturating_sub(self.end));
+            let room = self
+                .capacity
+                .map_or(u64::MAX, |c| c.saturating_sub(self.end));
             let tail = want.min(room);
             if tail > 0 {
                 runs.push((self.end, tail));
@@ -384,11 +394,11 @@ impl SlotMap {
     /// Whether `slot` is allocated (for invariant checks).
     pub fn is_used(&self, slot: u64) -> bool {
         slot < self.end
-            && !self
+            && self
                 .free
                 .range(..=slot)
                 .next_back()
-                .is_some_and(|(&s, &l)| slot < s + l)
+                .is_none_or(|(&s, &l)| slot >= s + l)
     }
 }
 
@@ -444,6 +454,9 @@ mod tests {
         let f = FileBacking::create(&named).unwrap();
         assert!(!named.exists());
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(f.file.metadata().unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            f.file.metadata().unwrap().permissions().mode() & 0o777,
+            0o600
+        );
     }
 }

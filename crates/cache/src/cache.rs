@@ -268,14 +268,17 @@ impl Cache {
         let backing: Option<Box<dyn BackingStore>> = match cfg.backing {
             Backing::None => None,
             Backing::File(path) => Some(Box::new(
-                FileBacking::create(&path).map_err(|source| Error::BackingCreate { path, source })?,
+                FileBacking::create(&path)
+                    .map_err(|source| Error::BackingCreate { path, source })?,
             )),
             Backing::Store(s) => Some(s),
         };
         let has_backing = backing.is_some();
         let inner = Arc::new(Inner {
             pool: uzswap_zpool::new_pool(cfg.allocator, None)?,
-            shards: (0..SHARDS).map(|_| CachePadded::new(Mutex::default())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| CachePadded::new(Mutex::default()))
+                .collect(),
             areas: (0..MAX_AREAS).map(|_| AtomicU8::new(0)).collect(),
             compressor: AtomicU64::new(cfg.compressor.pack()),
             limit: AtomicU64::new(cfg.pool_limit.bytes()),
@@ -403,7 +406,9 @@ impl Cache {
     pub fn set_pool_limit(&self, limit: PoolLimit) -> Result<(), Error> {
         match limit {
             PoolLimit::Percent(p) if !(1..=100).contains(&p) => {
-                return Err(Error::Config(format!("pool limit percent must be 1..=100, got {p}")))
+                return Err(Error::Config(format!(
+                    "pool limit percent must be 1..=100, got {p}"
+                )))
             }
             PoolLimit::Bytes(0) => {
                 return Err(Error::Config("pool limit of 0 bytes".into()));
@@ -429,7 +434,9 @@ impl Cache {
         }
         let mut done = 0;
         while done < max_pages {
-            let n = self.inner.writeback_batch(self.inner.batch.min(max_pages - done), None);
+            let n = self
+                .inner
+                .writeback_batch(self.inner.batch.min(max_pages - done), None);
             if n == 0 {
                 break;
             }
@@ -569,7 +576,10 @@ impl Inner {
     }
 
     fn inflight(&self) -> (u32, u32) {
-        let own = (self.inflight_reads.load(RELAXED), self.inflight_writes.load(RELAXED));
+        let own = (
+            self.inflight_reads.load(RELAXED),
+            self.inflight_writes.load(RELAXED),
+        );
         match self.backing.as_ref().and_then(|b| b.device_inflight()) {
             Some((r, w)) => (own.0.max(r), own.1.max(w)),
             None => own,
@@ -630,7 +640,9 @@ impl Inner {
                 // of the page being stored, so comparing can decode them.
                 let h = self.dedup.hash(page) ^ (codec as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
                 shared = self.dedup.find_and_ref(scope, h, |cand| {
-                    self.object_equals(cand, codec, page).inspect(|&n| size = n).is_some()
+                    self.object_equals(cand, codec, page)
+                        .inspect(|&n| size = n)
+                        .is_some()
                 });
                 dhash = Some(h);
             }
@@ -909,8 +921,16 @@ impl Inner {
         }
     }
 
-    fn read_backing(&self, id: SealId, tag: &[u8; 16], page: &mut [u8]) -> Result<Loaded, LoadError> {
-        let backing = self.backing.as_ref().expect("a backing entry implies a tier");
+    fn read_backing(
+        &self,
+        id: SealId,
+        tag: &[u8; 16],
+        page: &mut [u8],
+    ) -> Result<Loaded, LoadError> {
+        let backing = self
+            .backing
+            .as_ref()
+            .expect("a backing entry implies a tier");
         self.inflight_reads.fetch_add(1, RELAXED);
         let r = backing.read_slot(id.slot, page);
         self.inflight_reads.fetch_sub(1, RELAXED);
@@ -1186,7 +1206,8 @@ impl Inner {
     fn check_invariants(&self) -> Result<(), String> {
         let _gate = self.wb_gate.write();
         let c = self.counters.snapshot();
-        let (mut same, mut pooled, mut raw, mut payload, mut backed) = (0u64, 0u64, 0u64, 0u64, 0u64);
+        let (mut same, mut pooled, mut raw, mut payload, mut backed) =
+            (0u64, 0u64, 0u64, 0u64, 0u64);
         let mut handles: HashMap<u64, (u32, Obj, u32)> = HashMap::new();
         let mut slots_seen = std::collections::HashSet::new();
         let slots = self.slots.lock();
@@ -1212,9 +1233,10 @@ impl Inner {
                         if size != o.size as usize {
                             return Err(format!("{key:?}: object {size} B, entry says {}", o.size));
                         }
-                        let r = handles
-                            .entry(o.handle.to_raw())
-                            .or_insert((self.scope(key.0), o, 0));
+                        let r =
+                            handles
+                                .entry(o.handle.to_raw())
+                                .or_insert((self.scope(key.0), o, 0));
                         r.2 += 1;
                         if r.2 > 1 && (o.dedup.is_none() || r.0 != self.scope(key.0)) {
                             return Err(format!("{key:?} shares an object outside dedup"));
@@ -1232,7 +1254,11 @@ impl Inner {
         let want = [
             ("stored_pages", c.stored_pages, same + pooled),
             ("same_filled_pages", c.same_filled_pages, same),
-            ("stored_incompressible_pages", c.stored_incompressible_pages, raw),
+            (
+                "stored_incompressible_pages",
+                c.stored_incompressible_pages,
+                raw,
+            ),
             ("stored_payload_bytes", c.stored_payload_bytes, payload),
             ("backing_pages", c.backing_pages, backed),
             ("backing slots used", slots.used(), backed),
@@ -1253,12 +1279,17 @@ impl Inner {
             if let Some(h) = o.dedup {
                 let have = self.dedup.refs(*scope, h, o.handle);
                 if have != *refs {
-                    return Err(format!("dedup refs {have} for an object {refs} entries use"));
+                    return Err(format!(
+                        "dedup refs {have} for an object {refs} entries use"
+                    ));
                 }
             }
         }
         let (dedup_objects, _) = self.dedup.totals();
-        let registered = handles.values().filter(|(_, o, _)| o.dedup.is_some()).count();
+        let registered = handles
+            .values()
+            .filter(|(_, o, _)| o.dedup.is_some())
+            .count();
         if dedup_objects != registered as u64 {
             return Err(format!(
                 "dedup index holds {dedup_objects} objects, entries register {registered}"

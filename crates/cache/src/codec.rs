@@ -148,7 +148,11 @@ impl FromStr for Compressor {
         let (name, level) = match s.split_once(':') {
             Some((n, l)) => (
                 n,
-                Some(l.trim().parse::<i32>().map_err(|_| bad("level is not an integer"))?),
+                Some(
+                    l.trim()
+                        .parse::<i32>()
+                        .map_err(|_| bad("level is not an integer"))?,
+                ),
             ),
             None => (s, None),
         };

@@ -202,7 +202,9 @@ pub enum Error {
 pub enum Reject {
     /// The pool is at its limit (or above, until it falls below the accept
     /// threshold) and there is no backing tier to take the page.
-    #[error("the pool is full and there is no backing tier; raise the pool limit or add a backing file")]
+    #[error(
+        "the pool is full and there is no backing tier; raise the pool limit or add a backing file"
+    )]
     PoolFull,
     /// The page compressed too poorly and the policy refuses such pages.
     #[error("the page compressed too poorly ({size} bytes)")]

@@ -12,10 +12,24 @@ use uzswap_cache::{
 
 #[derive(Debug, Clone)]
 enum Op {
-    Store { area: u32, off: u64, kind: u8, seed: u64 },
-    Load { area: u32, off: u64, keep: bool },
-    Invalidate { area: u32, off: u64 },
-    InvalidateArea { area: u32 },
+    Store {
+        area: u32,
+        off: u64,
+        kind: u8,
+        seed: u64,
+    },
+    Load {
+        area: u32,
+        off: u64,
+        keep: bool,
+    },
+    Invalidate {
+        area: u32,
+        off: u64,
+    },
+    InvalidateArea {
+        area: u32,
+    },
     Compressor(u8),
     Limit(u64),
     Writeback(usize),
@@ -57,8 +71,16 @@ fn run_model(ops: Vec<Op>, background: bool, global: bool, reject_poor: bool) {
         writeback_batch: 8,
         background_writer: background,
         dedup: true,
-        dedup_scope: if global { DedupScope::Global } else { DedupScope::Area },
-        incompressible: if reject_poor { Incompressible::Reject } else { Incompressible::StoreRaw },
+        dedup_scope: if global {
+            DedupScope::Global
+        } else {
+            DedupScope::Area
+        },
+        incompressible: if reject_poor {
+            Incompressible::Reject
+        } else {
+            Incompressible::StoreRaw
+        },
         max_compressed_percent: if reject_poor { 60 } else { 100 },
         ..CacheConfig::default()
     })
@@ -70,7 +92,12 @@ fn run_model(ops: Vec<Op>, background: bool, global: bool, reject_poor: bool) {
     let mut buf = vec![0u8; PAGE_SIZE];
     for op in ops {
         match op {
-            Op::Store { area, off, kind, seed } => {
+            Op::Store {
+                area,
+                off,
+                kind,
+                seed,
+            } => {
                 let p = page(kind, seed);
                 match cache.store(area, off, &p) {
                     Ok(_) => {
@@ -80,8 +107,15 @@ fn run_model(ops: Vec<Op>, background: bool, global: bool, reject_poor: bool) {
                 }
             }
             Op::Load { area, off, keep } => {
-                let mode = if keep { LoadMode::Keep } else { LoadMode::Exclusive };
-                match (cache.load(area, off, &mut buf, mode), model.get(&(area, off))) {
+                let mode = if keep {
+                    LoadMode::Keep
+                } else {
+                    LoadMode::Exclusive
+                };
+                match (
+                    cache.load(area, off, &mut buf, mode),
+                    model.get(&(area, off)),
+                ) {
                     (Ok(_), Some(want)) => {
                         assert!(buf == *want, "wrong bytes for {area}/{off}");
                         if !keep {
@@ -177,15 +211,30 @@ fn bad_arguments_are_typed_errors() {
         c.load(1, 0, &mut buf[..10], LoadMode::Keep),
         Err(LoadError::Invalid(Error::BadPageSize { len: 10 }))
     ));
-    assert!(matches!(c.load(1, 5, &mut buf, LoadMode::Keep), Err(LoadError::NotFound)));
+    assert!(matches!(
+        c.load(1, 5, &mut buf, LoadMode::Keep),
+        Err(LoadError::NotFound)
+    ));
     assert!(matches!(c.writeback(1), Err(Error::NoBacking)));
     assert!(c.set_compressor(Compressor::Zstd { level: 99 }).is_err());
     assert!(c.set_pool_limit(PoolLimit::Percent(0)).is_err());
     for bad in [
-        CacheConfig { accept_threshold_percent: 0, ..CacheConfig::default() },
-        CacheConfig { writeback_batch: 0, ..CacheConfig::default() },
-        CacheConfig { pool_limit: PoolLimit::Percent(101), ..CacheConfig::default() },
-        CacheConfig { compressor: Compressor::Deflate { level: 40 }, ..CacheConfig::default() },
+        CacheConfig {
+            accept_threshold_percent: 0,
+            ..CacheConfig::default()
+        },
+        CacheConfig {
+            writeback_batch: 0,
+            ..CacheConfig::default()
+        },
+        CacheConfig {
+            pool_limit: PoolLimit::Percent(101),
+            ..CacheConfig::default()
+        },
+        CacheConfig {
+            compressor: Compressor::Deflate { level: 40 },
+            ..CacheConfig::default()
+        },
     ] {
         let e = Cache::new(bad).unwrap_err();
         assert!(!e.to_string().is_empty());
@@ -202,12 +251,18 @@ fn bad_arguments_are_typed_errors() {
 fn same_filled_pages_take_no_pool_memory() {
     let c = cache_with(1 << 20, None);
     for i in 0..100u64 {
-        assert_eq!(c.store(1, i, &page(i as u8 % 2, i)).unwrap(), Stored::SameFilled);
+        assert_eq!(
+            c.store(1, i, &page(i as u8 % 2, i)).unwrap(),
+            Stored::SameFilled
+        );
     }
     let st = c.stats();
     assert_eq!((st.same_filled_pages, st.pool_total_size), (100, 0));
     let mut buf = vec![1u8; PAGE_SIZE];
-    assert_eq!(c.load(1, 3, &mut buf, LoadMode::Exclusive).unwrap(), Loaded::SameFilled);
+    assert_eq!(
+        c.load(1, 3, &mut buf, LoadMode::Exclusive).unwrap(),
+        Loaded::SameFilled
+    );
     assert_eq!(buf, page(1, 3));
     c.check_invariants().unwrap();
 }
@@ -218,10 +273,19 @@ fn exclusive_loads_free_and_keep_loads_do_not() {
     let p = page(2, 9);
     let mut buf = vec![0u8; PAGE_SIZE];
     c.store(1, 1, &p).unwrap();
-    assert_eq!(c.load(1, 1, &mut buf, LoadMode::Keep).unwrap(), Loaded::Pool);
-    assert_eq!(c.load(1, 1, &mut buf, LoadMode::Exclusive).unwrap(), Loaded::Pool);
+    assert_eq!(
+        c.load(1, 1, &mut buf, LoadMode::Keep).unwrap(),
+        Loaded::Pool
+    );
+    assert_eq!(
+        c.load(1, 1, &mut buf, LoadMode::Exclusive).unwrap(),
+        Loaded::Pool
+    );
     assert_eq!(buf, p);
-    assert!(matches!(c.load(1, 1, &mut buf, LoadMode::Keep), Err(LoadError::NotFound)));
+    assert!(matches!(
+        c.load(1, 1, &mut buf, LoadMode::Keep),
+        Err(LoadError::NotFound)
+    ));
     assert_eq!(c.stats().stored_pages, 0);
     c.check_invariants().unwrap();
 }
@@ -243,7 +307,10 @@ fn incompressible_pages_are_stored_raw_or_refused() {
         Err(StoreError::Refused(Reject::CompressPoor { .. }))
     ));
     assert_eq!(c.stats().reject_compress_poor, 1);
-    assert!(matches!(c.store(0, 1, &page(2, 1)).unwrap(), Stored::Compressed { .. }));
+    assert!(matches!(
+        c.store(0, 1, &page(2, 1)).unwrap(),
+        Stored::Compressed { .. }
+    ));
 }
 
 #[test]
@@ -287,7 +354,10 @@ fn full_pool_writes_back_lru_and_goes_to_backing() {
     assert!(wrote > 0);
     let st = c.stats();
     assert!(st.written_back_pages as usize == wrote && st.writeback_batches > 0);
-    assert!(st.backing_writes < st.written_back_pages + st.stores_to_backing, "batched writes");
+    assert!(
+        st.backing_writes < st.written_back_pages + st.stores_to_backing,
+        "batched writes"
+    );
     let mut buf = vec![0u8; PAGE_SIZE];
     for (i, p) in pages.iter().enumerate() {
         c.load(1, i as u64, &mut buf, LoadMode::Keep).unwrap();
@@ -316,7 +386,11 @@ fn writeback_prefers_pages_not_used_recently() {
     }
     assert_eq!(c.writeback(32).unwrap(), 32);
     for i in 0..32u64 {
-        assert_eq!(c.load(1, i, &mut buf, LoadMode::Keep).unwrap(), Loaded::Pool, "hot {i}");
+        assert_eq!(
+            c.load(1, i, &mut buf, LoadMode::Keep).unwrap(),
+            Loaded::Pool,
+            "hot {i}"
+        );
     }
     let cold_in_backing = (32..64u64)
         .filter(|&i| c.load(1, i, &mut buf, LoadMode::Keep).unwrap() == Loaded::Backing)
@@ -420,7 +494,11 @@ fn backing_file_is_unlinked_and_round_trips() {
         c.store(0, i, &page(3, i)).unwrap();
     }
     c.writeback(100).unwrap();
-    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing named on disk");
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "nothing named on disk"
+    );
     let mut buf = vec![0u8; PAGE_SIZE];
     for i in 0..100u64 {
         c.load(0, i, &mut buf, LoadMode::Exclusive).unwrap();

@@ -7,8 +7,8 @@ mod common;
 use common::{page, MemBacking};
 use std::sync::Arc;
 use uzswap_cache::{
-    Backing, BackingStore, Cache, CacheConfig, Fault, FaultInjector, LoadError, LoadMode, PoolLimit,
-    Reject, StoreError, PAGE_SIZE,
+    Backing, BackingStore, Cache, CacheConfig, Fault, FaultInjector, LoadError, LoadMode,
+    PoolLimit, Reject, StoreError, PAGE_SIZE,
 };
 
 /// A store shared between the test and the cache.
@@ -63,10 +63,20 @@ fn failed_writeback_keeps_pages_in_the_pool() {
             c.store(0, i, &page(3, i)).unwrap();
         }
         inj.arm(fault, u64::MAX);
-        assert_eq!(c.writeback(32).unwrap(), 0, "{fault:?}: nothing written back");
+        assert_eq!(
+            c.writeback(32).unwrap(),
+            0,
+            "{fault:?}: nothing written back"
+        );
         let st = c.stats();
-        assert!(st.writeback_fail > 0 && st.written_back_pages == 0, "{fault:?}: {st:?}");
-        assert_eq!(st.stored_pages, PAGES, "{fault:?}: every page still in the pool");
+        assert!(
+            st.writeback_fail > 0 && st.written_back_pages == 0,
+            "{fault:?}: {st:?}"
+        );
+        assert_eq!(
+            st.stored_pages, PAGES,
+            "{fault:?}: every page still in the pool"
+        );
         assert_eq!(st.backing_slots_used, 0, "{fault:?}: failed slots freed");
         all_intact(&c);
         // The tier recovers: the same pages now go out.
@@ -92,7 +102,10 @@ fn failed_direct_write_refuses_the_store() {
         );
         // Nothing kept for the refused key; the earlier pages intact.
         let mut buf = vec![0u8; PAGE_SIZE];
-        assert!(matches!(c.load(0, 2, &mut buf, LoadMode::Keep), Err(LoadError::NotFound)));
+        assert!(matches!(
+            c.load(0, 2, &mut buf, LoadMode::Keep),
+            Err(LoadError::NotFound)
+        ));
         for i in 0..2 {
             c.load(0, i, &mut buf, LoadMode::Keep).unwrap();
             assert_eq!(buf, page(4, i));
@@ -120,7 +133,10 @@ fn read_faults_are_errors_and_lose_nothing() {
             Fault::FlipBit => assert!(matches!(r, Err(LoadError::Corrupt { .. })), "{r:?}"),
             _ => assert!(matches!(r, Err(LoadError::Io(_))), "{fault:?}: {r:?}"),
         }
-        assert!(buf.iter().all(|&b| b == 0), "{fault:?}: no stale bytes handed out");
+        assert!(
+            buf.iter().all(|&b| b == 0),
+            "{fault:?}: no stale bytes handed out"
+        );
         let st = c.stats();
         assert_eq!(st.backing_corrupt + st.backing_read_fail, 1, "{st:?}");
         // The entry was kept, even for an exclusive load: a retry succeeds.
@@ -178,7 +194,11 @@ fn io_admission_sends_pages_to_the_tier_while_idle() {
     c.store(0, 1, &page(2, 1)).unwrap();
     inj.set_device_inflight(0, 5);
     c.store(0, 2, &page(2, 2)).unwrap();
-    assert_eq!(c.stats().reject_io, 1, "busy, and still busy above half the limit");
+    assert_eq!(
+        c.stats().reject_io,
+        1,
+        "busy, and still busy above half the limit"
+    );
     inj.set_device_inflight(0, 4);
     c.store(0, 3, &page(2, 3)).unwrap();
     let st = c.stats();

@@ -24,7 +24,11 @@ fn run(ops: u64, backing: bool, allocator: uzswap_cache::AllocatorKind) {
     let cache = Arc::new(
         Cache::new(CacheConfig {
             pool_limit: PoolLimit::Bytes(96 * 4096),
-            backing: if backing { Backing::File(dir) } else { Backing::None },
+            backing: if backing {
+                Backing::File(dir)
+            } else {
+                Backing::None
+            },
             writeback_batch: 16,
             dedup: true,
             dedup_scope: DedupScope::Global,
@@ -37,7 +41,7 @@ fn run(ops: u64, backing: bool, allocator: uzswap_cache::AllocatorKind) {
         cache.open_area(a).unwrap();
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let barrier = Arc::new(Barrier::new(THREADS as usize + 1));
+    let barrier = Arc::new(Barrier::new(THREADS as usize + 2));
     let refused = Arc::new(AtomicU64::new(0));
     let side = {
         let (cache, stop, barrier) = (cache.clone(), stop.clone(), barrier.clone());
@@ -96,7 +100,11 @@ fn run(ops: u64, backing: bool, allocator: uzswap_cache::AllocatorKind) {
                         }
                         5..=7 => {
                             let keep = rng.gen_bool(0.5);
-                            let mode = if keep { LoadMode::Keep } else { LoadMode::Exclusive };
+                            let mode = if keep {
+                                LoadMode::Keep
+                            } else {
+                                LoadMode::Exclusive
+                            };
                             match (cache.load(area, off, &mut buf, mode), mine.get(&off)) {
                                 (Ok(_), Some(&(k, s))) => {
                                     assert!(buf == page(k, s), "thread {t} key {off}: wrong bytes");

@@ -22,8 +22,16 @@ pub fn page(kind: u8, seed: u64) -> Vec<u8> {
         x
     };
     let words: &[&[u8]] = &[
-        b"swap ", b"cache ", b"page ", b"zspage ", b"handle ", b"class ", b"compact ",
-        b"writeback ", b"lru ", b"pool ",
+        b"swap ",
+        b"cache ",
+        b"page ",
+        b"zspage ",
+        b"handle ",
+        b"class ",
+        b"compact ",
+        b"writeback ",
+        b"lru ",
+        b"pool ",
     ];
     let text = |rnd: &mut dyn FnMut() -> u64| {
         let mut p = Vec::with_capacity(PAGE_SIZE + 16);
