@@ -135,6 +135,7 @@
 //! locks. `state` is never held across `MADV_DONTNEED` of region memory or a
 //! read of it (both may need the handler, which needs `state`).
 
+mod cache_store;
 pub mod pager;
 pub mod region;
 pub mod stats;

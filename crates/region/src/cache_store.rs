@@ -1,0 +1,74 @@
+//! The compressed cache as the regions' page store: `uzswap_cache::Cache`
+//! implements [`PageStore`] here, so a [`crate::Pager`] can evict into the
+//! real pool and backing file.
+
+use crate::store::{LoadError, LoadMode, Loaded, PageStore, StoreError, StoreStats, Stored};
+use uzswap_cache as cache;
+
+impl PageStore for cache::Cache {
+    fn open_area(&self, area: u32) {
+        // Area ids come from the pager's counter; one beyond the cache's
+        // range makes every later store fail with a clear error instead.
+        if let Err(e) = cache::Cache::open_area(self, area) {
+            eprintln!("uzswap: {e}");
+        }
+    }
+
+    fn store(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {
+        match cache::Cache::store(self, area, offset, page) {
+            Ok(cache::Stored::SameFilled) => Ok(Stored::SameFilled),
+            Ok(cache::Stored::Compressed { bytes } | cache::Stored::Duplicate { bytes }) => {
+                Ok(Stored::Compressed { bytes })
+            }
+            Ok(cache::Stored::Raw | cache::Stored::Backing) => Ok(Stored::Compressed {
+                bytes: cache::PAGE_SIZE,
+            }),
+            Err(cache::StoreError::Refused(cache::Reject::PoolFull)) => Err(StoreError::Full),
+            Err(e) => Err(StoreError::Rejected(e.to_string())),
+        }
+    }
+
+    fn load(
+        &self,
+        area: u32,
+        offset: u64,
+        page: &mut [u8],
+        mode: LoadMode,
+    ) -> Result<Loaded, LoadError> {
+        let mode = match mode {
+            LoadMode::Exclusive => cache::LoadMode::Exclusive,
+            LoadMode::Keep => cache::LoadMode::Keep,
+        };
+        match cache::Cache::load(self, area, offset, page, mode) {
+            Ok(cache::Loaded::Pool) => Ok(Loaded::Pool),
+            Ok(cache::Loaded::Backing) => Ok(Loaded::Backing),
+            Ok(cache::Loaded::SameFilled) => Ok(Loaded::SameFilled),
+            Err(cache::LoadError::NotFound) => Err(LoadError::NotFound),
+            Err(cache::LoadError::Io(e)) => Err(LoadError::Io(e.to_string())),
+            Err(cache::LoadError::Corrupt { .. }) => Err(LoadError::Corrupt),
+            Err(e @ cache::LoadError::Invalid(_)) => Err(LoadError::Io(e.to_string())),
+        }
+    }
+
+    fn invalidate(&self, area: u32, offset: u64) {
+        let _ = cache::Cache::invalidate(self, area, offset);
+    }
+
+    fn invalidate_area(&self, area: u32) {
+        let _ = cache::Cache::invalidate_area(self, area);
+    }
+
+    fn stats(&self) -> StoreStats {
+        let s = cache::Cache::stats(self);
+        StoreStats {
+            pages: s.stored_pages + s.backing_pages,
+            same_filled_pages: s.same_filled_pages,
+            payload_bytes: s.stored_payload_bytes,
+            extra: s
+                .pairs()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+        }
+    }
+}
