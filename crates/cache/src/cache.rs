@@ -843,82 +843,125 @@ impl Inner {
         page: &mut [u8],
         mode: LoadMode,
     ) -> Result<Loaded, LoadError> {
+        if mode == LoadMode::Exclusive {
+            return self.load_exclusive(area, offset, page);
+        }
         let key = (area, offset);
         loop {
             let (gen, place) = {
                 let mut s = self.shard(key).lock();
                 let Some(e) = s.map.get_mut(&key) else {
                     drop(s);
-                    self.counters.load_misses.fetch_add(1, RELAXED);
-                    page.fill(0);
-                    return Err(LoadError::NotFound);
+                    return Err(self.miss(page));
                 };
-                if mode == LoadMode::Keep {
-                    e.referenced = true;
-                }
+                e.referenced = true;
                 (e.gen, e.place)
             };
-            let res = match place {
-                Place::Same(w) => {
-                    fill_word(page, w);
-                    Ok(Loaded::SameFilled)
-                }
-                Place::Pool(obj) => {
-                    let mut ok = false;
-                    let r = self.pool.map_read(obj.handle, &mut |src| {
-                        ok = obj.codec.decompress(src, page).is_ok();
-                    });
-                    if r.is_ok() && ok {
-                        Ok(Loaded::Pool)
-                    } else {
-                        Err(LoadError::Corrupt { where_: "pool" })
-                    }
-                }
-                Place::Backing { slot, seq, tag } => self.read_backing(
-                    SealId {
-                        area,
-                        offset,
-                        slot,
-                        seq,
-                    },
-                    &tag,
-                    page,
-                ),
-            };
+            let res = self.read_place(area, offset, place, page);
             // Valid only if the entry did not change while it was read.
-            let mut s = self.shard(key).lock();
-            if s.map.get(&key).is_none_or(|e| e.gen != gen) {
+            if self
+                .shard(key)
+                .lock()
+                .map
+                .get(&key)
+                .is_none_or(|e| e.gen != gen)
+            {
                 continue;
             }
-            let c = &self.counters;
-            return match res {
-                Ok(from) => {
-                    let removed = (mode == LoadMode::Exclusive).then(|| s.map.remove(&key));
-                    drop(s);
-                    if let Some(Some(e)) = removed {
-                        self.detach(area, e.place);
-                    }
-                    match from {
-                        Loaded::Pool => &c.loads_pool,
-                        Loaded::Backing => &c.loads_backing,
-                        Loaded::SameFilled => &c.loads_same_filled,
-                    }
-                    .fetch_add(1, RELAXED);
-                    Ok(from)
-                }
-                Err(e) => {
-                    drop(s);
-                    page.fill(0);
-                    match &e {
-                        LoadError::Corrupt { where_: "pool" } => &c.decompress_fail,
-                        LoadError::Corrupt { .. } => &c.backing_corrupt,
-                        _ => &c.backing_read_fail,
-                    }
-                    .fetch_add(1, RELAXED);
-                    Err(e)
-                }
-            };
+            return self.count_load(res, page);
         }
+    }
+
+    /// An exclusive load takes the entry out first: from then on nothing
+    /// else can free what it refers to, so one lock round suffices. If the
+    /// read fails, the entry goes back (unless the key was stored anew
+    /// meanwhile: the newer page wins).
+    fn load_exclusive(&self, area: u32, offset: u64, page: &mut [u8]) -> Result<Loaded, LoadError> {
+        let key = (area, offset);
+        let Some(e) = self.shard(key).lock().map.remove(&key) else {
+            return Err(self.miss(page));
+        };
+        let res = self.read_place(area, offset, e.place, page);
+        if res.is_ok() {
+            self.detach(area, e.place);
+        } else {
+            let mut s = self.shard(key).lock();
+            if let std::collections::hash_map::Entry::Vacant(v) = s.map.entry(key) {
+                v.insert(Entry {
+                    writeback: false,
+                    ..e
+                });
+            } else {
+                drop(s);
+                self.detach(area, e.place);
+            }
+        }
+        self.count_load(res, page)
+    }
+
+    fn miss(&self, page: &mut [u8]) -> LoadError {
+        self.counters.load_misses.fetch_add(1, RELAXED);
+        page.fill(0);
+        LoadError::NotFound
+    }
+
+    fn read_place(
+        &self,
+        area: u32,
+        offset: u64,
+        place: Place,
+        page: &mut [u8],
+    ) -> Result<Loaded, LoadError> {
+        match place {
+            Place::Same(w) => {
+                fill_word(page, w);
+                Ok(Loaded::SameFilled)
+            }
+            Place::Pool(obj) => {
+                let mut ok = false;
+                let r = self.pool.map_read(obj.handle, &mut |src| {
+                    ok = obj.codec.decompress(src, page).is_ok();
+                });
+                if r.is_ok() && ok {
+                    Ok(Loaded::Pool)
+                } else {
+                    Err(LoadError::Corrupt { where_: "pool" })
+                }
+            }
+            Place::Backing { slot, seq, tag } => self.read_backing(
+                SealId {
+                    area,
+                    offset,
+                    slot,
+                    seq,
+                },
+                &tag,
+                page,
+            ),
+        }
+    }
+
+    fn count_load(
+        &self,
+        res: Result<Loaded, LoadError>,
+        page: &mut [u8],
+    ) -> Result<Loaded, LoadError> {
+        let c = &self.counters;
+        match &res {
+            Ok(Loaded::Pool) => &c.loads_pool,
+            Ok(Loaded::Backing) => &c.loads_backing,
+            Ok(Loaded::SameFilled) => &c.loads_same_filled,
+            Err(e) => {
+                page.fill(0);
+                match e {
+                    LoadError::Corrupt { where_: "pool" } => &c.decompress_fail,
+                    LoadError::Corrupt { .. } => &c.backing_corrupt,
+                    _ => &c.backing_read_fail,
+                }
+            }
+        }
+        .fetch_add(1, RELAXED);
+        res
     }
 
     fn read_backing(

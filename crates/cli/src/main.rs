@@ -87,6 +87,29 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// The zswap cache on real pages against the raw codec on the same
+    /// pages (and, with --vs-kernel, the kernel's zswap).
+    Cache {
+        #[arg(long, value_enum, default_value = "mixed")]
+        data: corpus::DataKind,
+        /// lz4, zstd[:LEVEL], deflate[:LEVEL].
+        #[arg(long, default_value = "lz4")]
+        compressor: uzswap_cache::Compressor,
+        /// MiB of original pages.
+        #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..=8192))]
+        mib: u64,
+        #[arg(long, default_value = "zsmalloc", value_parser = parse_allocator)]
+        allocator: AllocatorKind,
+        /// Share identical pages.
+        #[arg(long, default_value = "off", value_parser = parse_on_off)]
+        dedup: bool,
+        /// Also store the same pages through the kernel's zswap (root;
+        /// swap and zswap settings are restored afterwards).
+        #[arg(long)]
+        vs_kernel: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// The usemem workload (fill, then read-check-rewrite passes) under a
     /// resident budget, optionally against the kernel's zswap and swap.
     Usemem {
@@ -115,6 +138,14 @@ enum Bench {
 
 fn parse_allocator(s: &str) -> Result<AllocatorKind, String> {
     s.parse().map_err(|e: uzswap_zpool::Error| e.to_string())
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("expected on or off, got {s:?}")),
+    }
 }
 
 fn emit(json: bool, v: &serde_json::Value) -> Result<()> {
@@ -170,6 +201,25 @@ fn run(cli: Cli) -> Result<()> {
                 pattern,
                 passes,
                 compressor,
+                vs_kernel,
+            })?;
+            emit(json, &v)
+        }
+        Cmd::Bench(Bench::Cache {
+            data,
+            compressor,
+            mib,
+            allocator,
+            dedup,
+            vs_kernel,
+            json,
+        }) => {
+            let v = bench_cache::run(&bench_cache::Args {
+                data,
+                mib: mib as usize,
+                compressor,
+                allocator,
+                dedup,
                 vs_kernel,
             })?;
             emit(json, &v)
