@@ -27,10 +27,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Fill a pool with real compressed pages and print its statistics.
+    /// Run a usemem workload on real pages in a quarter of the memory it
+    /// needs, and print what the cache did.
     Demo {
-        /// MiB of original pages to compress and store.
-        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+        /// MiB the workload uses.
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(8..=8192))]
         mib: u32,
     },
     /// Benchmarks; each prints one JSON object on stdout with --json.
@@ -158,26 +159,65 @@ fn emit(json: bool, v: &serde_json::Value) -> Result<()> {
     Ok(())
 }
 
+/// The main job on the embedded default: a usemem workload on real mixed
+/// pages in a uzswap region kept at a quarter of its size, its cold pages
+/// compressed into the cache, whose pool is capped at an eighth so that the
+/// coldest are written back to an encrypted, unlinked backing file.
 fn demo(mib: u32) -> Result<()> {
-    let pages = corpus::load(corpus::DataKind::Mixed, mib as usize * 256)?;
+    use std::sync::Arc;
+    let mib = mib as usize;
+    let pages = corpus::load(corpus::DataKind::Mixed, mib * 256)?;
     kernel::note(&format!("data: {}", pages.source));
-    let objs = bench_pool::compress_all(&pages);
-    let pool = uzswap_zpool::new_pool(AllocatorKind::Zsmalloc, None)?;
-    let handles: Vec<_> = objs
-        .iter()
-        .map(|o| pool.malloc_write(o))
-        .collect::<Result<_, _>>()?;
-    let st = pool.stats();
+    let cache = Arc::new(uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
+        pool_limit: uzswap_cache::PoolLimit::Bytes((mib as u64) << 17),
+        backing: uzswap_cache::Backing::File(std::env::temp_dir()),
+        ..uzswap_cache::CacheConfig::default()
+    })?);
+    let pager = uzswap_region::Pager::new(
+        cache.clone(),
+        uzswap_region::PagerConfig::new(mib * 256 / 4),
+    )?;
+    let mut region = pager.region(mib << 20)?;
+    kernel::note(&format!(
+        "running usemem over {mib} MiB with a resident budget of {} MiB, pool limit {} MiB, backing file in {}",
+        mib / 4,
+        mib / 8,
+        std::env::temp_dir().display()
+    ));
+    let report = usemem::run(region.as_mut_slice(), &pages, usemem::Pattern::Skewed, 2);
+    let ps = pager.stats();
+    let cs = cache.stats();
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "stored {} pages ({} MiB) as {} B of lz4 payload in a pool of {} B",
-        handles.len(),
-        mib,
-        st.payload_bytes,
-        st.pool_bytes
+        "usemem: {} pages, fill {:.0} KB/s, {} passes {:.0} KB/s, corrupt pages: {}",
+        report.pages, report.fill_kbps, report.passes, report.pass_kbps, report.corrupt_pages
     )?;
-    writeln!(out, "{}", st.table())?;
+    writeln!(
+        out,
+        "faults: zero {} pool {} backing {} same-filled {}; latency p50 {:.1} us p99 {:.1} us; evictions {} clean drops {}; peak resident {} pages",
+        ps.faults_zero,
+        ps.faults_pool,
+        ps.faults_backing,
+        ps.faults_same_filled,
+        ps.fault_latency.p50_us,
+        ps.fault_latency.p99_us,
+        ps.evictions,
+        ps.clean_drops,
+        ps.peak_resident_pages
+    )?;
+    writeln!(out, "cache counters:")?;
+    for (name, v) in cs.pairs() {
+        if v != 0 {
+            writeln!(out, "  {name:32} {v}")?;
+        }
+    }
+    writeln!(out, "{}", cache.pool_stats().table())?;
+    anyhow::ensure!(
+        report.corrupt_pages == 0,
+        "{} pages came back wrong",
+        report.corrupt_pages
+    );
     Ok(())
 }
 
