@@ -102,7 +102,7 @@ enum Bench {
         #[arg(long, default_value = "zsmalloc", value_parser = parse_allocator)]
         allocator: AllocatorKind,
         /// Share identical pages.
-        #[arg(long, default_value = "off", value_parser = parse_on_off)]
+        #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
         dedup: bool,
         /// Also store the same pages through the kernel's zswap (root;
         /// swap and zswap settings are restored afterwards).
