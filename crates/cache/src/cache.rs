@@ -827,8 +827,11 @@ impl Inner {
     }
 
     fn free_slot(&self, slot: u64) {
-        let (start, len) = self.slots.lock().free(slot);
+        let mut slots = self.slots.lock();
+        let (start, len) = slots.free(slot);
         // Give the file's blocks back in batches, not one page at a time.
+        // Under the lock: once it is released the extent may be handed out
+        // and written, and a late hole punch would erase the new data.
         if len % 16 == 0 {
             if let Some(b) = &self.backing {
                 b.discard(start, len);

@@ -92,8 +92,12 @@ fn soak() {
     let deadline = Instant::now() + Duration::from_secs(secs);
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
-            let (cache, ops, refused, survived) =
-                (cache.clone(), ops.clone(), refused.clone(), survived.clone());
+            let (cache, ops, refused, survived) = (
+                cache.clone(),
+                ops.clone(),
+                refused.clone(),
+                survived.clone(),
+            );
             std::thread::spawn(move || {
                 let area = t as u32;
                 let mut rng = rand::rngs::SmallRng::seed_from_u64(t);
@@ -125,7 +129,8 @@ fn soak() {
                                 };
                                 let mut r = cache.load(area, off, &mut buf, mode);
                                 let mut tries = 0;
-                                while matches!(r, Err(LoadError::Io(_) | LoadError::Corrupt { .. })) {
+                                while matches!(r, Err(LoadError::Io(_) | LoadError::Corrupt { .. }))
+                                {
                                     // Only an injected read fault may cause
                                     // this, and the entry must survive it.
                                     tries += 1;
@@ -136,7 +141,10 @@ fn soak() {
                                 }
                                 match (r, want) {
                                     (Ok(_), Some((k, s))) => {
-                                        assert!(buf == page(k, s), "thread {t} key {off}: wrong bytes");
+                                        assert!(
+                                            buf == page(k, s),
+                                            "thread {t} key {off}: wrong bytes"
+                                        );
                                         if mode == LoadMode::Exclusive {
                                             model.remove(&off);
                                         }
