@@ -50,6 +50,11 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         "passes": args.passes,
         "compressor": args.compressor,
     });
+    let ours = uzswap_run(args)?;
+    let pass_kbps = ours["pass_kbps"].as_f64().unwrap_or(0.0);
+    for (k, v) in ours.as_object().expect("an object") {
+        out[k] = v.clone();
+    }
     if args.vs_kernel {
         let comp = kernel_compressor(&args.compressor);
         note(&format!(
@@ -71,8 +76,88 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         out["kernel_zswap_pass_kbps"] = json!(z.report.pass_kbps);
         out["kernel_swap_pass_kbps"] = json!(s.report.pass_kbps);
         out["kernel_zswap_pool_bytes"] = json!(z.peak_zswap_pool_bytes);
+        out["ratio_vs_kernel_zswap"] = json!(pass_kbps / z.report.pass_kbps.max(1e-9));
+        out["kernel_peak_memory_bytes"] = json!(z.peak_memory_bytes);
         out["kernel_zswap"] = serde_json::to_value(&z)?;
         out["kernel_swap"] = serde_json::to_value(&s)?;
     }
     Ok(out)
+}
+
+/// The workload in a uzswap region with a resident budget, over the cache
+/// (pool limit the default 20 % of RAM, as the kernel's zswap; an encrypted
+/// backing file in $TMPDIR). Memory is sampled every 10 ms: the process's
+/// RSS above what it held before the region existed, and uzswap's own
+/// account (resident region pages + pool + index).
+fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let pages = crate::corpus::load(args.data, args.mib << 8)?;
+    note(&format!("data: {}", pages.source));
+    let compressor: uzswap_cache::Compressor = args.compressor.parse()?;
+    let cache = Arc::new(uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
+        compressor,
+        backing: uzswap_cache::Backing::File(std::env::temp_dir()),
+        ..uzswap_cache::CacheConfig::default()
+    })?);
+    let pager = Arc::new(uzswap_region::Pager::new(
+        cache.clone(),
+        uzswap_region::PagerConfig::new(args.budget_mib << 8),
+    )?);
+    let base_rss = uzswap_zpool::rss_bytes().unwrap_or(0);
+    let mut region = pager.region(args.mib << 20)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let peak_rss = Arc::new(AtomicU64::new(0));
+    let peak_own = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let (cache, pager, stop, peak_rss, peak_own) = (
+            cache.clone(),
+            pager.clone(),
+            stop.clone(),
+            peak_rss.clone(),
+            peak_own.clone(),
+        );
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let rss = uzswap_zpool::rss_bytes()
+                    .unwrap_or(0)
+                    .saturating_sub(base_rss);
+                peak_rss.fetch_max(rss, Ordering::Relaxed);
+                let st = cache.stats();
+                let own = pager.stats().resident_pages * 4096 + st.pool_total_size + st.index_bytes;
+                peak_own.fetch_max(own, Ordering::Relaxed);
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        })
+    };
+    note(&format!(
+        "uzswap: usemem over {} MiB, budget {} MiB, {compressor} ...",
+        args.mib, args.budget_mib
+    ));
+    let report = crate::usemem::run(region.as_mut_slice(), &pages, args.pattern, args.passes);
+    stop.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    let ps = pager.stats();
+    let cs = cache.stats();
+    note(&format!(
+        "uzswap: fill {:.0} KB/s, pass {:.0} KB/s, corrupt {}, fault p50 {:.1} us p99 {:.1} us, pool {} B",
+        report.fill_kbps,
+        report.pass_kbps,
+        report.corrupt_pages,
+        ps.fault_latency.p50_us,
+        ps.fault_latency.p99_us,
+        cs.pool_total_size
+    ));
+    Ok(json!({
+        "fill_kbps": report.fill_kbps,
+        "pass_kbps": report.pass_kbps,
+        "corrupt_pages": report.corrupt_pages,
+        "fault_p50_us": ps.fault_latency.p50_us,
+        "fault_p99_us": ps.fault_latency.p99_us,
+        "peak_rss_bytes": peak_rss.load(Ordering::Relaxed),
+        "peak_memory_bytes": peak_own.load(Ordering::Relaxed),
+        "pool_bytes": cs.pool_total_size,
+        "pager": serde_json::to_value(&ps)?,
+        "cache": serde_json::to_value(&cs)?,
+    }))
 }

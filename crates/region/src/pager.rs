@@ -756,8 +756,13 @@ impl Shared {
                     return self.unprotect_once(f.addr);
                 }
                 PageState::Absent | PageState::Stored => {
+                    // A write-protect marker left on a page that is not
+                    // present (it was discarded or evicted while protected):
+                    // waking alone would fault again forever. Clearing the
+                    // marker turns the retry into a missing-page fault,
+                    // served from the store (or as zeros).
                     drop(g);
-                    let _ = self.uffd.wake(f.addr, PAGE_SIZE);
+                    return self.unprotect_once(f.addr);
                 }
             }
             return Outcome::Done;
