@@ -92,7 +92,7 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
 fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
-    let pages = crate::corpus::load(args.data, args.mib << 8)?;
+    let pages = crate::corpus::load_for_workload(args.data, args.mib)?;
     note(&format!("data: {}", pages.source));
     let compressor: uzswap_cache::Compressor = args.compressor.parse()?;
     let cache = Arc::new(uzswap_cache::Cache::new(uzswap_cache::CacheConfig {

@@ -379,3 +379,13 @@ impl Pages {
         c
     }
 }
+
+/// Distinct pages a workload draws (it cycles through them beyond that):
+/// the machine holds only ~220 MiB of text files.
+pub const WORKLOAD_DISTINCT_MIB: usize = 256;
+
+/// The pages for a workload of `mib` MiB: at most
+/// [`WORKLOAD_DISTINCT_MIB`] distinct ones, cycled by the workload.
+pub fn load_for_workload(kind: DataKind, mib: usize) -> Result<Pages> {
+    load(kind, mib.min(WORKLOAD_DISTINCT_MIB) * 256)
+}

@@ -428,7 +428,7 @@ pub fn usemem_child(
     pattern: crate::usemem::Pattern,
     passes: u32,
 ) -> Result<()> {
-    let pages = crate::corpus::load(data, mib * 256)?;
+    let pages = crate::corpus::load_for_workload(data, mib)?;
     std::fs::write(cgroup.join("tasks"), std::process::id().to_string())
         .with_context(|| format!("joining {}", cgroup.display()))?;
     let mut mem = vec![0u8; mib << 20];

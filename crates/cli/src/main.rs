@@ -166,7 +166,7 @@ fn emit(json: bool, v: &serde_json::Value) -> Result<()> {
 fn demo(mib: u32) -> Result<()> {
     use std::sync::Arc;
     let mib = mib as usize;
-    let pages = corpus::load(corpus::DataKind::Mixed, mib * 256)?;
+    let pages = corpus::load_for_workload(corpus::DataKind::Mixed, mib)?;
     kernel::note(&format!("data: {}", pages.source));
     let cache = Arc::new(uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
         pool_limit: uzswap_cache::PoolLimit::Bytes((mib as u64) << 17),
