@@ -61,13 +61,29 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
             "kernel: zswap ({comp}) in a memory cgroup of {} MiB ...",
             args.budget_mib
         ));
-        let (z, comp) = kernel_run(args, Some(comp))?;
+        // A failed kernel run (its child OOM-killed, say) is reported in
+        // the result, not allowed to discard uzswap's figures.
+        let (z, comp) = match kernel_run(args, Some(comp)) {
+            Ok(r) => r,
+            Err(e) => {
+                note(&format!("kernel zswap run failed: {e:#}"));
+                out["kernel_error"] = json!(format!("{e:#}"));
+                return Ok(out);
+            }
+        };
         note(&format!(
             "kernel zswap: fill {:.0} KB/s, pass {:.0} KB/s, corrupt {}, peak pool {} B, peak cgroup+pool {} B",
             z.report.fill_kbps, z.report.pass_kbps, z.report.corrupt_pages, z.peak_zswap_pool_bytes, z.peak_memory_bytes
         ));
         note("kernel: plain swap ...");
-        let (s, _) = kernel_run(args, None)?;
+        let (s, _) = match kernel_run(args, None) {
+            Ok(r) => r,
+            Err(e) => {
+                note(&format!("kernel swap run failed: {e:#}"));
+                out["kernel_error"] = json!(format!("{e:#}"));
+                return Ok(out);
+            }
+        };
         note(&format!(
             "kernel swap: fill {:.0} KB/s, pass {:.0} KB/s, corrupt {}",
             s.report.fill_kbps, s.report.pass_kbps, s.report.corrupt_pages
