@@ -65,10 +65,6 @@ impl IoAdmission {
             Admit::Backing
         }
     }
-
-    pub fn is_busy(&self) -> bool {
-        self.busy.load(Ordering::Relaxed)
-    }
 }
 
 /// In-flight (reads, writes) of the block device holding `path`, from

@@ -39,6 +39,26 @@ pub trait BackingStore: Send + Sync {
     fn describe(&self) -> String;
 }
 
+/// A shared store is a store: the caller can keep a handle on a tier it
+/// gives the cache (tests arm a [`FaultInjector`] this way).
+impl<S: BackingStore + ?Sized> BackingStore for std::sync::Arc<S> {
+    fn write_slots(&self, first: u64, pages: &[&[u8]]) -> io::Result<()> {
+        (**self).write_slots(first, pages)
+    }
+    fn read_slot(&self, slot: u64, page: &mut [u8]) -> io::Result<()> {
+        (**self).read_slot(slot, page)
+    }
+    fn discard(&self, first: u64, count: u64) {
+        (**self).discard(first, count)
+    }
+    fn device_inflight(&self) -> Option<(u32, u32)> {
+        (**self).device_inflight()
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+}
+
 /// The default tier: a local file of slots.
 pub struct FileBacking {
     file: File,
@@ -80,12 +100,6 @@ impl FileBacking {
             path: path.to_path_buf(),
             dir,
         })
-    }
-
-    /// Bytes the file occupies on disk (it is sparse).
-    pub fn allocated_bytes(&self) -> u64 {
-        use std::os::unix::fs::MetadataExt;
-        self.file.metadata().map(|m| m.blocks() * 512).unwrap_or(0)
     }
 }
 

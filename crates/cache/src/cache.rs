@@ -705,10 +705,12 @@ impl Inner {
     /// Seals and writes one page straight to the backing tier.
     fn store_to_backing(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, Reject> {
         let backing = self.backing.as_ref().ok_or(Reject::PoolFull)?;
-        let Some(&(slot, _)) = self.slots.lock().alloc(1).first() else {
-            return Err(Reject::BackingFull {
-                slots: self.slots.lock().end(),
-            });
+        let slot = {
+            let mut slots = self.slots.lock();
+            match slots.alloc(1).first() {
+                Some(&(slot, _)) => slot,
+                None => return Err(Reject::BackingFull { slots: slots.end() }),
+            }
         };
         let seq = self.seq.fetch_add(1, RELAXED);
         let res = SCRATCH.with(|s| {

@@ -186,7 +186,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The OS random source failed (no key for the backing file).
-    #[error("cannot make an encryption key: {0}")]
+    #[error("cannot make an encryption key: {0}; the OS random source (getrandom) must work, or set encrypt: false to checksum instead")]
     Random(std::io::Error),
     /// The pool could not be built.
     #[error(transparent)]
@@ -207,13 +207,13 @@ pub enum Reject {
     )]
     PoolFull,
     /// The page compressed too poorly and the policy refuses such pages.
-    #[error("the page compressed too poorly ({size} bytes)")]
+    #[error("the page compressed too poorly ({size} bytes): keep such pages raw (Incompressible::StoreRaw), raise max_compressed_percent, or add a backing tier")]
     CompressPoor {
         /// Its compressed size.
         size: usize,
     },
     /// The allocator refused the object.
-    #[error("the pool allocator refused the object: {0}")]
+    #[error("the pool allocator refused the object: {0}; add a backing tier to take such pages")]
     Alloc(String),
     /// The page had to go to the backing tier, which is full.
     #[error("the backing tier is full ({slots} slots); raise its limit or free space")]
@@ -222,7 +222,7 @@ pub enum Reject {
         slots: u64,
     },
     /// The page had to go to the backing tier, and the write failed.
-    #[error("writing to the backing tier failed: {0}")]
+    #[error("writing to the backing tier failed: {0}; check the file system under the backing file (space, errors)")]
     BackingIo(String),
 }
 
@@ -248,11 +248,11 @@ pub enum LoadError {
     #[error("no page stored under this key")]
     NotFound,
     /// The backing tier could not be read. The entry is kept.
-    #[error("reading the backing tier failed: {0}")]
+    #[error("reading the backing tier failed: {0}; the entry is kept: retry, or check the device under the backing file")]
     Io(std::io::Error),
     /// The stored data did not authenticate or decompress. The entry is
     /// kept (a later load fails the same way); invalidate it to drop it.
-    #[error("the stored page is corrupt ({where_}); it is not returned")]
+    #[error("the stored page is corrupt ({where_}); it is not returned and the entry is kept: invalidate it and rebuild the data")]
     Corrupt {
         /// "pool" or "backing".
         where_: &'static str,

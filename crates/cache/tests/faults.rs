@@ -7,27 +7,9 @@ mod common;
 use common::{page, MemBacking};
 use std::sync::Arc;
 use uzswap_cache::{
-    Backing, BackingStore, Cache, CacheConfig, Fault, FaultInjector, LoadError, LoadMode,
-    PoolLimit, Reject, StoreError, PAGE_SIZE,
+    Backing, Cache, CacheConfig, Fault, FaultInjector, LoadError, LoadMode, PoolLimit, Reject,
+    StoreError, PAGE_SIZE,
 };
-
-/// A store shared between the test and the cache.
-struct Shared(Arc<FaultInjector<MemBacking>>);
-
-impl BackingStore for Shared {
-    fn write_slots(&self, first: u64, pages: &[&[u8]]) -> std::io::Result<()> {
-        self.0.write_slots(first, pages)
-    }
-    fn read_slot(&self, slot: u64, page: &mut [u8]) -> std::io::Result<()> {
-        self.0.read_slot(slot, page)
-    }
-    fn device_inflight(&self) -> Option<(u32, u32)> {
-        self.0.device_inflight()
-    }
-    fn describe(&self) -> String {
-        self.0.describe()
-    }
-}
 
 const PAGES: u64 = 64;
 
@@ -35,7 +17,7 @@ fn setup(limit_pages: u64) -> (Cache, Arc<FaultInjector<MemBacking>>) {
     let inj = Arc::new(FaultInjector::new(MemBacking::default()));
     let c = Cache::new(CacheConfig {
         pool_limit: PoolLimit::Bytes(limit_pages * 4096),
-        backing: Backing::Store(Box::new(Shared(inj.clone()))),
+        backing: Backing::Store(Box::new(inj.clone())),
         background_writer: false,
         writeback_batch: 16,
         ..CacheConfig::default()
@@ -149,7 +131,7 @@ fn a_full_backing_tier_refuses_cleanly() {
     let inj = Arc::new(FaultInjector::new(MemBacking::default()));
     let c = Cache::new(CacheConfig {
         pool_limit: PoolLimit::Bytes(2 * 4096),
-        backing: Backing::Store(Box::new(Shared(inj))),
+        backing: Backing::Store(Box::new(inj)),
         backing_max_bytes: Some(4 * 4096),
         background_writer: false,
         ..CacheConfig::default()
@@ -177,7 +159,7 @@ fn a_full_backing_tier_refuses_cleanly() {
 fn io_admission_sends_pages_to_the_tier_while_idle() {
     let inj = Arc::new(FaultInjector::new(MemBacking::default()));
     let c = Cache::new(CacheConfig {
-        backing: Backing::Store(Box::new(Shared(inj.clone()))),
+        backing: Backing::Store(Box::new(inj.clone())),
         io_limits: uzswap_cache::IoLimits {
             read_limit: 0,
             write_limit: 8,

@@ -18,26 +18,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uzswap_cache::{
-    Backing, BackingStore, Cache, CacheConfig, Fault, FaultInjector, FileBacking, LoadError,
-    LoadMode, PoolLimit, StoreError, PAGE_SIZE,
+    Backing, Cache, CacheConfig, Fault, FaultInjector, FileBacking, LoadError, LoadMode, PoolLimit,
+    StoreError, PAGE_SIZE,
 };
-
-struct Shared(Arc<FaultInjector<FileBacking>>);
-
-impl BackingStore for Shared {
-    fn write_slots(&self, first: u64, pages: &[&[u8]]) -> std::io::Result<()> {
-        self.0.write_slots(first, pages)
-    }
-    fn read_slot(&self, slot: u64, page: &mut [u8]) -> std::io::Result<()> {
-        self.0.read_slot(slot, page)
-    }
-    fn discard(&self, first: u64, count: u64) {
-        self.0.discard(first, count)
-    }
-    fn describe(&self) -> String {
-        self.0.describe()
-    }
-}
 
 #[test]
 fn soak() {
@@ -54,7 +37,7 @@ fn soak() {
         Cache::new(CacheConfig {
             // Pool for ~1/8 of the pages, tier for ~3/4: both near full.
             pool_limit: PoolLimit::Bytes(THREADS * KEYS / 8 * 4096 / 2),
-            backing: Backing::Store(Box::new(Shared(inj.clone()))),
+            backing: Backing::Store(Box::new(inj.clone())),
             backing_max_bytes: Some(THREADS * KEYS * 3 / 4 * 4096),
             writeback_batch: 32,
             dedup: true,

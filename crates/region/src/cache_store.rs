@@ -35,19 +35,12 @@ impl PageStore for cache::Cache {
         page: &mut [u8],
         mode: LoadMode,
     ) -> Result<Loaded, LoadError> {
-        let mode = match mode {
-            LoadMode::Exclusive => cache::LoadMode::Exclusive,
-            LoadMode::Keep => cache::LoadMode::Keep,
-        };
-        match cache::Cache::load(self, area, offset, page, mode) {
-            Ok(cache::Loaded::Pool) => Ok(Loaded::Pool),
-            Ok(cache::Loaded::Backing) => Ok(Loaded::Backing),
-            Ok(cache::Loaded::SameFilled) => Ok(Loaded::SameFilled),
-            Err(cache::LoadError::NotFound) => Err(LoadError::NotFound),
-            Err(cache::LoadError::Io(e)) => Err(LoadError::Io(e.to_string())),
-            Err(cache::LoadError::Corrupt { .. }) => Err(LoadError::Corrupt),
-            Err(e @ cache::LoadError::Invalid(_)) => Err(LoadError::Io(e.to_string())),
-        }
+        cache::Cache::load(self, area, offset, page, mode).map_err(|e| match e {
+            cache::LoadError::NotFound => LoadError::NotFound,
+            cache::LoadError::Io(e) => LoadError::Io(e.to_string()),
+            cache::LoadError::Corrupt { .. } => LoadError::Corrupt,
+            e @ cache::LoadError::Invalid(_) => LoadError::Io(e.to_string()),
+        })
     }
 
     fn invalidate(&self, area: u32, offset: u64) {

@@ -22,25 +22,9 @@ pub enum Stored {
     SameFilled,
 }
 
-/// Where a load found the page.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum Loaded {
-    /// Decompressed from the in-memory pool.
-    Pool,
-    /// Read back from the backing file.
-    Backing,
-    /// Rebuilt from a repeated word, without decompression.
-    SameFilled,
-}
-
-/// Whether a load keeps the entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LoadMode {
-    /// The entry is removed: the caller now owns the only copy.
-    Exclusive,
-    /// The entry stays: a later eviction of the unchanged page needs no store.
-    Keep,
-}
+// Where a load found the page, and whether it keeps the entry: the cache's
+// own types, so that the cache implements the trait without translating.
+pub use uzswap_cache::{LoadMode, Loaded};
 
 /// Why a store was refused. The page stays resident.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
