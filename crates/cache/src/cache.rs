@@ -315,9 +315,15 @@ impl Cache {
         let writer = (has_backing && cfg.background_writer)
             .then(|| {
                 let inner = inner.clone();
+                let start = cfg.thread_start;
                 std::thread::Builder::new()
                     .name("uzswap-writer".into())
-                    .spawn(move || inner.writer_loop())
+                    .spawn(move || {
+                        if let Some(f) = start {
+                            f();
+                        }
+                        inner.writer_loop()
+                    })
             })
             .transpose()
             .map_err(|e| Error::Config(format!("cannot start the writer thread: {e}")))?;

@@ -117,6 +117,9 @@ pub struct CacheConfig {
     pub proactive: Option<Proactive>,
     /// Run the background writer thread (tests may drive writeback by hand).
     pub background_writer: bool,
+    /// Called first on the writer thread (e.g. to mark it as the runtime's
+    /// own thread, as `uzswap run` does).
+    pub thread_start: Option<fn()>,
     /// Test hook: the hash dedup uses to find candidates (a constant forces
     /// every page to collide). None: xxh3.
     #[doc(hidden)]
@@ -142,6 +145,7 @@ impl Default for CacheConfig {
             io_limits: IoLimits::default(),
             proactive: None,
             background_writer: true,
+            thread_start: None,
             dedup_hasher: None,
         }
     }

@@ -52,6 +52,9 @@ pub struct PagerConfig {
     pub evict_batch: usize,
     /// Bring every evicted page back before `fork()` (see `crate` docs).
     pub fork_prefault: bool,
+    /// Called first on each helper thread the pager starts (the handler
+    /// and the evictor), e.g. to mark them as the runtime's own threads.
+    pub thread_start: Option<fn()>,
     /// Test hook: pretend userfaultfd(2) failed with this errno and
     /// /dev/userfaultfd with EACCES.
     #[doc(hidden)]
@@ -68,6 +71,7 @@ impl PagerConfig {
             spin: Duration::from_micros(50),
             evict_batch: 32,
             fork_prefault: true,
+            thread_start: None,
             inject_open_errno: None,
         }
     }
@@ -93,6 +97,9 @@ pub enum RegionError {
     /// Zero-sized region.
     #[error("a region needs at least one page")]
     Empty,
+    /// `region_at` was given an address or length that is not page aligned.
+    #[error("region_at({addr:#x}, {len}): address and length must be multiples of the page size")]
+    Unaligned { addr: usize, len: usize },
     /// mmap failed.
     #[error("could not map the region: {0}")]
     Map(io::Error),
@@ -389,13 +396,23 @@ impl Pager {
         let h = sh.clone();
         let t1 = std::thread::Builder::new()
             .name("uzswap-uffd".into())
-            .spawn(move || h.handler_loop())
+            .spawn(move || {
+                if let Some(f) = h.cfg.thread_start {
+                    f();
+                }
+                h.handler_loop()
+            })
             .map_err(PagerError::Start)?;
         owner.threads.lock().push(t1);
         let e = sh.clone();
         let t2 = std::thread::Builder::new()
             .name("uzswap-evict".into())
-            .spawn(move || e.evictor_loop())
+            .spawn(move || {
+                if let Some(f) = e.cfg.thread_start {
+                    f();
+                }
+                e.evictor_loop()
+            })
             .map_err(PagerError::Start)?;
         owner.threads.lock().push(t2);
         REGISTRY.lock().push(Arc::downgrade(&sh));
@@ -407,12 +424,37 @@ impl Pager {
 
     /// Maps a new region of `bytes` (rounded up to pages).
     pub fn region(&self, bytes: usize) -> Result<crate::Region, RegionError> {
-        let sh = &self.owner.sh;
         let len = bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
         if len == 0 {
             return Err(RegionError::Empty);
         }
         let addr = sys::map_anon(len).map_err(RegionError::Map)?;
+        self.adopt(addr, len)
+    }
+
+    /// Maps a new region of `len` bytes at `addr`, replacing whatever the
+    /// caller had mapped there (typically its own `PROT_NONE` reservation,
+    /// so that all regions of a program lie in one address range).
+    ///
+    /// # Safety
+    /// `addr..addr + len` must be page aligned and owned by the caller, with
+    /// nothing in it still in use: its old contents are gone.
+    pub unsafe fn region_at(&self, addr: usize, len: usize) -> Result<crate::Region, RegionError> {
+        if len == 0 {
+            return Err(RegionError::Empty);
+        }
+        if addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 {
+            return Err(RegionError::Unaligned { addr, len });
+        }
+        // SAFETY: the caller owns the range and gives up its contents.
+        unsafe { sys::map_anon_at(addr, len) }.map_err(RegionError::Map)?;
+        self.adopt(addr, len)
+    }
+
+    /// Registers the fresh anonymous mapping `addr..addr + len` and makes
+    /// it a region; unmaps it if that fails.
+    fn adopt(&self, addr: usize, len: usize) -> Result<crate::Region, RegionError> {
+        let sh = &self.owner.sh;
         // Best effort: a kernel without THP refuses the advice, harmlessly.
         let _ = sys::no_huge_pages(addr, len);
         if let Err(e) = sh.uffd.register(addr, len) {

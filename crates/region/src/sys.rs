@@ -678,6 +678,29 @@ pub fn map_anon(len: usize) -> io::Result<usize> {
     Ok(p as usize)
 }
 
+/// A fresh anonymous read-write mapping at exactly `addr` (`MAP_FIXED`).
+///
+/// # Safety
+/// Whatever was mapped at `addr..addr + len` is replaced: the caller must
+/// own that range and nothing may still use it.
+pub unsafe fn map_anon_at(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: the caller owns the range (function contract).
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// `madvise(MADV_NOHUGEPAGE)`: the pager works in 4 KiB pages; a huge
 /// page (a THP fault or a khugepaged collapse) would be evicted and
 /// tracked as 512 unrelated pages.

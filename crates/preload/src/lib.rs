@@ -1,0 +1,708 @@
+//! uzswap-preload: the library `uzswap run` loads into a program
+//! (`LD_PRELOAD`) to keep its memory under a resident budget.
+//!
+//! # How the program's memory becomes managed
+//! - **Heap**: `malloc` and its family are answered by mimalloc (compiled
+//!   into this library), whose memory comes from `mmap`.
+//! - **Anonymous private mappings** (the program's own and mimalloc's):
+//!   `mmap`, `munmap`, `mremap` and `madvise` are replaced; read-write or
+//!   `PROT_NONE` anonymous private mappings are carved out of one
+//!   reserved address range ([`space::Space`]) whose chunks are regions of
+//!   one [`uzswap_region::Pager`] over one [`uzswap_cache::Cache`]. Other
+//!   mappings (files, shared, executable, stacks, huge pages) go to the
+//!   kernel unchanged.
+//! - **The runtime's own memory** (the cache's pool and index, the pager's
+//!   tables) must never be managed: a handler thread touching an evicted
+//!   page would wait for itself. Rust code here allocates from glibc
+//!   (`__libc_malloc`, the global allocator below), and the runtime's
+//!   threads are marked [`internal`]: their `malloc` (from C code such as
+//!   zstd) goes to glibc and their `mmap` to the kernel.
+//! - `free` tells the two heaps apart by address: the reservation is one
+//!   range, so a pointer inside it is mimalloc's.
+//!
+//! # Life cycle
+//! The constructor runs before `main` and does nothing unless
+//! `UZSWAP_MEMORY_MAX` is set. It removes the `UZSWAP_*` variables and this
+//! library from the environment (programs the process executes run
+//! unmanaged), starts the cache and the pager, reserves the address space
+//! and the statistics socket, and only then switches `malloc` over. Calls
+//! made before that are served by glibc, and freed there too. If anything
+//! fails it prints why and exits with status 125 before the program runs.
+//!
+//! `fork()`: the pager brings every evicted page back first (its own
+//! `pthread_atfork` hook), so the child's copy is complete and correct; the
+//! child runs without a budget (it has no handler threads). `vfork` and
+//! `posix_spawn` share the parent's memory and need nothing.
+
+mod ranges;
+mod space;
+mod stats;
+mod sys;
+
+use libc::{c_int, c_void, size_t};
+use std::alloc::{GlobalAlloc, Layout};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, OnceLock};
+use uzswap_cache::{Backing, Cache, CacheConfig, Compressor, PoolLimit};
+use uzswap_region::{Pager, PagerConfig, PAGE_SIZE};
+
+// ---- the runtime's own heap: glibc ----------------------------------------
+
+extern "C" {
+    fn __libc_malloc(size: size_t) -> *mut c_void;
+    fn __libc_calloc(n: size_t, size: size_t) -> *mut c_void;
+    fn __libc_realloc(p: *mut c_void, size: size_t) -> *mut c_void;
+    fn __libc_free(p: *mut c_void);
+    fn __libc_memalign(align: size_t, size: size_t) -> *mut c_void;
+}
+
+/// glibc's malloc guarantees this alignment.
+const LIBC_ALIGN: usize = 16;
+
+/// Rust allocations of this library (cache, pager, pool bookkeeping) go to
+/// glibc's heap, which is never managed.
+struct LibcHeap;
+
+// SAFETY: glibc's allocator returns blocks of at least the requested size
+// and alignment (memalign for alignments above 16), or null.
+unsafe impl GlobalAlloc for LibcHeap {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        // SAFETY: plain calls into glibc's allocator.
+        unsafe {
+            if l.align() <= LIBC_ALIGN {
+                __libc_malloc(l.size()).cast()
+            } else {
+                __libc_memalign(l.align(), l.size()).cast()
+            }
+        }
+    }
+
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        if l.align() <= LIBC_ALIGN {
+            // SAFETY: plain call into glibc's allocator.
+            return unsafe { __libc_calloc(1, l.size()).cast() };
+        }
+        // SAFETY: alloc returns `size` writable bytes or null.
+        unsafe {
+            let p = self.alloc(l);
+            if !p.is_null() {
+                std::ptr::write_bytes(p, 0, l.size());
+            }
+            p
+        }
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, _l: Layout) {
+        // SAFETY: p came from glibc's allocator (alloc above).
+        unsafe { __libc_free(p.cast()) }
+    }
+
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new_size: usize) -> *mut u8 {
+        if l.align() <= LIBC_ALIGN {
+            // SAFETY: p came from glibc's allocator.
+            return unsafe { __libc_realloc(p.cast(), new_size).cast() };
+        }
+        // SAFETY: a new block of the same alignment, the old contents
+        // copied, the old block freed; `new_size` is non-zero by contract.
+        unsafe {
+            let n = self.alloc(Layout::from_size_align_unchecked(new_size, l.align()));
+            if !n.is_null() {
+                std::ptr::copy_nonoverlapping(p, n, l.size().min(new_size));
+                self.dealloc(p, l);
+            }
+            n
+        }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: LibcHeap = LibcHeap;
+
+// ---- state ----------------------------------------------------------------
+
+/// Set once everything is running: from then on the program's `malloc` and
+/// anonymous mappings are managed.
+static READY: AtomicBool = AtomicBool::new(false);
+/// The process that set things up (a forked child is not it).
+static OWNER_PID: AtomicI32 = AtomicI32::new(0);
+
+struct Runtime {
+    space: space::Space,
+    cache: Arc<Cache>,
+    config: stats::RunConfig,
+    started: std::time::Instant,
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+
+thread_local! {
+    /// Depth of "this thread is the runtime's own" (helper threads set it
+    /// for good, the constructor and fork hook for their duration).
+    static INTERNAL: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether the calling thread is one of the runtime's own (its memory must
+/// not be managed).
+#[inline]
+pub fn internal() -> bool {
+    INTERNAL.with(|c| c.get() > 0)
+}
+
+fn enter_internal() {
+    INTERNAL.with(|c| c.set(c.get() + 1));
+}
+
+fn leave_internal() {
+    INTERNAL.with(|c| c.set(c.get().saturating_sub(1)));
+}
+
+/// Marks the calling thread internal while it lives.
+pub(crate) struct InternalGuard(());
+
+impl InternalGuard {
+    pub(crate) fn enter() -> InternalGuard {
+        enter_internal();
+        InternalGuard(())
+    }
+}
+
+impl Drop for InternalGuard {
+    fn drop(&mut self) {
+        leave_internal();
+    }
+}
+
+/// Marks a helper thread of the pager or the cache for its whole life.
+fn mark_thread_internal() {
+    enter_internal();
+}
+
+/// The runtime, if the calling thread's memory is to be managed.
+#[inline]
+fn managed() -> Option<&'static Runtime> {
+    if !READY.load(Ordering::Acquire) || internal() {
+        return None;
+    }
+    RUNTIME.get()
+}
+
+/// The runtime, if it is running (whatever the calling thread).
+#[inline]
+fn runtime() -> Option<&'static Runtime> {
+    if !READY.load(Ordering::Acquire) {
+        return None;
+    }
+    RUNTIME.get()
+}
+
+#[inline]
+fn is_managed_ptr(p: *mut c_void) -> bool {
+    runtime().is_some_and(|rt| rt.space.owns(p as usize))
+}
+
+// ---- malloc family ----------------------------------------------------------
+
+use libmimalloc_sys as mi;
+
+/// # Safety
+/// The C `malloc` contract.
+#[no_mangle]
+pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
+    // SAFETY: plain allocator calls.
+    unsafe {
+        if managed().is_some() {
+            mi::mi_malloc(size)
+        } else {
+            __libc_malloc(size)
+        }
+    }
+}
+
+/// # Safety
+/// The C `calloc` contract.
+#[no_mangle]
+pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
+    // SAFETY: plain allocator calls (both check n * size for overflow).
+    unsafe {
+        if managed().is_some() {
+            mi::mi_calloc(n, size)
+        } else {
+            __libc_calloc(n, size)
+        }
+    }
+}
+
+/// # Safety
+/// The C `free` contract.
+#[no_mangle]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: a pointer inside the reservation can only be mimalloc's; any
+    // other came from glibc (before start-up, or from a runtime thread).
+    unsafe {
+        if is_managed_ptr(p) {
+            mi::mi_free(p)
+        } else {
+            __libc_free(p)
+        }
+    }
+}
+
+/// # Safety
+/// The C `cfree` contract (an old alias of free).
+#[no_mangle]
+pub unsafe extern "C" fn cfree(p: *mut c_void) {
+    // SAFETY: as free.
+    unsafe { free(p) }
+}
+
+/// glibc's `malloc_usable_size` (found past this library).
+fn libc_usable_size(p: *mut c_void) -> usize {
+    type F = unsafe extern "C" fn(*mut c_void) -> size_t;
+    static REAL: OnceLock<usize> = OnceLock::new();
+    let f = *REAL.get_or_init(|| {
+        // SAFETY: dlsym with a NUL-terminated name.
+        unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) as usize }
+    });
+    if f == 0 {
+        return 0;
+    }
+    // SAFETY: the symbol is glibc's malloc_usable_size, of this type.
+    unsafe { std::mem::transmute::<usize, F>(f)(p) }
+}
+
+/// # Safety
+/// The C `realloc` contract.
+#[no_mangle]
+pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
+    // SAFETY: the pointer's owner is told apart by address as in free; a
+    // glibc block reallocated by a managed thread moves into the managed
+    // heap (copying the bytes glibc says it holds).
+    unsafe {
+        if p.is_null() {
+            return malloc(size);
+        }
+        if is_managed_ptr(p) {
+            return mi::mi_realloc(p, size);
+        }
+        if managed().is_none() {
+            return __libc_realloc(p, size);
+        }
+        if size == 0 {
+            __libc_free(p);
+            return std::ptr::null_mut();
+        }
+        let n = mi::mi_malloc(size);
+        if !n.is_null() {
+            std::ptr::copy_nonoverlapping(p as *const u8, n as *mut u8, libc_usable_size(p).min(size));
+            __libc_free(p);
+        }
+        n
+    }
+}
+
+/// # Safety
+/// The C `reallocarray` contract.
+#[no_mangle]
+pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: size_t, size: size_t) -> *mut c_void {
+    match n.checked_mul(size) {
+        // SAFETY: as realloc.
+        Some(total) => unsafe { realloc(p, total) },
+        None => {
+            sys::set_errno(libc::ENOMEM);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Aligned allocation for the managed or the glibc heap.
+unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
+    // SAFETY: plain allocator calls; align is a power of two (checked by
+    // the callers).
+    unsafe {
+        if managed().is_some() {
+            mi::mi_malloc_aligned(size, align)
+        } else {
+            __libc_memalign(align, size)
+        }
+    }
+}
+
+/// # Safety
+/// The C `posix_memalign` contract.
+#[no_mangle]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, size: size_t) -> c_int {
+    if !align.is_power_of_two() || align % std::mem::size_of::<*mut c_void>() != 0 {
+        return libc::EINVAL;
+    }
+    // SAFETY: as aligned; `out` is the caller's result slot.
+    unsafe {
+        let p = aligned(align, size);
+        if p.is_null() {
+            return libc::ENOMEM;
+        }
+        *out = p;
+    }
+    0
+}
+
+/// # Safety
+/// The C `aligned_alloc` contract.
+#[no_mangle]
+pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_void {
+    if !align.is_power_of_two() {
+        sys::set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    // SAFETY: as aligned.
+    unsafe { aligned(align, size) }
+}
+
+/// # Safety
+/// The C `memalign` contract.
+#[no_mangle]
+pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
+    // SAFETY: as aligned_alloc.
+    unsafe { aligned_alloc(align, size) }
+}
+
+/// # Safety
+/// The C `valloc` contract.
+#[no_mangle]
+pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
+    // SAFETY: as aligned.
+    unsafe { aligned(PAGE_SIZE, size) }
+}
+
+/// # Safety
+/// The C `pvalloc` contract.
+#[no_mangle]
+pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
+    let Some(size) = size.checked_add(PAGE_SIZE - 1).map(|s| s & !(PAGE_SIZE - 1)) else {
+        sys::set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
+    };
+    // SAFETY: as aligned.
+    unsafe { aligned(PAGE_SIZE, size.max(PAGE_SIZE)) }
+}
+
+/// # Safety
+/// The C `malloc_usable_size` contract.
+#[no_mangle]
+pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> size_t {
+    if p.is_null() {
+        return 0;
+    }
+    if is_managed_ptr(p) {
+        // SAFETY: a live mimalloc block.
+        unsafe { mi::mi_usable_size(p) }
+    } else {
+        libc_usable_size(p)
+    }
+}
+
+// ---- anonymous mappings -----------------------------------------------------
+
+/// Whether a mapping request is one the space serves.
+fn is_managed_mapping(prot: c_int, flags: c_int) -> bool {
+    let private_anon =
+        flags & libc::MAP_TYPE == libc::MAP_PRIVATE && flags & libc::MAP_ANONYMOUS != 0;
+    let unusual = libc::MAP_HUGETLB | libc::MAP_GROWSDOWN | libc::MAP_STACK | libc::MAP_32BIT;
+    private_anon && flags & unusual == 0 && prot & !(libc::PROT_READ | libc::PROT_WRITE) == 0
+}
+
+/// # Safety
+/// The C `mmap` contract.
+#[no_mangle]
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off_t,
+) -> *mut c_void {
+    // SAFETY: forwarded to the kernel, or served from our reservation.
+    unsafe {
+        let Some(rt) = managed() else {
+            return sys::mmap(addr, len, prot, flags, fd, off);
+        };
+        if flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0 {
+            if !rt.space.overlaps(addr as usize, len) {
+                return sys::mmap(addr, len, prot, flags, fd, off);
+            }
+            if flags & libc::MAP_FIXED == 0 {
+                // NOREPLACE over our reservation: it is occupied.
+                sys::set_errno(libc::EEXIST);
+                return libc::MAP_FAILED;
+            }
+            let p = sys::mmap(addr, len, prot, flags, fd, off);
+            if p != libc::MAP_FAILED {
+                rt.space.retire(addr as usize, len);
+            }
+            return p;
+        }
+        if !is_managed_mapping(prot, flags) {
+            return sys::mmap(addr, len, prot, flags, fd, off);
+        }
+        match rt.space.map(len, prot) {
+            Ok(p) => p as *mut c_void,
+            Err(e) => {
+                sys::set_errno(e);
+                libc::MAP_FAILED
+            }
+        }
+    }
+}
+
+/// # Safety
+/// The C `mmap64` contract (the same call on 64-bit systems).
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off_t,
+) -> *mut c_void {
+    // SAFETY: as mmap.
+    unsafe { mmap(addr, len, prot, flags, fd, off) }
+}
+
+/// # Safety
+/// The C `munmap` contract.
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    // SAFETY: forwarded to the kernel, or a range of our reservation.
+    unsafe {
+        let Some(rt) = runtime() else {
+            return sys::munmap(addr, len);
+        };
+        if !rt.space.overlaps(addr as usize, len) {
+            return sys::munmap(addr, len);
+        }
+        match rt.space.unmap(addr as usize, len) {
+            Ok(()) => 0,
+            Err(e) => {
+                sys::set_errno(e);
+                -1
+            }
+        }
+    }
+}
+
+/// # Safety
+/// The C `mremap` contract. C declares it variadic (the fifth argument is
+/// read only with `MREMAP_FIXED`); on x86-64 and AArch64 Linux a variadic
+/// caller passes it in the same register this definition reads.
+#[no_mangle]
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: size_t,
+    new_len: size_t,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
+    // SAFETY: forwarded to the kernel, or a range of our reservation.
+    unsafe {
+        let Some(rt) = runtime() else {
+            return sys::mremap(old, old_len, new_len, flags, new_addr);
+        };
+        let moves_to = flags & libc::MREMAP_FIXED != 0;
+        if !rt.space.overlaps(old as usize, old_len.max(1))
+            && !(moves_to && rt.space.overlaps(new_addr as usize, new_len))
+        {
+            return sys::mremap(old, old_len, new_len, flags, new_addr);
+        }
+        if moves_to || flags & libc::MREMAP_DONTUNMAP != 0 {
+            // Not supported on managed memory: refuse rather than move
+            // pages the pager tracks behind its back.
+            sys::set_errno(libc::EINVAL);
+            return libc::MAP_FAILED;
+        }
+        match rt
+            .space
+            .remap(old as usize, old_len, new_len, flags & libc::MREMAP_MAYMOVE != 0)
+        {
+            Ok(p) => p as *mut c_void,
+            Err(e) => {
+                sys::set_errno(e);
+                libc::MAP_FAILED
+            }
+        }
+    }
+}
+
+/// # Safety
+/// The C `madvise` contract.
+#[no_mangle]
+pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
+    // MADV_FREE lets the kernel drop pages later, without an event the
+    // pager could see; on managed memory it becomes MADV_DONTNEED, which
+    // the program cannot tell apart (freed pages may read as zeros).
+    let advice = match runtime() {
+        Some(rt) if advice == libc::MADV_FREE && rt.space.overlaps(addr as usize, len) => {
+            libc::MADV_DONTNEED
+        }
+        _ => advice,
+    };
+    // SAFETY: forwarded to the kernel.
+    unsafe { sys::madvise(addr, len, advice) }
+}
+
+// ---- start-up -----------------------------------------------------------------
+
+/// Reads a size in bytes from the environment.
+fn env_bytes(name: &str) -> Result<Option<usize>, String> {
+    match std::env::var(name) {
+        Err(_) => Ok(None),
+        Ok(v) => v
+            .parse::<usize>()
+            .map(Some)
+            .map_err(|_| format!("{name}={v:?} is not a number of bytes")),
+    }
+}
+
+fn start() -> Result<(), String> {
+    let Some(memory_max) = env_bytes("UZSWAP_MEMORY_MAX")? else {
+        return Ok(()); // not asked to manage anything
+    };
+    let pool_max = env_bytes("UZSWAP_POOL_MAX")?;
+    let reserve = env_bytes("UZSWAP_RESERVE")?.unwrap_or(1 << 40);
+    let compressor: Compressor = std::env::var("UZSWAP_COMPRESSOR")
+        .unwrap_or_else(|_| "lz4".into())
+        .parse()
+        .map_err(|e| format!("UZSWAP_COMPRESSOR: {e}"))?;
+    let backing = std::env::var_os("UZSWAP_BACKING").filter(|p| !p.is_empty());
+    let final_stats = std::env::var_os("UZSWAP_FINAL_STATS").filter(|p| !p.is_empty());
+    let budget_pages = memory_max / PAGE_SIZE;
+    if budget_pages < 16 {
+        return Err(format!(
+            "UZSWAP_MEMORY_MAX={memory_max}: the budget must be at least 16 pages (64 KiB)"
+        ));
+    }
+    scrub_environment();
+
+    let cache_cfg = CacheConfig {
+        compressor,
+        pool_limit: pool_max.map_or(PoolLimit::Percent(20), |b| PoolLimit::Bytes(b as u64)),
+        backing: backing
+            .as_ref()
+            .map_or(Backing::None, |p| Backing::File(p.into())),
+        thread_start: Some(mark_thread_internal),
+        ..CacheConfig::default()
+    };
+    let cache = Arc::new(Cache::new(cache_cfg).map_err(|e| e.to_string())?);
+    let mut pcfg = PagerConfig::new(budget_pages);
+    pcfg.thread_start = Some(mark_thread_internal);
+    let pager = Pager::new(cache.clone(), pcfg).map_err(|e| e.to_string())?;
+    let space = space::Space::new(pager, reserve)
+        .map_err(|e| format!("cannot reserve {reserve} bytes of address space: {e}"))?;
+    let config = stats::RunConfig {
+        memory_max,
+        pool_max,
+        compressor: compressor.to_string(),
+        backing: backing.map(|p| p.to_string_lossy().into_owned()),
+        final_stats: final_stats.map(std::path::PathBuf::from),
+    };
+    let rt = Runtime {
+        space,
+        cache,
+        config,
+        started: std::time::Instant::now(),
+    };
+    if RUNTIME.set(rt).is_err() {
+        return Err("started twice".into());
+    }
+    OWNER_PID.store(std::process::id() as i32, Ordering::Relaxed);
+    // Ours run before the pager's prepare hook (registered earlier), so the
+    // pager's fork-time loads run marked internal.
+    // SAFETY: three extern "C" functions without arguments, for the whole
+    // life of the program.
+    let r = unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    if r != 0 {
+        return Err(format!("pthread_atfork failed: {}", std::io::Error::from_raw_os_error(r)));
+    }
+    stats::serve(mark_thread_internal).map_err(|e| format!("cannot open the statistics socket: {e}"))?;
+    // SAFETY: registers an extern "C" function that lives for the program.
+    unsafe { libc::atexit(at_exit) };
+    READY.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// Removes `UZSWAP_*` and this library from the environment, so that
+/// programs this one executes run unmanaged.
+fn scrub_environment() {
+    let me = std::env::var("UZSWAP_PRELOAD").ok();
+    let vars: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .filter(|k| k.starts_with("UZSWAP_"))
+        .collect();
+    for k in vars {
+        std::env::remove_var(k);
+    }
+    if let (Some(me), Ok(list)) = (me, std::env::var("LD_PRELOAD")) {
+        let rest: Vec<&str> = list
+            .split([':', ' '])
+            .filter(|e| !e.is_empty() && *e != me)
+            .collect();
+        if rest.is_empty() {
+            std::env::remove_var("LD_PRELOAD");
+        } else {
+            std::env::set_var("LD_PRELOAD", rest.join(":"));
+        }
+    }
+}
+
+extern "C" fn init() {
+    enter_internal();
+    let r = start();
+    leave_internal();
+    if let Err(e) = r {
+        sys::warn(&format!("cannot start: {e}"));
+        // SAFETY: ends the process before the program runs.
+        unsafe { libc::_exit(125) };
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+extern "C" fn at_exit() {
+    if OWNER_PID.load(Ordering::Relaxed) != std::process::id() as i32 {
+        return; // a forked child: the statistics are the parent's
+    }
+    enter_internal();
+    if let Some(rt) = RUNTIME.get() {
+        stats::write_final(rt);
+    }
+    leave_internal();
+}
+
+extern "C" fn fork_prepare() {
+    enter_internal();
+    if let Some(rt) = runtime() {
+        rt.space.lock_for_fork();
+    }
+}
+
+extern "C" fn fork_parent() {
+    if let Some(rt) = runtime() {
+        // SAFETY: locked by fork_prepare on this thread.
+        unsafe { rt.space.unlock_after_fork() };
+    }
+    leave_internal();
+}
+
+extern "C" fn fork_child() {
+    if let Some(rt) = runtime() {
+        // SAFETY: the child's copy of the lock fork_prepare took.
+        unsafe { rt.space.unlock_after_fork() };
+    }
+    leave_internal();
+}

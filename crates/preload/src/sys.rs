@@ -1,0 +1,95 @@
+//! System calls made directly (not through libc's `mmap` family, which this
+//! library itself replaces for the program).
+
+use libc::{c_int, c_long, c_void};
+
+/// `mmap` without passing through our own `mmap`.
+///
+/// # Safety
+/// As `mmap(2)`: a `MAP_FIXED` call replaces what was there.
+pub unsafe fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void {
+    // SAFETY: forwarded as is; the caller has the duties of mmap(2).
+    unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot as c_long, flags as c_long, fd as c_long, off) as *mut c_void }
+}
+
+/// # Safety
+/// As `munmap(2)`.
+pub unsafe fn munmap(addr: *mut c_void, len: usize) -> c_int {
+    // SAFETY: forwarded as is.
+    unsafe { libc::syscall(libc::SYS_munmap, addr, len) as c_int }
+}
+
+/// # Safety
+/// As `mremap(2)`.
+pub unsafe fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: c_int, new: *mut c_void) -> *mut c_void {
+    // SAFETY: forwarded as is.
+    unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags as c_long, new) as *mut c_void }
+}
+
+/// # Safety
+/// As `madvise(2)`.
+pub unsafe fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    // SAFETY: forwarded as is.
+    unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice as c_long) as c_int }
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// Sets the calling thread's `errno`.
+pub fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+const RESERVE_FLAGS: c_int = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+
+/// A `PROT_NONE` reservation of `len` bytes anywhere.
+pub fn reserve(len: usize) -> std::io::Result<usize> {
+    // SAFETY: a new mapping at an address of the kernel's choice.
+    let p = unsafe { mmap(std::ptr::null_mut(), len, libc::PROT_NONE, RESERVE_FLAGS, -1, 0) };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(p as usize)
+}
+
+/// Puts a `PROT_NONE` reservation back over `addr..addr + len`.
+pub fn reserve_at(addr: usize, len: usize) -> Result<(), i32> {
+    // SAFETY: only called on retired ranges of our own reservation, which
+    // the program is unmapping.
+    let p = unsafe {
+        mmap(addr as *mut c_void, len, libc::PROT_NONE, RESERVE_FLAGS | libc::MAP_FIXED, -1, 0)
+    };
+    if p == libc::MAP_FAILED {
+        return Err(errno());
+    }
+    Ok(())
+}
+
+/// `MADV_DONTNEED`: the pages read as zeros afterwards.
+pub fn discard(addr: usize, len: usize) -> Result<(), i32> {
+    // SAFETY: the range is the program's own mapping which it unmaps.
+    if unsafe { madvise(addr as *mut c_void, len, libc::MADV_DONTNEED) } != 0 {
+        return Err(errno());
+    }
+    Ok(())
+}
+
+/// `mprotect`.
+pub fn protect(addr: usize, len: usize, prot: c_int) -> Result<(), i32> {
+    // SAFETY: changes access rights of a range we hand out; nothing of
+    // ours lives there.
+    if unsafe { libc::mprotect(addr as *mut c_void, len, prot) } != 0 {
+        return Err(errno());
+    }
+    Ok(())
+}
+
+/// One line to the program's stderr, prefixed `uzswap:`.
+pub fn warn(msg: &str) {
+    let line = format!("uzswap: {msg}\n");
+    // SAFETY: writes a buffer we own to fd 2.
+    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+}
