@@ -7,6 +7,8 @@ mod bench_pool;
 mod bench_usemem;
 mod corpus;
 mod kernel;
+mod run;
+mod stats;
 mod usemem;
 
 use anyhow::Result;
@@ -33,6 +35,25 @@ enum Cmd {
         /// MiB the workload uses.
         #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(8..=8192))]
         mib: u32,
+    },
+    /// Run an unmodified program with its memory kept under a resident
+    /// budget: cold pages are compressed into the pool (and the coldest
+    /// written to the backing file); a fault brings them back. The budget
+    /// applies to each process the program executes. Exits with the
+    /// program's status (128+N if it died of signal N; 125 if it could not
+    /// be started under uzswap).
+    #[command(arg_required_else_help = true)]
+    Run(run::Args),
+    /// Live statistics of a program under `uzswap run` (its pid, or the pid
+    /// of `uzswap run` itself).
+    Stats {
+        pid: u32,
+        /// One JSON object.
+        #[arg(long, conflicts_with = "prometheus")]
+        json: bool,
+        /// Prometheus text exposition format.
+        #[arg(long)]
+        prometheus: bool,
     },
     /// Benchmarks; each prints one JSON object on stdout with --json.
     #[command(subcommand)]
@@ -224,6 +245,29 @@ fn demo(mib: u32) -> Result<()> {
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Demo { mib } => demo(mib),
+        Cmd::Run(args) => {
+            let outcome = run::run(&args)?;
+            if !args.quiet {
+                eprint!("{}", run::summary(&args, &outcome));
+            }
+            std::process::exit(outcome.code);
+        }
+        Cmd::Stats {
+            pid,
+            json,
+            prometheus,
+        } => {
+            let v = stats::get(pid)?;
+            let mut out = std::io::stdout().lock();
+            if json {
+                writeln!(out, "{v}")?;
+            } else if prometheus {
+                write!(out, "{}", stats::prometheus(&v))?;
+            } else {
+                write!(out, "{}", stats::text(&v))?;
+            }
+            Ok(())
+        }
         Cmd::Bench(Bench::Usemem {
             mib,
             budget_mib,

@@ -22,17 +22,24 @@
 //!
 //! # Life cycle
 //! The constructor runs before `main` and does nothing unless
-//! `UZSWAP_MEMORY_MAX` is set. It removes the `UZSWAP_*` variables and this
-//! library from the environment (programs the process executes run
-//! unmanaged), starts the cache and the pager, reserves the address space
-//! and the statistics socket, and only then switches `malloc` over. Calls
-//! made before that are served by glibc, and freed there too. If anything
-//! fails it prints why and exits with status 125 before the program runs.
+//! `UZSWAP_MEMORY_MAX` is set. It starts the cache and the pager, reserves
+//! the address space and the statistics socket, and only then switches
+//! `malloc` over. Calls made before that are served by glibc, and freed
+//! there too. If anything fails it prints why and exits with status 125
+//! before the program runs.
 //!
-//! `fork()`: the pager brings every evicted page back first (its own
-//! `pthread_atfork` hook), so the child's copy is complete and correct; the
-//! child runs without a budget (it has no handler threads). `vfork` and
-//! `posix_spawn` share the parent's memory and need nothing.
+//! The environment is left as it is, so every program image the process
+//! tree executes (`execve`: a launcher such as `env` or a shell's `exec`,
+//! or the children a build system starts) runs its own runtime with the
+//! same budget: the budget is per process.
+//!
+//! `fork()` without `exec`: the pager brings every evicted page back first
+//! (its own `pthread_atfork` hook), so the child's copy is complete and
+//! correct; the child has no handler threads and runs unmanaged (its
+//! `malloc` goes to glibc, its mappings to the kernel; blocks it inherited
+//! from the managed heap are still freed into that heap, now plain
+//! memory). `vfork` and `posix_spawn` share the parent's memory, whose
+//! faults the parent's handler keeps serving.
 
 mod ranges;
 mod space;
@@ -126,6 +133,8 @@ static GLOBAL: LibcHeap = LibcHeap;
 static READY: AtomicBool = AtomicBool::new(false);
 /// The process that set things up (a forked child is not it).
 static OWNER_PID: AtomicI32 = AtomicI32::new(0);
+/// Set in a forked child: nothing new is managed there.
+static FORKED: AtomicBool = AtomicBool::new(false);
 
 struct Runtime {
     space: space::Space,
@@ -181,24 +190,27 @@ fn mark_thread_internal() {
 /// The runtime, if the calling thread's memory is to be managed.
 #[inline]
 fn managed() -> Option<&'static Runtime> {
-    if !READY.load(Ordering::Acquire) || internal() {
+    if !READY.load(Ordering::Acquire) || internal() || FORKED.load(Ordering::Relaxed) {
         return None;
     }
     RUNTIME.get()
 }
 
-/// The runtime, if it is running (whatever the calling thread).
+/// The runtime, if it is running in this process (whatever the calling
+/// thread).
 #[inline]
 fn runtime() -> Option<&'static Runtime> {
-    if !READY.load(Ordering::Acquire) {
+    if !READY.load(Ordering::Acquire) || FORKED.load(Ordering::Relaxed) {
         return None;
     }
     RUNTIME.get()
 }
 
+/// Whether `p` came from the managed heap (also in a forked child, whose
+/// inherited blocks still belong to mimalloc).
 #[inline]
 fn is_managed_ptr(p: *mut c_void) -> bool {
-    runtime().is_some_and(|rt| rt.space.owns(p as usize))
+    READY.load(Ordering::Acquire) && RUNTIME.get().is_some_and(|rt| rt.space.owns(p as usize))
 }
 
 // ---- malloc family ----------------------------------------------------------
@@ -297,7 +309,11 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
         }
         let n = mi::mi_malloc(size);
         if !n.is_null() {
-            std::ptr::copy_nonoverlapping(p as *const u8, n as *mut u8, libc_usable_size(p).min(size));
+            std::ptr::copy_nonoverlapping(
+                p as *const u8,
+                n as *mut u8,
+                libc_usable_size(p).min(size),
+            );
             __libc_free(p);
         }
         n
@@ -334,8 +350,12 @@ unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
 /// # Safety
 /// The C `posix_memalign` contract.
 #[no_mangle]
-pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, size: size_t) -> c_int {
-    if !align.is_power_of_two() || align % std::mem::size_of::<*mut c_void>() != 0 {
+pub unsafe extern "C" fn posix_memalign(
+    out: *mut *mut c_void,
+    align: size_t,
+    size: size_t,
+) -> c_int {
+    if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<*mut c_void>()) {
         return libc::EINVAL;
     }
     // SAFETY: as aligned; `out` is the caller's result slot.
@@ -381,7 +401,10 @@ pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
 /// The C `pvalloc` contract.
 #[no_mangle]
 pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
-    let Some(size) = size.checked_add(PAGE_SIZE - 1).map(|s| s & !(PAGE_SIZE - 1)) else {
+    let Some(size) = size
+        .checked_add(PAGE_SIZE - 1)
+        .map(|s| s & !(PAGE_SIZE - 1))
+    else {
         sys::set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
@@ -513,9 +536,8 @@ pub unsafe extern "C" fn mremap(
             return sys::mremap(old, old_len, new_len, flags, new_addr);
         };
         let moves_to = flags & libc::MREMAP_FIXED != 0;
-        if !rt.space.overlaps(old as usize, old_len.max(1))
-            && !(moves_to && rt.space.overlaps(new_addr as usize, new_len))
-        {
+        let touches_new = moves_to && rt.space.overlaps(new_addr as usize, new_len);
+        if !rt.space.overlaps(old as usize, old_len.max(1)) && !touches_new {
             return sys::mremap(old, old_len, new_len, flags, new_addr);
         }
         if moves_to || flags & libc::MREMAP_DONTUNMAP != 0 {
@@ -524,10 +546,12 @@ pub unsafe extern "C" fn mremap(
             sys::set_errno(libc::EINVAL);
             return libc::MAP_FAILED;
         }
-        match rt
-            .space
-            .remap(old as usize, old_len, new_len, flags & libc::MREMAP_MAYMOVE != 0)
-        {
+        match rt.space.remap(
+            old as usize,
+            old_len,
+            new_len,
+            flags & libc::MREMAP_MAYMOVE != 0,
+        ) {
             Ok(p) => p as *mut c_void,
             Err(e) => {
                 sys::set_errno(e);
@@ -585,7 +609,6 @@ fn start() -> Result<(), String> {
             "UZSWAP_MEMORY_MAX={memory_max}: the budget must be at least 16 pages (64 KiB)"
         ));
     }
-    scrub_environment();
 
     let cache_cfg = CacheConfig {
         compressor,
@@ -623,39 +646,20 @@ fn start() -> Result<(), String> {
     // pager's fork-time loads run marked internal.
     // SAFETY: three extern "C" functions without arguments, for the whole
     // life of the program.
-    let r = unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    let r =
+        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
     if r != 0 {
-        return Err(format!("pthread_atfork failed: {}", std::io::Error::from_raw_os_error(r)));
+        return Err(format!(
+            "pthread_atfork failed: {}",
+            std::io::Error::from_raw_os_error(r)
+        ));
     }
-    stats::serve(mark_thread_internal).map_err(|e| format!("cannot open the statistics socket: {e}"))?;
+    stats::serve(mark_thread_internal)
+        .map_err(|e| format!("cannot open the statistics socket: {e}"))?;
     // SAFETY: registers an extern "C" function that lives for the program.
     unsafe { libc::atexit(at_exit) };
     READY.store(true, Ordering::Release);
     Ok(())
-}
-
-/// Removes `UZSWAP_*` and this library from the environment, so that
-/// programs this one executes run unmanaged.
-fn scrub_environment() {
-    let me = std::env::var("UZSWAP_PRELOAD").ok();
-    let vars: Vec<String> = std::env::vars_os()
-        .filter_map(|(k, _)| k.into_string().ok())
-        .filter(|k| k.starts_with("UZSWAP_"))
-        .collect();
-    for k in vars {
-        std::env::remove_var(k);
-    }
-    if let (Some(me), Ok(list)) = (me, std::env::var("LD_PRELOAD")) {
-        let rest: Vec<&str> = list
-            .split([':', ' '])
-            .filter(|e| !e.is_empty() && *e != me)
-            .collect();
-        if rest.is_empty() {
-            std::env::remove_var("LD_PRELOAD");
-        } else {
-            std::env::set_var("LD_PRELOAD", rest.join(":"));
-        }
-    }
 }
 
 extern "C" fn init() {
@@ -703,6 +707,7 @@ extern "C" fn fork_child() {
     if let Some(rt) = runtime() {
         // SAFETY: the child's copy of the lock fork_prepare took.
         unsafe { rt.space.unlock_after_fork() };
+        FORKED.store(true, Ordering::Relaxed);
     }
     leave_internal();
 }

@@ -46,11 +46,7 @@ impl Ranges {
             .filter(|(_, &e)| e > start)
             .map(|(&s, _)| s)
             .unwrap_or(start);
-        let hit: Vec<(usize, usize)> = self
-            .map
-            .range(first..end)
-            .map(|(&s, &e)| (s, e))
-            .collect();
+        let hit: Vec<(usize, usize)> = self.map.range(first..end).map(|(&s, &e)| (s, e)).collect();
         for (s, e) in hit {
             self.map.remove(&s);
             if s < start {

@@ -174,7 +174,7 @@ impl Space {
 
     /// `munmap` of a range inside the reservation.
     pub fn unmap(&self, addr: usize, len: usize) -> Result<(), i32> {
-        if addr % PAGE_SIZE != 0 {
+        if !addr.is_multiple_of(PAGE_SIZE) {
             return Err(libc::EINVAL);
         }
         let len = round_up(len).filter(|&l| l > 0).ok_or(libc::EINVAL)?;
@@ -237,7 +237,7 @@ impl Space {
         new_len: usize,
         may_move: bool,
     ) -> Result<usize, i32> {
-        if old % PAGE_SIZE != 0 {
+        if !old.is_multiple_of(PAGE_SIZE) {
             return Err(libc::EINVAL);
         }
         let old_len = round_up(old_len).ok_or(libc::EINVAL)?;

@@ -103,15 +103,32 @@ fn same_user(conn: &UnixStream) -> bool {
     r == 0 && (cred.uid == 0 || cred.uid == unsafe { libc::geteuid() })
 }
 
+/// The file the final snapshot of process `pid` goes to, given
+/// `UZSWAP_FINAL_STATS` (every managed process of a tree writes its own;
+/// `uzswap run` reads its child's).
+pub fn final_stats_path(base: &std::path::Path, pid: u32) -> PathBuf {
+    let mut p = base.as_os_str().to_owned();
+    p.push(format!(".{pid}"));
+    PathBuf::from(p)
+}
+
 /// Writes the final snapshot where `uzswap run` expects it (atomically:
 /// a temporary file renamed into place).
 pub fn write_final(rt: &Runtime) {
-    let Some(path) = &rt.config.final_stats else {
+    let Some(base) = &rt.config.final_stats else {
         return;
     };
-    let tmp = path.with_extension("tmp");
+    let path = &final_stats_path(base, std::process::id());
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
     let body = snapshot(rt).to_string();
-    if std::fs::write(&tmp, body).and_then(|_| std::fs::rename(&tmp, path)).is_err() {
-        crate::sys::warn(&format!("cannot write the statistics to {}", path.display()));
+    if std::fs::write(&tmp, body)
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .is_err()
+    {
+        crate::sys::warn(&format!(
+            "cannot write the statistics to {}",
+            path.display()
+        ));
     }
 }

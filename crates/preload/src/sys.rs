@@ -7,9 +7,26 @@ use libc::{c_int, c_long, c_void};
 ///
 /// # Safety
 /// As `mmap(2)`: a `MAP_FIXED` call replaces what was there.
-pub unsafe fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void {
+pub unsafe fn mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: i64,
+) -> *mut c_void {
     // SAFETY: forwarded as is; the caller has the duties of mmap(2).
-    unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot as c_long, flags as c_long, fd as c_long, off) as *mut c_void }
+    unsafe {
+        libc::syscall(
+            libc::SYS_mmap,
+            addr,
+            len,
+            prot as c_long,
+            flags as c_long,
+            fd as c_long,
+            off,
+        ) as *mut c_void
+    }
 }
 
 /// # Safety
@@ -21,9 +38,24 @@ pub unsafe fn munmap(addr: *mut c_void, len: usize) -> c_int {
 
 /// # Safety
 /// As `mremap(2)`.
-pub unsafe fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: c_int, new: *mut c_void) -> *mut c_void {
+pub unsafe fn mremap(
+    old: *mut c_void,
+    old_len: usize,
+    new_len: usize,
+    flags: c_int,
+    new: *mut c_void,
+) -> *mut c_void {
     // SAFETY: forwarded as is.
-    unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags as c_long, new) as *mut c_void }
+    unsafe {
+        libc::syscall(
+            libc::SYS_mremap,
+            old,
+            old_len,
+            new_len,
+            flags as c_long,
+            new,
+        ) as *mut c_void
+    }
 }
 
 /// # Safety
@@ -34,7 +66,9 @@ pub unsafe fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
 }
 
 fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
 /// Sets the calling thread's `errno`.
@@ -48,7 +82,16 @@ const RESERVE_FLAGS: c_int = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP
 /// A `PROT_NONE` reservation of `len` bytes anywhere.
 pub fn reserve(len: usize) -> std::io::Result<usize> {
     // SAFETY: a new mapping at an address of the kernel's choice.
-    let p = unsafe { mmap(std::ptr::null_mut(), len, libc::PROT_NONE, RESERVE_FLAGS, -1, 0) };
+    let p = unsafe {
+        mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            RESERVE_FLAGS,
+            -1,
+            0,
+        )
+    };
     if p == libc::MAP_FAILED {
         return Err(std::io::Error::last_os_error());
     }
@@ -60,7 +103,14 @@ pub fn reserve_at(addr: usize, len: usize) -> Result<(), i32> {
     // SAFETY: only called on retired ranges of our own reservation, which
     // the program is unmapping.
     let p = unsafe {
-        mmap(addr as *mut c_void, len, libc::PROT_NONE, RESERVE_FLAGS | libc::MAP_FIXED, -1, 0)
+        mmap(
+            addr as *mut c_void,
+            len,
+            libc::PROT_NONE,
+            RESERVE_FLAGS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
     };
     if p == libc::MAP_FAILED {
         return Err(errno());

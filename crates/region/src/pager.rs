@@ -210,6 +210,9 @@ struct State {
     /// Time inside the UFFDIO_COPY of store faults (includes waking the
     /// faulting thread).
     lat_copy: Histogram,
+    /// The store refused the last whole batch: faults are not held back by
+    /// the budget until a store succeeds (holding them would wait forever).
+    store_full: bool,
 }
 
 pub(crate) struct Shared {
@@ -379,6 +382,7 @@ impl Pager {
                 lat_store: Histogram::default(),
                 lat_zero: Histogram::default(),
                 lat_copy: Histogram::default(),
+                store_full: false,
             }),
             cfg,
             work_cv: Condvar::new(),
@@ -443,7 +447,7 @@ impl Pager {
         if len == 0 {
             return Err(RegionError::Empty);
         }
-        if addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 {
+        if !addr.is_multiple_of(PAGE_SIZE) || !len.is_multiple_of(PAGE_SIZE) {
             return Err(RegionError::Unaligned { addr, len });
         }
         // SAFETY: the caller owns the range and gives up its contents.
@@ -649,6 +653,7 @@ impl Shared {
             let s = self.state.lock();
             let mut st = s.stats.clone();
             st.resident_pages = s.resident as u64;
+            st.over_budget = s.store_full;
             st.fault_latency = s.lat_store.summary();
             st.zero_fault_latency = s.lat_zero.summary();
             st.copy_latency = s.lat_copy.summary();
@@ -822,7 +827,7 @@ impl Shared {
                 Outcome::Done
             }
             PageState::Absent => {
-                if s.resident >= self.cfg.budget_pages && !m.claimed {
+                if s.resident >= self.cfg.budget_pages && !m.claimed && !s.store_full {
                     if !f.retried {
                         s.stats.faults_throttled += 1;
                     }
@@ -864,7 +869,10 @@ impl Shared {
         page: u64,
         buf: &mut PageBuf,
     ) -> Outcome {
-        let free = self.cfg.budget_pages.saturating_sub(s.resident);
+        let mut free = self.cfg.budget_pages.saturating_sub(s.resident);
+        if s.store_full {
+            free = free.max(1); // the budget is soft (see `store_full`)
+        }
         if free == 0 {
             if !f.retried {
                 s.stats.faults_throttled += 1;
@@ -1084,6 +1092,12 @@ impl Shared {
                     return;
                 }
             }
+            if self.state.lock().store_full {
+                // The store refused the last batch: try again after a pause
+                // (the program may free memory, the pool may shrink).
+                let mut s = self.state.lock();
+                self.work_cv.wait_for(&mut s, Duration::from_millis(20));
+            }
             loop {
                 self.gate.lock();
                 let n = {
@@ -1099,8 +1113,13 @@ impl Shared {
                         self.claim(&mut s, v)
                     };
                     let k = victims.len();
-                    self.evict(victims);
-                    k
+                    let gone = self.evict(victims);
+                    self.note_progress(k, gone);
+                    if gone == 0 {
+                        0
+                    } else {
+                        k
+                    }
                 } else {
                     0
                 };
@@ -1151,9 +1170,26 @@ impl Shared {
         out
     }
 
+    /// Records whether a batch of `tried` victims freed any (`gone`): a
+    /// batch the store refused entirely makes the budget soft until one
+    /// succeeds, and lets held-back faults through.
+    fn note_progress(&self, tried: usize, gone: usize) {
+        let mut s = self.state.lock();
+        if gone > 0 {
+            s.store_full = false;
+        } else if tried > 0 && !s.store_full {
+            s.store_full = true;
+            s.stats.store_full_episodes += 1;
+            drop(s);
+            self.throttled.store(false, Ordering::Relaxed);
+            self.wake.signal();
+        }
+    }
+
     /// Evicts claimed victims: write-protect, copy out, store, commit,
     /// discard, settle. Runs without the state lock except to commit.
-    fn evict(&self, mut victims: Vec<Victim>) {
+    /// Returns how many left memory.
+    fn evict(&self, mut victims: Vec<Victim>) -> usize {
         let mut buf = vec![0u8; PAGE_SIZE];
         // 1. Write-protect dirty victims. After this no CPU can write them:
         //    a write faults (WP) and the handler parks or aborts.
@@ -1276,6 +1312,7 @@ impl Shared {
         for a in wake {
             let _ = self.uffd.wake(a, PAGE_SIZE);
         }
+        victims.iter().filter(|v| v.discard).count()
     }
 
     /// Evicts the given pages of `area` now, on the calling thread.
@@ -1294,18 +1331,10 @@ impl Shared {
                 .collect();
             self.claim(&mut s, v)
         };
-        let before = {
-            let s = self.state.lock();
-            s.stats.evictions + s.stats.clean_drops
-        };
-        self.evict(victims);
-        let after = {
-            let s = self.state.lock();
-            s.stats.evictions + s.stats.clean_drops
-        };
+        let gone = self.evict(victims);
         // SAFETY: locked at the top of this function on this thread.
         unsafe { self.gate.unlock() };
-        (after - before) as usize
+        gone
     }
 
     /// Brings every stored page back, write-protected and clean. The gate

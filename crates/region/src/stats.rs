@@ -148,6 +148,12 @@ pub struct PagerStats {
     pub resident_pages: u64,
     /// Highest `resident_pages` seen.
     pub peak_resident_pages: u64,
+    /// Times the store refused a whole eviction batch (its pool full and
+    /// nowhere to write back): until a store succeeds again the budget is
+    /// soft, faults are served past it rather than held forever.
+    pub store_full_episodes: u64,
+    /// Whether the budget is soft right now (see `store_full_episodes`).
+    pub over_budget: bool,
     /// Pages held by the store for these regions now.
     pub stored_pages: u64,
     /// The budget in pages.

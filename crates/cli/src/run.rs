@@ -1,0 +1,496 @@
+//! `uzswap run -- PROG`: an unmodified program under a resident budget.
+//!
+//! Everything that can be checked is checked before the program starts
+//! (it exists and is executable, it is dynamically linked and not setuid,
+//! userfaultfd is usable, the preload library is found); then the program
+//! runs with `crates/preload` in `LD_PRELOAD` and its settings in
+//! `UZSWAP_*` variables, and this process waits, passes its exit status on
+//! (a signal `N` becomes `128 + N`, as shells do) and prints a summary of
+//! the final statistics the program's runtime wrote.
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// The preload library's file name (crates/preload, cdylib).
+const PRELOAD_NAME: &str = "libuzswap_preload.so";
+
+/// What `uzswap run` was asked to do.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Resident budget of the program's heap and anonymous memory
+    /// (bytes, or with K, M, G).
+    #[arg(long, value_parser = parse_size)]
+    pub memory_max: u64,
+    /// Largest size of the compressed pool (default 20% of RAM); when
+    /// it is full the least recently used pages go to the backing file.
+    #[arg(long, value_parser = parse_size)]
+    pub pool_max: Option<u64>,
+    /// lz4, zstd[:LEVEL], deflate[:LEVEL].
+    #[arg(long, default_value = "lz4")]
+    pub compressor: uzswap_cache::Compressor,
+    /// Backing file for written-back pages: a directory (an unnamed,
+    /// encrypted file is made in it) or a new file's path. Without one,
+    /// pages that do not fit the pool stay resident.
+    #[arg(long)]
+    pub backing_file: Option<std::path::PathBuf>,
+    /// Write the final statistics (JSON) to this file.
+    #[arg(long)]
+    pub stats_json: Option<std::path::PathBuf>,
+    /// The preload library (default: found beside this executable).
+    #[arg(long)]
+    pub preload_lib: Option<std::path::PathBuf>,
+    /// No start line and no summary.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// The program and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROG"
+    )]
+    pub prog: Vec<std::ffi::OsString>,
+}
+
+/// Parses a size: a number of bytes with an optional binary suffix
+/// (`K`, `M`, `G`, `T`; `KiB`, `MB` and the like mean the same).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (examples: 4096, 512K, 64M, 2G)"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use K, M, G or T)")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+// ---- checks before the program starts --------------------------------------
+
+/// Finds `prog` as `execvp` would: a name with a slash as is, else in PATH.
+fn resolve(prog: &OsString) -> Result<PathBuf> {
+    let p = Path::new(prog);
+    if prog.to_string_lossy().contains('/') {
+        if !p.exists() {
+            bail!("{}: no such file", p.display());
+        }
+        return Ok(p.to_path_buf());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    for dir in std::env::split_paths(&path) {
+        let c = dir.join(p);
+        if c.is_file() && is_executable(&c) {
+            return Ok(c);
+        }
+    }
+    bail!(
+        "{}: command not found in PATH; give its path (./{0} for one in this directory)",
+        p.display()
+    )
+}
+
+fn is_executable(p: &Path) -> bool {
+    std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o111 != 0)
+}
+
+/// Why a program cannot be run under the preload library, if it cannot.
+/// Follows `#!` interpreters (and `/usr/bin/env NAME`) to the ELF file the
+/// kernel will really run.
+pub fn check_program(path: &Path) -> Result<()> {
+    check_program_depth(path, 0)
+}
+
+fn check_program_depth(path: &Path, depth: u32) -> Result<()> {
+    if depth > 4 {
+        bail!("{}: too many levels of #! interpreters", path.display());
+    }
+    let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
+    if !meta.is_file() {
+        bail!("{}: not a regular file", path.display());
+    }
+    let mode = meta.permissions().mode();
+    if mode & 0o111 == 0 {
+        bail!("{}: not executable (chmod +x it)", path.display());
+    }
+    if mode & 0o6000 != 0 {
+        bail!(
+            "{}: setuid/setgid program: the loader ignores LD_PRELOAD for it, so its memory \
+             could not be managed; run an ordinary copy (cp it, which drops the bits) or use \
+             the uzswap library API",
+            path.display()
+        );
+    }
+    let mut head = Vec::with_capacity(4096);
+    std::fs::File::open(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .take(4096)
+        .read_to_end(&mut head)?;
+    if let Some(rest) = head.strip_prefix(b"#!") {
+        let line = rest.split(|&b| b == b'\n').next().unwrap_or_default();
+        let line = String::from_utf8_lossy(line);
+        let mut words = line.split_whitespace();
+        let Some(interp) = words.next() else {
+            bail!("{}: empty #! line", path.display());
+        };
+        let mut interp = PathBuf::from(interp);
+        if interp.file_name().is_some_and(|n| n == "env") {
+            // `#!/usr/bin/env NAME`: env is dynamic and execs NAME from PATH.
+            check_program_depth(&interp, depth + 1)?;
+            match words.find(|w| !w.starts_with('-')) {
+                Some(name) => interp = resolve(&name.into())?,
+                None => return Ok(()),
+            }
+        }
+        return check_program_depth(&interp, depth + 1)
+            .with_context(|| format!("{}: its interpreter cannot be run", path.display()));
+    }
+    elf_interpreter(&head)
+        .with_context(|| format!("{}", path.display()))?
+        .map(|_| ())
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: statically linked: a static program never loads LD_PRELOAD libraries, so its \
+                 malloc cannot be replaced; run a dynamically linked build (without -static), or \
+                 link the uzswap library and use its API",
+                path.display()
+            )
+        })
+}
+
+/// The `PT_INTERP` entry of a 64-bit little-endian ELF header, if any.
+/// Reads two header fields by hand rather than pulling in an ELF crate.
+fn elf_interpreter(head: &[u8]) -> Result<Option<String>> {
+    if head.len() < 64 || &head[..4] != b"\x7fELF" {
+        bail!("not an ELF executable nor a #! script");
+    }
+    if head[4] != 2 || head[5] != 1 {
+        bail!("not a 64-bit little-endian ELF file: it cannot run with this uzswap");
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([head[o], head[o + 1]]) as usize;
+    let machine = u16_at(0x12);
+    let ours = if cfg!(target_arch = "x86_64") {
+        62
+    } else {
+        183
+    };
+    if machine != ours {
+        bail!("built for another architecture (ELF machine {machine})");
+    }
+    let phoff = u64::from_le_bytes(head[0x20..0x28].try_into().expect("8 bytes")) as usize;
+    let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
+    for i in 0..phnum {
+        let o = phoff + i * phentsize;
+        let Some(ph) = head.get(o..o + 56) else {
+            bail!("program headers lie past the first 4 KiB: cannot inspect it");
+        };
+        const PT_INTERP: u32 = 3;
+        if u32::from_le_bytes(ph[..4].try_into().expect("4 bytes")) == PT_INTERP {
+            return Ok(Some(String::new()));
+        }
+    }
+    Ok(None)
+}
+
+/// The preload library: `--preload-lib`, `UZSWAP_PRELOAD_LIB`, or beside
+/// this executable (cargo puts it in `deps/` of the same target directory).
+fn find_preload(explicit: Option<&Path>) -> Result<PathBuf> {
+    let remedy = "build it with `cargo build --release -p uzswap` (it is built with the binary), \
+                  or name it with --preload-lib or UZSWAP_PRELOAD_LIB";
+    if let Some(p) = explicit
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("UZSWAP_PRELOAD_LIB").map(PathBuf::from))
+    {
+        if !p.is_file() {
+            bail!("preload library {} not found: {remedy}", p.display());
+        }
+        return Ok(std::fs::canonicalize(&p)?);
+    }
+    let exe = std::env::current_exe().context("cannot find this executable")?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    for c in [dir.join(PRELOAD_NAME), dir.join("deps").join(PRELOAD_NAME)] {
+        if c.is_file() {
+            return Ok(c);
+        }
+    }
+    bail!(
+        "{PRELOAD_NAME} not found next to {} or in its deps/: {remedy}",
+        exe.display()
+    )
+}
+
+// ---- running it ------------------------------------------------------------
+
+/// The child's pid, for the signal forwarder.
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = CHILD.load(Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// A private directory for the final statistics, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Result<TempDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        let base = std::env::temp_dir();
+        for i in 0..100u32 {
+            let p = base.join(format!("uzswap-run.{}.{i}", std::process::id()));
+            match std::fs::DirBuilder::new().mode(0o700).create(&p) {
+                Ok(()) => return Ok(TempDir(p)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("cannot make a directory in {} (set TMPDIR)", base.display())
+                    })
+                }
+            }
+        }
+        bail!("cannot make a private directory in {}", base.display())
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// How the program ended, as the kernel told us.
+pub struct Outcome {
+    /// The status to exit with (128 + N for signal N).
+    pub code: i32,
+    pub signal: Option<i32>,
+    /// Peak resident memory of the program, in bytes (`ru_maxrss`).
+    pub max_rss: u64,
+    pub seconds: f64,
+    /// The final statistics its runtime wrote, if it got to write them.
+    pub stats: Option<Value>,
+}
+
+pub fn run(a: &Args) -> Result<Outcome> {
+    if a.memory_max < 64 << 10 {
+        bail!(
+            "--memory-max {}: the budget must be at least 64K (16 pages)",
+            a.memory_max
+        );
+    }
+    if a.pool_max == Some(0) {
+        bail!("--pool-max 0: the pool needs room (omit it for 20% of RAM)");
+    }
+    let Some(prog) = a.prog.first() else {
+        bail!("no program given: uzswap run --memory-max SIZE -- PROG [ARGS...]");
+    };
+    let path = resolve(prog)?;
+    check_program(&path)?;
+    uzswap_region::sys::Uffd::open(0, None).context("the program's pages could not be managed")?;
+    if let Some(b) = &a.backing_file {
+        let dir = if b.is_dir() {
+            b.as_path()
+        } else {
+            b.parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+        };
+        if !dir.is_dir() {
+            bail!(
+                "--backing-file {}: directory {} does not exist",
+                b.display(),
+                dir.display()
+            );
+        }
+    }
+    let lib = find_preload(a.preload_lib.as_deref())?;
+    let tmp = TempDir::new()?;
+    let final_base = tmp.0.join("stats.json");
+
+    let mut preload = lib.as_os_str().to_owned();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+        preload.push(":");
+        preload.push(old);
+    }
+    let mut cmd = std::process::Command::new(&path);
+    cmd.arg0(prog)
+        .args(&a.prog[1..])
+        .env("LD_PRELOAD", preload)
+        .env("UZSWAP_MEMORY_MAX", a.memory_max.to_string())
+        .env("UZSWAP_COMPRESSOR", a.compressor.to_string())
+        .env("UZSWAP_FINAL_STATS", &final_base);
+    match a.pool_max {
+        Some(p) => cmd.env("UZSWAP_POOL_MAX", p.to_string()),
+        None => cmd.env_remove("UZSWAP_POOL_MAX"),
+    };
+    match &a.backing_file {
+        Some(b) => cmd.env("UZSWAP_BACKING", b),
+        None => cmd.env_remove("UZSWAP_BACKING"),
+    };
+    // The terminal's ^C and ^\ reach the program directly; this process
+    // waits for it to finish. Termination requests are passed on.
+    // SAFETY: installing handlers that only call kill(2), and ignoring
+    // two signals in this (single-threaded) supervisor.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+        libc::signal(libc::SIGTERM, forward as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGHUP, forward as *const () as libc::sighandler_t);
+    }
+    // SAFETY: restores default dispositions in the child before exec
+    // (signal(2) is async-signal-safe).
+    unsafe {
+        cmd.pre_exec(|| {
+            for s in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(s, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    let started = std::time::Instant::now();
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {}", path.display()))?;
+    let pid = child.id() as i32;
+    CHILD.store(pid, Ordering::Relaxed);
+    if !a.quiet {
+        crate::kernel::note(&format!(
+            "running {} as pid {pid}: memory max {}, pool max {}, {}, backing {}; `uzswap stats {pid}` shows it live",
+            prog.to_string_lossy(),
+            human(a.memory_max),
+            a.pool_max.map_or("20% of RAM".into(), human),
+            a.compressor,
+            a.backing_file
+                .as_ref()
+                .map_or("none".into(), |p| p.display().to_string()),
+        ));
+    }
+    let (status, rusage) = wait4(pid)?;
+    CHILD.store(0, Ordering::Relaxed);
+    let seconds = started.elapsed().as_secs_f64();
+    let (code, signal) = if libc::WIFSIGNALED(status) {
+        let s = libc::WTERMSIG(status);
+        (128 + s, Some(s))
+    } else {
+        (libc::WEXITSTATUS(status), None)
+    };
+    let final_path = tmp.0.join(format!("stats.json.{pid}"));
+    let stats = std::fs::read(&final_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+    if let (Some(dest), Some(v)) = (&a.stats_json, &stats) {
+        std::fs::write(dest, format!("{v}\n"))
+            .with_context(|| format!("cannot write --stats-json {}", dest.display()))?;
+    }
+    Ok(Outcome {
+        code,
+        signal,
+        max_rss: rusage.ru_maxrss as u64 * 1024,
+        seconds,
+        stats,
+    })
+}
+
+fn wait4(pid: i32) -> Result<(i32, libc::rusage)> {
+    loop {
+        let mut status = 0;
+        // SAFETY: an all-zero rusage is a valid value to be overwritten.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: waits for our own child; both out-pointers are valid.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        if r == pid {
+            return Ok((status, ru));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e).context("waiting for the program");
+        }
+    }
+}
+
+pub fn human(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < U.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+/// The end-of-run summary (stderr).
+pub fn summary(a: &Args, o: &Outcome) -> String {
+    let mut s = String::new();
+    let prog = a.prog[0].to_string_lossy();
+    match o.signal {
+        Some(sig) => {
+            s += &format!(
+                "uzswap: {prog} killed by signal {sig} after {:.1} s\n",
+                o.seconds
+            )
+        }
+        None => {
+            s += &format!(
+                "uzswap: {prog} exited with status {} after {:.1} s\n",
+                o.code, o.seconds
+            )
+        }
+    }
+    s += &format!(
+        "uzswap: peak RSS {} (kernel's count: budget {} + compressed pool + runtime)\n",
+        human(o.max_rss),
+        human(a.memory_max)
+    );
+    let Some(v) = &o.stats else {
+        s += "uzswap: no final statistics: the program ended without running its exit \
+              handlers (a signal, _exit, or exec)\n";
+        return s;
+    };
+    let n = |p: &str| v.pointer(p).and_then(Value::as_f64).unwrap_or(0.0);
+    s += &format!("uzswap: {}\n", crate::stats::faults_line(v));
+    let stored = n("/cache/stored_pages");
+    let pool = n("/cache/pool_total_size");
+    s += &format!(
+        "uzswap: evicted {:.0} pages; pool {} holds {stored:.0} pages ({:.2}x); written back {:.0}\n",
+        n("/pager/evictions"),
+        human(pool as u64),
+        if pool > 0.0 { stored * 4096.0 / pool } else { 0.0 },
+        n("/cache/written_back_pages"),
+    );
+    if n("/pager/store_full_episodes") > 0.0 {
+        let over = (n("/pager/peak_resident_pages") - n("/pager/budget_pages")).max(0.0);
+        s += &format!(
+            "uzswap: WARNING: the pool filled up ({}) with nowhere to write back, so the program \
+             went over its budget by up to {over:.0} pages; give --backing-file DIR or a larger --pool-max\n",
+            human(n("/cache/pool_limit_bytes") as u64),
+        );
+    }
+    let errors =
+        n("/pager/load_errors") + n("/cache/decompress_fail") + n("/cache/backing_corrupt");
+    if errors > 0.0 {
+        s += &format!(
+            "uzswap: WARNING: {errors:.0} pages could not be loaded back (see the statistics)\n"
+        );
+    }
+    s
+}
