@@ -275,7 +275,7 @@ impl Cache {
         };
         let has_backing = backing.is_some();
         let inner = Arc::new(Inner {
-            pool: uzswap_zpool::new_pool(cfg.allocator, None)?,
+            pool: uzswap_zpool::new_pool(cfg.allocator, None, cfg.thread_start)?,
             shards: (0..SHARDS)
                 .map(|_| CachePadded::new(Mutex::default()))
                 .collect(),
@@ -315,15 +315,9 @@ impl Cache {
         let writer = (has_backing && cfg.background_writer)
             .then(|| {
                 let inner = inner.clone();
-                let start = cfg.thread_start;
-                std::thread::Builder::new()
-                    .name("uzswap-writer".into())
-                    .spawn(move || {
-                        if let Some(f) = start {
-                            f();
-                        }
-                        inner.writer_loop()
-                    })
+                uzswap_zpool::spawn_helper("uzswap-writer", cfg.thread_start, move || {
+                    inner.writer_loop()
+                })
             })
             .transpose()
             .map_err(|e| Error::Config(format!("cannot start the writer thread: {e}")))?;

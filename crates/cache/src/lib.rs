@@ -40,7 +40,7 @@ pub use config::{
     Reject, StoreError, MAX_AREAS,
 };
 pub use stats::CacheStats;
-pub use uzswap_zpool::{AllocatorKind, PoolStats};
+pub use uzswap_zpool::{spawn_helper, AllocatorKind, PoolStats};
 
 /// The page size the cache works in.
 pub const PAGE_SIZE: usize = 4096;

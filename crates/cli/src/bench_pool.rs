@@ -37,7 +37,7 @@ fn make_pool(args: &Args) -> Result<Arc<dyn Zpool>> {
             max_pages_per_zspage: args.max_pages,
             ..ZsConfig::default()
         })?),
-        kind => new_pool(kind, None)?,
+        kind => new_pool(kind, None, None)?,
     })
 }
 

@@ -246,7 +246,15 @@ fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Demo { mib } => demo(mib),
         Cmd::Run(args) => {
-            let outcome = run::run(&args)?;
+            let outcome = match run::run(&args) {
+                Ok(o) => o,
+                Err(e) => {
+                    // 125, as env(1) and timeout(1): uzswap itself failed
+                    // and the program did not run.
+                    eprintln!("uzswap: error: {e:#}");
+                    std::process::exit(125);
+                }
+            };
             if !args.quiet {
                 eprint!("{}", run::summary(&args, &outcome));
             }

@@ -86,7 +86,7 @@ fn resolve(prog: &OsString) -> Result<PathBuf> {
     let p = Path::new(prog);
     if prog.to_string_lossy().contains('/') {
         if !p.exists() {
-            bail!("{}: no such file", p.display());
+            bail!("{}: no such file: check the path", p.display());
         }
         return Ok(p.to_path_buf());
     }
@@ -158,22 +158,21 @@ fn check_program_depth(path: &Path, depth: u32) -> Result<()> {
         return check_program_depth(&interp, depth + 1)
             .with_context(|| format!("{}: its interpreter cannot be run", path.display()));
     }
-    elf_interpreter(&head)
-        .with_context(|| format!("{}", path.display()))?
-        .map(|_| ())
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "{}: statically linked: a static program never loads LD_PRELOAD libraries, so its \
+    if has_interpreter(&head).with_context(|| format!("{}", path.display()))? {
+        return Ok(());
+    }
+    Err(anyhow::anyhow!(
+        "{}: statically linked: a static program never loads LD_PRELOAD libraries, so its \
                  malloc cannot be replaced; run a dynamically linked build (without -static), or \
                  link the uzswap library and use its API",
-                path.display()
-            )
-        })
+        path.display()
+    ))
 }
 
-/// The `PT_INTERP` entry of a 64-bit little-endian ELF header, if any.
-/// Reads two header fields by hand rather than pulling in an ELF crate.
-fn elf_interpreter(head: &[u8]) -> Result<Option<String>> {
+/// Whether a 64-bit little-endian ELF header has a `PT_INTERP` entry (a
+/// dynamic loader). Reads a few header fields by hand rather than pulling
+/// in an ELF crate.
+fn has_interpreter(head: &[u8]) -> Result<bool> {
     if head.len() < 64 || &head[..4] != b"\x7fELF" {
         bail!("not an ELF executable nor a #! script");
     }
@@ -199,10 +198,10 @@ fn elf_interpreter(head: &[u8]) -> Result<Option<String>> {
         };
         const PT_INTERP: u32 = 3;
         if u32::from_le_bytes(ph[..4].try_into().expect("4 bytes")) == PT_INTERP {
-            return Ok(Some(String::new()));
+            return Ok(true);
         }
     }
-    Ok(None)
+    Ok(false)
 }
 
 /// The preload library: `--preload-lib`, `UZSWAP_PRELOAD_LIB`, or beside

@@ -61,22 +61,19 @@ pub fn snapshot(rt: &Runtime) -> Value {
 pub fn serve(thread_start: fn()) -> std::io::Result<()> {
     let addr = SocketAddr::from_abstract_name(socket_name(std::process::id()))?;
     let listener = UnixListener::bind_addr(&addr)?;
-    std::thread::Builder::new()
-        .name("uzswap-stats".into())
-        .spawn(move || {
-            thread_start();
-            for conn in listener.incoming() {
-                let Ok(mut conn) = conn else { continue };
-                if !same_user(&conn) {
-                    continue;
-                }
-                if let Some(rt) = crate::RUNTIME.get() {
-                    let mut body = snapshot(rt).to_string();
-                    body.push('\n');
-                    let _ = conn.write_all(body.as_bytes());
-                }
+    uzswap_cache::spawn_helper("uzswap-stats", Some(thread_start), move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            if !same_user(&conn) {
+                continue;
             }
-        })?;
+            if let Some(rt) = crate::RUNTIME.get() {
+                let mut body = snapshot(rt).to_string();
+                body.push('\n');
+                let _ = conn.write_all(body.as_bytes());
+            }
+        }
+    })?;
     Ok(())
 }
 

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use uzswap_cache::spawn_helper;
 
 /// How victims are chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -398,26 +399,14 @@ impl Pager {
             threads: Mutex::new(Vec::new()),
         });
         let h = sh.clone();
-        let t1 = std::thread::Builder::new()
-            .name("uzswap-uffd".into())
-            .spawn(move || {
-                if let Some(f) = h.cfg.thread_start {
-                    f();
-                }
-                h.handler_loop()
-            })
+        let t1 = spawn_helper("uzswap-uffd", sh.cfg.thread_start, move || h.handler_loop())
             .map_err(PagerError::Start)?;
         owner.threads.lock().push(t1);
         let e = sh.clone();
-        let t2 = std::thread::Builder::new()
-            .name("uzswap-evict".into())
-            .spawn(move || {
-                if let Some(f) = e.cfg.thread_start {
-                    f();
-                }
-                e.evictor_loop()
-            })
-            .map_err(PagerError::Start)?;
+        let t2 = spawn_helper("uzswap-evict", sh.cfg.thread_start, move || {
+            e.evictor_loop()
+        })
+        .map_err(PagerError::Start)?;
         owner.threads.lock().push(t2);
         REGISTRY.lock().push(Arc::downgrade(&sh));
         ATFORK.call_once(|| {

@@ -183,15 +183,19 @@ impl std::str::FromStr for AllocatorKind {
     }
 }
 
-/// Builds a pool of the given kind with a hard limit (None: unlimited).
+/// Builds a pool of the given kind with a hard limit (None: unlimited);
+/// `thread_start` is run first on any helper thread the pool starts (see
+/// [`spawn_helper`]).
 #[allow(clippy::needless_update)] // the configs grow; defaults fill the rest
 pub fn new_pool(
     kind: AllocatorKind,
     limit_bytes: Option<u64>,
+    thread_start: Option<fn()>,
 ) -> Result<std::sync::Arc<dyn Zpool>, Error> {
     Ok(match kind {
         AllocatorKind::Zsmalloc => std::sync::Arc::new(ZsPool::new(ZsConfig {
             limit_bytes,
+            thread_start,
             ..ZsConfig::default()
         })?),
         AllocatorKind::Xcf => std::sync::Arc::new(xcf::XcfPool::new(xcf::XcfConfig {
@@ -199,6 +203,38 @@ pub fn new_pool(
             ..xcf::XcfConfig::default()
         })?),
     })
+}
+
+/// Starts a named helper thread that runs `thread_start` (if any) and then
+/// `body`, and returns only once `thread_start` has returned on it.
+///
+/// Why wait: a host that tells its own threads apart through
+/// `thread_start` (the preload runtime sends their `malloc` to a different
+/// heap) must know that the thread's start-up, including the allocations
+/// the thread library makes before `body` runs, is over before it switches
+/// anything on.
+pub fn spawn_helper<F>(
+    name: &str,
+    thread_start: Option<fn()>,
+    body: F,
+) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce() + Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
+    let t = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            if let Some(f) = thread_start {
+                f();
+            }
+            let _ = tx.send(());
+            drop(tx);
+            body()
+        })?;
+    rx.recv()
+        .map_err(|_| std::io::Error::other(format!("helper thread {name} died at start")))?;
+    Ok(t)
 }
 
 /// Checks an object size against the range every pool accepts.

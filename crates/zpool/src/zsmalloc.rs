@@ -105,6 +105,8 @@ pub struct ZsConfig {
     /// own last partial page per class, so more shards cost a little memory.
     /// `None`: one per CPU, at most 4.
     pub shards: Option<usize>,
+    /// Run first on the compaction thread (see [`crate::spawn_helper`]).
+    pub thread_start: Option<fn()>,
 }
 
 impl Default for ZsConfig {
@@ -114,6 +116,7 @@ impl Default for ZsConfig {
             max_pages_per_zspage: 8,
             compact_watermark_percent: Some(30),
             shards: None,
+            thread_start: None,
         }
     }
 }
@@ -393,14 +396,19 @@ impl ZsPool {
             None => None,
             Some(_) => {
                 let weak = Arc::downgrade(&shared);
-                Some(
-                    sync::thread::Builder::new()
+                let started = match config.thread_start {
+                    #[cfg(not(feature = "shuttle"))]
+                    Some(f) => {
+                        crate::spawn_helper("zs-compact", Some(f), move || compactor_main(weak))
+                    }
+                    // (A model-checked build starts its threads in the model.)
+                    _ => sync::thread::Builder::new()
                         .name("zs-compact".into())
-                        .spawn(move || compactor_main(weak))
-                        .map_err(|e| {
-                            Error::Config(format!("cannot start the compaction thread: {e}"))
-                        })?,
-                )
+                        .spawn(move || compactor_main(weak)),
+                };
+                Some(started.map_err(|e| {
+                    Error::Config(format!("cannot start the compaction thread: {e}"))
+                })?)
             }
         };
         Ok(ZsPool { shared, thread })
