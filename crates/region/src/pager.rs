@@ -70,7 +70,7 @@ impl PagerConfig {
             readahead_max: 8,
             policy: VictimPolicy::Workingset,
             spin: Duration::from_micros(50),
-            evict_batch: 32,
+            evict_batch: 64,
             fork_prefault: true,
             thread_start: None,
             inject_open_errno: None,
@@ -541,6 +541,22 @@ struct Victim {
     unprotect: bool,
 }
 
+/// Index ranges of `victims` (sorted by address) whose members all pass
+/// `keep` and lie at consecutive page addresses.
+fn runs(victims: &[Victim], keep: impl Fn(&Victim) -> bool) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, v) in victims.iter().enumerate() {
+        if !keep(v) {
+            continue;
+        }
+        match out.last_mut() {
+            Some(r) if r.end == i && victims[i - 1].addr + PAGE_SIZE == v.addr => r.end = i + 1,
+            _ => out.push(i..i + 1),
+        }
+    }
+    out
+}
+
 fn lookup(segs: &BTreeMap<usize, Seg>, addr: usize) -> Option<(u32, u64)> {
     let (start, seg) = segs.range(..=addr).next_back()?;
     if addr >= start + seg.len {
@@ -678,6 +694,13 @@ impl Shared {
             if n == 0 {
                 if !deferred.is_empty() {
                     self.retry(&mut deferred, &mut buf);
+                    if !deferred.is_empty() {
+                        // What a deferred fault waits for (the evictor to
+                        // free room, or a thread in madvise to finish after
+                        // its remove event was read) needs a CPU: on a
+                        // small machine spinning here would take it.
+                        std::thread::yield_now();
+                    }
                 }
                 spins += 1;
                 // Check the clock only every 64 spins.
@@ -1179,13 +1202,19 @@ impl Shared {
     /// discard, settle. Runs without the state lock except to commit.
     /// Returns how many left memory.
     fn evict(&self, mut victims: Vec<Victim>) -> usize {
-        let mut buf = vec![0u8; PAGE_SIZE];
+        // By address, so that neighbours are protected, read and discarded
+        // with one call per run: each `MADV_DONTNEED` is a round trip
+        // through the handler (a remove event), and while it is pending the
+        // handler's copies fail with EAGAIN.
+        victims.sort_unstable_by_key(|v| v.addr);
+        let mut buf = Vec::new();
         // 1. Write-protect dirty victims. After this no CPU can write them:
         //    a write faults (WP) and the handler parks or aborts.
         // 2. Copy each out and store it.
-        for v in victims.iter_mut().filter(|v| !v.clean) {
+        for run in runs(&victims, |v| !v.clean) {
+            let (addr, len) = (victims[run.start].addr, run.len() * PAGE_SIZE);
             let wp = loop {
-                match self.uffd.writeprotect(v.addr, PAGE_SIZE, true) {
+                match self.uffd.writeprotect(addr, len, true) {
                     Err(e) if e.errno == libc::EAGAIN => std::thread::yield_now(),
                     r => break r,
                 }
@@ -1193,13 +1222,19 @@ impl Shared {
             if wp.is_err() {
                 continue;
             }
-            if sys::read_own(v.addr, &mut buf).is_err() {
-                continue;
-            }
-            match self.store.store(v.area, v.page as u64, &buf) {
-                Ok(_) => v.stored = true,
-                Err(_) => {
-                    self.state.lock().stats.store_rejected += 1;
+            buf.resize(len, 0);
+            // One read for the run; page by page if part of it is gone.
+            let whole = sys::read_own(addr, &mut buf).is_ok();
+            for (k, v) in victims[run].iter_mut().enumerate() {
+                let page = &mut buf[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
+                if !whole && sys::read_own(v.addr, page).is_err() {
+                    continue;
+                }
+                match self.store.store(v.area, v.page as u64, page) {
+                    Ok(_) => v.stored = true,
+                    Err(_) => {
+                        self.state.lock().stats.store_rejected += 1;
+                    }
                 }
             }
         }
@@ -1251,12 +1286,14 @@ impl Shared {
         // 4. Discard. The remove event this raises is recognised by the
         //    handler through `self_discards`.
         let mut failed = Vec::new();
-        for v in victims.iter().filter(|v| v.discard) {
-            // SAFETY: the page is held by the store and `Discarding`: its
-            // contents may go. The address was taken from the segment map
-            // under the lock (see the crate docs on remaps).
-            if unsafe { sys::dontneed(v.addr, PAGE_SIZE) }.is_err() {
-                failed.push(v.addr);
+        for run in runs(&victims, |v| v.discard) {
+            let (addr, len) = (victims[run.start].addr, run.len() * PAGE_SIZE);
+            // SAFETY: every page of the run is held by the store and
+            // `Discarding` (or clean): its contents may go. The addresses
+            // were taken from the segment map under the lock (see the crate
+            // docs on remaps).
+            if unsafe { sys::dontneed(addr, len) }.is_err() {
+                failed.extend(victims[run].iter().map(|v| v.addr));
             }
         }
         // 5. Settle: `Discarding` → `Stored`, wake parked faults.
