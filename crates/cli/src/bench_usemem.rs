@@ -3,6 +3,7 @@
 //! same workload in plain anonymous memory under a memory cgroup of the same
 //! budget with a swap file, once with the kernel's zswap and once without.
 
+use crate::bench_run::kernel_compressor;
 use crate::corpus::DataKind;
 use crate::kernel::{note, usemem_in_cgroup, KernelRun, KernelSwap};
 use crate::usemem::Pattern;
@@ -17,16 +18,6 @@ pub struct Args {
     pub passes: u32,
     pub compressor: String,
     pub vs_kernel: bool,
-}
-
-/// The kernel's compressor for ours: the same where the kernel has it.
-fn kernel_compressor(ours: &str) -> &'static str {
-    match ours.split(':').next().unwrap_or("") {
-        "lz4" => "lz4",
-        "zstd" => "zstd",
-        "deflate" => "deflate",
-        _ => "lzo",
-    }
 }
 
 /// One kernel run (zswap with `compressor`, or plain swap with `None`).

@@ -357,11 +357,9 @@ pub fn usemem_in_cgroup(
     pattern: crate::usemem::Pattern,
     passes: u32,
 ) -> Result<KernelRun> {
-    use std::io::BufRead;
     let exe = std::env::current_exe().context("locating the uzswap binary")?;
-    let start = ZswapSample::read()?;
-    let mut child = std::process::Command::new(exe)
-        .arg("internal-usemem")
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("internal-usemem")
         .arg("--cgroup")
         .arg(cgroup)
         .arg("--data")
@@ -371,7 +369,20 @@ pub fn usemem_in_cgroup(
         .arg("--pattern")
         .arg(format!("{pattern:?}").to_lowercase())
         .arg("--passes")
-        .arg(passes.to_string())
+        .arg(passes.to_string());
+    measure_in_cgroup(cgroup, cmd)
+}
+
+/// Runs `cmd`, a workload that joins `cgroup` itself, prints its usemem
+/// report as one JSON line and then holds its memory until stdin closes;
+/// samples the cgroup's usage and the kernel's zswap pool meanwhile.
+pub fn measure_in_cgroup(
+    cgroup: &std::path::Path,
+    mut cmd: std::process::Command,
+) -> Result<KernelRun> {
+    use std::io::BufRead;
+    let start = ZswapSample::read()?;
+    let mut child = cmd
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()

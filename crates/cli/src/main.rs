@@ -4,6 +4,7 @@
 
 mod bench_cache;
 mod bench_pool;
+mod bench_run;
 mod bench_usemem;
 mod corpus;
 mod kernel;
@@ -129,6 +130,33 @@ enum Bench {
         /// swap and zswap settings are restored afterwards).
         #[arg(long)]
         vs_kernel: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// An unmodified C program (usemem, built here from
+    /// workloads/usemem.c) under `uzswap run --memory-max`, against the
+    /// same binary in a memory cgroup of the same size with the kernel's
+    /// zswap (root; swap, zswap settings and the cgroup are restored).
+    Run {
+        /// MiB of memory the workload uses.
+        #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=16384))]
+        mib: u64,
+        /// Resident budget in MiB (--memory-max, and the cgroup's limit).
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=16384))]
+        budget_mib: u64,
+        #[arg(long, value_enum, default_value = "mixed")]
+        data: corpus::DataKind,
+        #[arg(long, value_enum, default_value = "seq")]
+        pattern: usemem::Pattern,
+        #[arg(long, default_value_t = 2)]
+        passes: u32,
+        /// lz4, zstd[:LEVEL], deflate[:LEVEL] (the kernel is asked for the
+        /// same; it falls back to lzo if it lacks it).
+        #[arg(long, default_value = "lz4")]
+        compressor: String,
+        /// Only the uzswap side (no root needed).
+        #[arg(long)]
+        skip_kernel: bool,
         #[arg(long)]
         json: bool,
     },
@@ -295,6 +323,30 @@ fn run(cli: Cli) -> Result<()> {
                 compressor,
                 vs_kernel,
             })?;
+            emit(json, &v)
+        }
+        Cmd::Bench(Bench::Run {
+            mib,
+            budget_mib,
+            data,
+            pattern,
+            passes,
+            compressor,
+            skip_kernel,
+            json,
+        }) => {
+            let v = bench_run::run(&bench_run::Args {
+                mib: mib as usize,
+                budget_mib: budget_mib as usize,
+                data,
+                pattern,
+                passes,
+                compressor,
+                skip_kernel,
+            })?;
+            if !json {
+                eprint!("{}", bench_run::table(&v));
+            }
             emit(json, &v)
         }
         Cmd::Bench(Bench::Cache {

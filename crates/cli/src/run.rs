@@ -244,11 +244,11 @@ extern "C" fn forward(sig: libc::c_int) {
     }
 }
 
-/// A private directory for the final statistics, removed on drop.
-struct TempDir(PathBuf);
+/// A private directory (mode 0700) in `$TMPDIR`, removed on drop.
+pub struct TempDir(pub PathBuf);
 
 impl TempDir {
-    fn new() -> Result<TempDir> {
+    pub fn new() -> Result<TempDir> {
         use std::os::unix::fs::DirBuilderExt;
         let base = std::env::temp_dir();
         for i in 0..100u32 {
