@@ -208,63 +208,63 @@ fn emit(json: bool, v: &serde_json::Value) -> Result<()> {
     Ok(())
 }
 
-/// The main job on the embedded default: a usemem workload on real mixed
-/// pages in a uzswap region kept at a quarter of its size, its cold pages
-/// compressed into the cache, whose pool is capped at an eighth so that the
-/// coldest are written back to an encrypted, unlinked backing file.
+/// The main job on the embedded default: an unmodified C program (the
+/// usemem workload, built here) run by `uzswap run` in a quarter of the
+/// memory it uses, on real mixed pages; its cold pages are compressed into
+/// the pool, capped at an eighth so that the coldest are written back to
+/// an encrypted, unlinked file in `$TMPDIR`. Shows the live statistics
+/// once the pool is in use, and the run's summary at the end.
 fn demo(mib: u32) -> Result<()> {
-    use std::sync::Arc;
+    use anyhow::Context;
+    use std::io::BufRead;
     let mib = mib as usize;
-    let pages = corpus::load_for_workload(corpus::DataKind::Mixed, mib)?;
-    kernel::note(&format!("data: {}", pages.source));
-    let cache = Arc::new(uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
-        pool_limit: uzswap_cache::PoolLimit::Bytes((mib as u64) << 17),
-        backing: uzswap_cache::Backing::File(std::env::temp_dir()),
-        ..uzswap_cache::CacheConfig::default()
-    })?);
-    let pager = uzswap_region::Pager::new(
-        cache.clone(),
-        uzswap_region::PagerConfig::new(mib * 256 / 4),
-    )?;
-    let mut region = pager.region(mib << 20)?;
+    let w = bench_run::prepare(corpus::DataKind::Mixed, mib)?;
+    kernel::note(&format!("data: {}", w.source));
+    let (budget, pool) = (mib / 4, mib / 8);
+    let tmp = std::env::temp_dir();
     kernel::note(&format!(
-        "running usemem over {mib} MiB with a resident budget of {} MiB, pool limit {} MiB, backing file in {}",
-        mib / 4,
-        mib / 8,
-        std::env::temp_dir().display()
+        "uzswap run --memory-max {budget}M --pool-max {pool}M --backing-file {} -- usemem ({mib} MiB, 2 passes, skewed)",
+        tmp.display()
     ));
-    let report = usemem::run(region.as_mut_slice(), &pages, usemem::Pattern::Skewed, 2);
-    let ps = pager.stats();
-    let cs = cache.stats();
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .arg("run")
+        .args(["--memory-max", &format!("{budget}M")])
+        .args(["--pool-max", &format!("{pool}M")])
+        .arg("--backing-file")
+        .arg(&tmp)
+        .arg("--")
+        .arg(&w.bin)
+        .args(w.args(mib, 2, usemem::Pattern::Skewed))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("starting uzswap run")?;
+    let pid = child.id();
+    // The live view, as `uzswap stats PID` shows it, once pages are coming
+    // back from the pool.
     let mut out = std::io::stdout().lock();
+    for _ in 0..600 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let Ok(v) = stats::get(pid) else { continue };
+        if v.pointer("/pager/faults_pool").and_then(|x| x.as_u64()) > Some(0) {
+            writeln!(out, "live, from `uzswap stats {pid}`:")?;
+            write!(out, "{}", stats::text(&v))?;
+            break;
+        }
+    }
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+    let status = child.wait()?;
+    let report: usemem::Report = serde_json::from_str(line.trim())
+        .with_context(|| format!("the workload printed no report ({status})"))?;
     writeln!(
         out,
         "usemem: {} pages, fill {:.0} KB/s, {} passes {:.0} KB/s, corrupt pages: {}",
         report.pages, report.fill_kbps, report.passes, report.pass_kbps, report.corrupt_pages
     )?;
-    writeln!(
-        out,
-        "faults: zero {} pool {} backing {} same-filled {}; latency p50 {:.1} us p99 {:.1} us; evictions {} clean drops {}; peak resident {} pages",
-        ps.faults_zero,
-        ps.faults_pool,
-        ps.faults_backing,
-        ps.faults_same_filled,
-        ps.fault_latency.p50_us,
-        ps.fault_latency.p99_us,
-        ps.evictions,
-        ps.clean_drops,
-        ps.peak_resident_pages
-    )?;
-    writeln!(out, "cache counters:")?;
-    for (name, v) in cs.pairs() {
-        if v != 0 {
-            writeln!(out, "  {name:32} {v}")?;
-        }
-    }
-    writeln!(out, "{}", cache.pool_stats().table())?;
     anyhow::ensure!(
-        report.corrupt_pages == 0,
-        "{} pages came back wrong",
+        report.corrupt_pages == 0 && status.success(),
+        "{} pages came back wrong ({status})",
         report.corrupt_pages
     );
     Ok(())

@@ -456,7 +456,8 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
         }
     }
     s += &format!(
-        "uzswap: peak RSS {} (kernel's count: budget {} + compressed pool + runtime)\n",
+        "uzswap: peak RSS {} (the kernel's count, file mappings included; the budget of {} \
+         covers heap and anonymous memory, the pool and the runtime come on top)\n",
         human(o.max_rss),
         human(a.memory_max)
     );
@@ -470,11 +471,11 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
     let stored = n("/cache/stored_pages");
     let pool = n("/cache/pool_total_size");
     s += &format!(
-        "uzswap: evicted {:.0} pages; pool {} holds {stored:.0} pages ({:.2}x); written back {:.0}\n",
+        "uzswap: evicted {:.0} pages, wrote back {:.0}; at exit the pool held {stored:.0} pages in {} ({:.2}x)\n",
         n("/pager/evictions"),
+        n("/cache/written_back_pages"),
         human(pool as u64),
         if pool > 0.0 { stored * 4096.0 / pool } else { 0.0 },
-        n("/cache/written_back_pages"),
     );
     if n("/pager/store_full_episodes") > 0.0 {
         let over = (n("/pager/peak_resident_pages") - n("/pager/budget_pages")).max(0.0);
@@ -492,4 +493,48 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units_and_refuse_nonsense() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("512K"), Ok(512 << 10));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size(" 2GiB "), Ok(2 << 30));
+        assert_eq!(parse_size("1t"), Ok(1 << 40));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("12X").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("-1M").is_err());
+        assert!(parse_size("99999999999T")
+            .unwrap_err()
+            .contains("too large"));
+    }
+
+    #[test]
+    fn elf_headers_tell_dynamic_from_static() {
+        // This test binary is dynamically linked (cargo's default on Linux).
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        assert!(has_interpreter(&me[..4096]).unwrap());
+        // The same header with PT_INTERP entries renamed to PT_NULL.
+        let mut stat = me[..4096].to_vec();
+        let phoff = u64::from_le_bytes(stat[0x20..0x28].try_into().unwrap()) as usize;
+        let (size, num) = (
+            u16::from_le_bytes([stat[0x36], stat[0x37]]) as usize,
+            u16::from_le_bytes([stat[0x38], stat[0x39]]) as usize,
+        );
+        for i in 0..num {
+            let o = phoff + i * size;
+            if stat[o..o + 4] == 3u32.to_le_bytes() {
+                stat[o..o + 4].copy_from_slice(&0u32.to_le_bytes());
+            }
+        }
+        assert!(!has_interpreter(&stat).unwrap());
+        assert!(has_interpreter(b"#!/bin/sh\n").is_err());
+        assert!(has_interpreter(&[0u8; 64]).is_err());
+    }
 }

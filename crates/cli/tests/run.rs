@@ -486,3 +486,19 @@ fn live_statistics_of_a_running_program() {
     let o = uzswap().args(["stats", "1"]).output().unwrap();
     assert!(!o.status.success());
 }
+
+#[test]
+fn the_demo_runs_a_program_in_a_quarter_of_its_memory() {
+    require_uffd!();
+    if build("fill", &[]).is_none() {
+        return; // no C compiler: the demo's workload cannot be built
+    }
+    let out = uzswap().args(["demo", "--mib", "48"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("corrupt pages: 0"), "{stdout}");
+    assert!(stdout.contains("live, from `uzswap stats"), "{stdout}");
+    assert!(stderr.contains("--memory-max 12M"), "{stderr}");
+    assert!(stderr.contains("exited with status 0"), "{stderr}");
+}
