@@ -255,6 +255,10 @@ impl KernelSwap {
                     ks.compressor = Some(c.into());
                 }
                 std::fs::write(format!("{ZSWAP_PARAMS}/enabled"), "Y")?;
+                // What the kernel really uses, as it reports it.
+                if let Ok(v) = std::fs::read_to_string(&param) {
+                    ks.compressor = Some(v.trim().to_string());
+                }
             }
             None => std::fs::write(format!("{ZSWAP_PARAMS}/enabled"), "N")?,
         }

@@ -39,6 +39,13 @@ pub struct Args {
     /// pages that do not fit the pool stay resident.
     #[arg(long)]
     pub backing_file: Option<std::path::PathBuf>,
+    /// Keep the pool's copy of a page brought back (mapped write-protected),
+    /// so that evicting it again unwritten needs no compression. Costs pool
+    /// memory for resident pages and a fault on the first write; off, a
+    /// load frees the copy as the kernel's zswap does (measured faster and
+    /// smaller on usemem: docs/BENCHMARKS.md).
+    #[arg(long)]
+    pub keep_clean: bool,
     /// Write the final statistics (JSON) to this file.
     #[arg(long)]
     pub stats_json: Option<std::path::PathBuf>,
@@ -332,6 +339,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
         .env("LD_PRELOAD", preload)
         .env("UZSWAP_MEMORY_MAX", a.memory_max.to_string())
         .env("UZSWAP_COMPRESSOR", a.compressor.to_string())
+        .env("UZSWAP_KEEP_CLEAN", if a.keep_clean { "1" } else { "0" })
         .env("UZSWAP_FINAL_STATS", &final_base);
     match a.pool_max {
         Some(p) => cmd.env("UZSWAP_POOL_MAX", p.to_string()),

@@ -622,6 +622,12 @@ fn start() -> Result<(), String> {
     let cache = Arc::new(Cache::new(cache_cfg).map_err(|e| e.to_string())?);
     let mut pcfg = PagerConfig::new(budget_pages);
     pcfg.thread_start = Some(mark_thread_internal);
+    let keep_clean = match std::env::var("UZSWAP_KEEP_CLEAN").as_deref() {
+        Ok("1") => true,
+        Err(_) | Ok("0") => false,
+        Ok(v) => return Err(format!("UZSWAP_KEEP_CLEAN={v:?}: use 1 or 0")),
+    };
+    pcfg.keep_clean = keep_clean;
     let pager = Pager::new(cache.clone(), pcfg).map_err(|e| e.to_string())?;
     let space = space::Space::new(pager, reserve)
         .map_err(|e| format!("cannot reserve {reserve} bytes of address space: {e}"))?;
@@ -630,6 +636,7 @@ fn start() -> Result<(), String> {
         pool_max,
         compressor: compressor.to_string(),
         backing: backing.map(|p| p.to_string_lossy().into_owned()),
+        keep_clean,
         final_stats: final_stats.map(std::path::PathBuf::from),
     };
     let rt = Runtime {

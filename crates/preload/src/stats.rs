@@ -16,6 +16,7 @@ pub struct RunConfig {
     pub pool_max: Option<usize>,
     pub compressor: String,
     pub backing: Option<String>,
+    pub keep_clean: bool,
     pub final_stats: Option<PathBuf>,
 }
 
@@ -48,6 +49,7 @@ pub fn snapshot(rt: &Runtime) -> Value {
             "pool_max": rt.config.pool_max,
             "compressor": rt.config.compressor,
             "backing": rt.config.backing,
+            "keep_clean": rt.config.keep_clean,
         },
         "pager": pager_v,
         "cache": cache_v,

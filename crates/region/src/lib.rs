@@ -37,6 +37,11 @@
 //!   (write-protected, the store keeps an identical copy). For a write
 //!   fault the faulting page is mapped writable instead and its entry
 //!   invalidated (`Dirty`).
+//!   With `PagerConfig::keep_clean = false` (what `uzswap run` uses) every
+//!   page is mapped writable and `Dirty`, its entry invalidated once it is
+//!   mapped, as the kernel's zswap frees an entry on load: no pool memory
+//!   for resident pages and no write-protect fault on the first write, at
+//!   the price of compressing a page again when it is evicted unwritten.
 //! - **write-protect fault on a `Clean` page**: invalidate the store's
 //!   entry, clear the protection (`UFFDIO_WRITEPROTECT`, which wakes the
 //!   writer). → `Dirty`.
@@ -57,6 +62,11 @@
 //!   evictor itself (reading the page to store it). The budget can so be
 //!   exceeded by at most one batch, only while the program discards pages
 //!   under eviction.
+//!   A second exception keeps a program from blocking for ever: when the
+//!   store refuses a whole eviction batch (its pool is full and it has
+//!   nowhere to write back), the budget turns *soft*: faults are served
+//!   over it (`store_full_episodes`, `over_budget`), and the evictor retries
+//!   every 20 ms; the first batch that leaves memory makes it hard again.
 //! - **load failure**: the page gets a poison marker (`UFFDIO_POISON`), so
 //!   the access raises SIGBUS as a swap read error does; never made-up data.
 //!
@@ -67,7 +77,12 @@
 //! # Eviction: write-protect before copy (evictor thread)
 //! The evictor sleeps until `resident > budget − margin` and then evicts in
 //! batches until `resident ≤ budget − 2·margin` (margin = budget/32, 2..256),
-//! so faults rarely find the budget full. For each victim:
+//! so faults rarely find the budget full. A batch (64 pages) is sorted by
+//! address, and steps 2, 3 and 5 act on runs of adjacent victims with one
+//! call per run: each `MADV_DONTNEED` is a round trip through the handler
+//! (a remove event), and while one is pending the handler's copies fail
+//! with EAGAIN, so one call per page halved the throughput. For each
+//! victim:
 //! 1. *claim* (state lock): `Dirty` → `Evicting`; `Clean` → `Discarding`.
 //! 2. `UFFDIO_WRITEPROTECT` the page. When the ioctl returns the TLB is
 //!    flushed and no CPU can write it; a write now faults with the WP flag,

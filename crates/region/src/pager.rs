@@ -51,6 +51,13 @@ pub struct PagerConfig {
     pub spin: Duration,
     /// Pages evicted per batch.
     pub evict_batch: usize,
+    /// Keep the store's copy of a page brought back, and map it
+    /// write-protected (`Clean`): evicting it again unwritten then needs no
+    /// compression, at the cost of pool memory for resident pages. `false`
+    /// frees the copy as soon as the page is mapped (writable, `Dirty`), as
+    /// the kernel's zswap frees an entry on load: less memory, more
+    /// compression.
+    pub keep_clean: bool,
     /// Bring every evicted page back before `fork()` (see `crate` docs).
     pub fork_prefault: bool,
     /// Called first on each helper thread the pager starts (the handler
@@ -72,6 +79,7 @@ impl PagerConfig {
             spin: Duration::from_micros(50),
             evict_batch: 64,
             fork_prefault: true,
+            keep_clean: true,
             thread_start: None,
             inject_open_errno: None,
         }
@@ -927,8 +935,12 @@ impl Shared {
             }
         };
         let tc = Instant::now();
+        let keep = self.cfg.keep_clean;
         // SAFETY: buf page 0 holds the loaded bytes.
-        match unsafe { self.uffd.copy(f.addr, buf.addr(0), PAGE_SIZE, !f.write) } {
+        match unsafe {
+            self.uffd
+                .copy(f.addr, buf.addr(0), PAGE_SIZE, keep && !f.write)
+        } {
             Ok(()) => {}
             Err(e) if e.errno == libc::EAGAIN => return Outcome::Defer,
             Err(e) if e.errno == libc::EEXIST => {}
@@ -952,7 +964,7 @@ impl Shared {
             // SAFETY: buf pages 1..got hold loaded bytes.
             match unsafe {
                 self.uffd
-                    .copy(f.addr + PAGE_SIZE, buf.addr(1), (got - 1) * PAGE_SIZE, true)
+                    .copy(f.addr + PAGE_SIZE, buf.addr(1), (got - 1) * PAGE_SIZE, keep)
             } {
                 Ok(()) => mapped = got,
                 // Partly done (EAGAIN, EEXIST): the rest stay `Stored`,
@@ -970,7 +982,9 @@ impl Shared {
         }
         for i in 0..mapped {
             let p = page + i as u64;
-            let dirty = i == 0 && f.write;
+            // Loaded with `Keep` either way, so that a page whose copy
+            // failed stays in the store; dropped here once it is mapped.
+            let dirty = !keep || (i == 0 && f.write);
             s.meta(area, p).st = if dirty {
                 PageState::Dirty
             } else {
