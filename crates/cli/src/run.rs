@@ -485,11 +485,16 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
         human(pool as u64),
         if pool > 0.0 { stored * 4096.0 / pool } else { 0.0 },
     );
-    if n("/pager/store_full_episodes") > 0.0 {
-        let over = (n("/pager/peak_resident_pages") - n("/pager/budget_pages")).max(0.0);
+    let over = (n("/pager/peak_resident_pages") - n("/pager/budget_pages")).max(0.0);
+    if n("/pager/store_full_episodes") > 0.0 && over > 0.0 {
+        let remedy = if a.backing_file.is_some() {
+            "the backing file could not take them either (is its disk full?)"
+        } else {
+            "give --backing-file DIR or a larger --pool-max"
+        };
         s += &format!(
-            "uzswap: WARNING: the pool filled up ({}) with nowhere to write back, so the program \
-             went over its budget by up to {over:.0} pages; give --backing-file DIR or a larger --pool-max\n",
+            "uzswap: WARNING: the pool ({}) refused pages, so the program went over its budget \
+             by up to {over:.0} pages rather than stop; {remedy}\n",
             human(n("/cache/pool_limit_bytes") as u64),
         );
     }

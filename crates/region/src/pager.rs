@@ -1139,8 +1139,8 @@ impl Shared {
                         self.claim(&mut s, v)
                     };
                     let k = victims.len();
-                    let gone = self.evict(victims);
-                    self.note_progress(k, gone);
+                    let (gone, refused) = self.evict(victims);
+                    self.note_progress(refused, gone);
                     if gone == 0 {
                         0
                     } else {
@@ -1196,14 +1196,16 @@ impl Shared {
         out
     }
 
-    /// Records whether a batch of `tried` victims freed any (`gone`): a
-    /// batch the store refused entirely makes the budget soft until one
-    /// succeeds, and lets held-back faults through.
-    fn note_progress(&self, tried: usize, gone: usize) {
+    /// Records what a batch did: `refused` victims the store would not
+    /// take, `gone` that left memory. A batch that freed nothing because
+    /// the store refused makes the budget soft until one succeeds, and lets
+    /// held-back faults through (a batch whose victims were all written
+    /// meanwhile says nothing about the store).
+    fn note_progress(&self, refused: usize, gone: usize) {
         let mut s = self.state.lock();
         if gone > 0 {
             s.store_full = false;
-        } else if tried > 0 && !s.store_full {
+        } else if refused > 0 && !s.store_full {
             s.store_full = true;
             s.stats.store_full_episodes += 1;
             drop(s);
@@ -1214,8 +1216,9 @@ impl Shared {
 
     /// Evicts claimed victims: write-protect, copy out, store, commit,
     /// discard, settle. Runs without the state lock except to commit.
-    /// Returns how many left memory.
-    fn evict(&self, mut victims: Vec<Victim>) -> usize {
+    /// Returns how many left memory, and how many the store refused.
+    fn evict(&self, mut victims: Vec<Victim>) -> (usize, usize) {
+        let mut refused = 0;
         // By address, so that neighbours are protected, read and discarded
         // with one call per run: each `MADV_DONTNEED` is a round trip
         // through the handler (a remove event), and while it is pending the
@@ -1247,6 +1250,7 @@ impl Shared {
                 match self.store.store(v.area, v.page as u64, page) {
                     Ok(_) => v.stored = true,
                     Err(_) => {
+                        refused += 1;
                         self.state.lock().stats.store_rejected += 1;
                     }
                 }
@@ -1352,7 +1356,7 @@ impl Shared {
         for a in wake {
             let _ = self.uffd.wake(a, PAGE_SIZE);
         }
-        victims.iter().filter(|v| v.discard).count()
+        (victims.iter().filter(|v| v.discard).count(), refused)
     }
 
     /// Evicts the given pages of `area` now, on the calling thread.
@@ -1371,7 +1375,7 @@ impl Shared {
                 .collect();
             self.claim(&mut s, v)
         };
-        let gone = self.evict(victims);
+        let (gone, _) = self.evict(victims);
         // SAFETY: locked at the top of this function on this thread.
         unsafe { self.gate.unlock() };
         gone

@@ -5,6 +5,7 @@
 mod basic;
 mod common;
 mod discard;
+mod full;
 mod lifecycle;
 mod load_error;
 mod policy;
