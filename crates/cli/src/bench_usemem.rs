@@ -18,6 +18,7 @@ pub struct Args {
     pub passes: u32,
     pub compressor: String,
     pub vs_kernel: bool,
+    pub keep_clean: bool,
 }
 
 /// One kernel run (zswap with `compressor`, or plain swap with `None`).
@@ -40,6 +41,7 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         "pattern": args.pattern,
         "passes": args.passes,
         "compressor": args.compressor,
+        "keep_clean": args.keep_clean,
     });
     let ours = uzswap_run(args)?;
     let pass_kbps = ours["pass_kbps"].as_f64().unwrap_or(0.0);
@@ -109,7 +111,10 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
     })?);
     let pager = Arc::new(uzswap_region::Pager::new(
         cache.clone(),
-        uzswap_region::PagerConfig::new(args.budget_mib << 8),
+        uzswap_region::PagerConfig {
+            keep_clean: args.keep_clean,
+            ..uzswap_region::PagerConfig::new(args.budget_mib << 8)
+        },
     )?);
     let base_rss = uzswap_zpool::rss_bytes().unwrap_or(0);
     let mut region = pager.region(args.mib << 20)?;

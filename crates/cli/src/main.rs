@@ -181,6 +181,11 @@ enum Bench {
         /// kernel's zswap, and with plain swap (root; restored afterwards).
         #[arg(long)]
         vs_kernel: bool,
+        /// Keep the pool's copy of pages brought back (mapped
+        /// write-protected) so that evicting them unwritten needs no
+        /// compression; off: exclusive loads, as the kernel.
+        #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+        keep_clean: bool,
         #[arg(long)]
         json: bool,
     },
@@ -312,6 +317,7 @@ fn run(cli: Cli) -> Result<()> {
             passes,
             compressor,
             vs_kernel,
+            keep_clean,
             json,
         }) => {
             let v = bench_usemem::run(&bench_usemem::Args {
@@ -322,6 +328,7 @@ fn run(cli: Cli) -> Result<()> {
                 passes,
                 compressor,
                 vs_kernel,
+                keep_clean,
             })?;
             emit(json, &v)
         }
