@@ -166,6 +166,13 @@ pub fn text(v: &Value) -> String {
         n("/cache/written_back_pages"),
         n("/pager/load_errors"),
     );
+    s += &format!(
+        "runtime heap: {} in use ({} index, {} allocator metadata), {} held\n",
+        h("/runtime_heap/in_use_bytes"),
+        h("/cache/index_bytes"),
+        h("/pool/metadata_bytes"),
+        h("/runtime_heap/held_bytes"),
+    );
     if let Some(t) = v.get("pool_table").and_then(Value::as_str) {
         s += t;
         if !t.ends_with('\n') {

@@ -26,6 +26,18 @@ pub fn socket_name(pid: u32) -> String {
     format!("uzswap-stats.{pid}")
 }
 
+/// The runtime's own heap (glibc's, which serves the cache index, the
+/// pager's tables and every other allocation of the runtime): bytes in use
+/// and bytes glibc holds from the OS for it.
+fn runtime_heap() -> Value {
+    // SAFETY: mallinfo2 only reads the allocator's counters.
+    let m = unsafe { libc::mallinfo2() };
+    json!({
+        "in_use_bytes": m.uordblks + m.hblkhd,
+        "held_bytes": m.arena + m.hblkhd,
+    })
+}
+
 /// Everything the runtime can report, as one JSON object.
 pub fn snapshot(rt: &Runtime) -> Value {
     let pager = rt.space.pager().stats();
@@ -54,6 +66,7 @@ pub fn snapshot(rt: &Runtime) -> Value {
         "pager": pager_v,
         "cache": cache_v,
         "space": rt.space.stats(),
+        "runtime_heap": runtime_heap(),
         "pool": pool.to_json(),
         "pool_table": pool.table(),
     })

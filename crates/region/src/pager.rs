@@ -943,7 +943,10 @@ impl Shared {
         } {
             Ok(()) => {}
             Err(e) if e.errno == libc::EAGAIN => return Outcome::Defer,
-            Err(e) if e.errno == libc::EEXIST => {}
+            Err(e) if e.errno == libc::EEXIST => {
+                // Mapped already: nothing was copied, so nobody was woken.
+                let _ = self.uffd.wake(f.addr, PAGE_SIZE);
+            }
             Err(_) => return Outcome::Done,
         }
         s.lat_copy.record(tc.elapsed().as_nanos() as u64);
