@@ -649,6 +649,9 @@ impl Inner {
             let handle = match shared {
                 Some(h) => {
                     self.counters.duplicate_pages.fetch_add(1, RELAXED);
+                    self.counters
+                        .dedup_saved_bytes
+                        .fetch_add(size as u64, RELAXED);
                     h
                 }
                 None => match self.pool.malloc_write(data) {
@@ -821,6 +824,11 @@ impl Inner {
             Some(h) => self.dedup.unref(self.scope(area), h, obj.handle),
             None => true,
         };
+        if !last {
+            self.counters
+                .dedup_saved_bytes
+                .fetch_sub(u64::from(obj.size), RELAXED);
+        }
         if last {
             self.pool
                 .free(obj.handle)
@@ -1315,6 +1323,16 @@ impl Inner {
             if have != counted {
                 return Err(format!("{name}: counter {have}, index holds {counted}"));
             }
+        }
+        let saved: u64 = handles
+            .values()
+            .map(|(_, o, refs)| u64::from(o.size) * u64::from(refs - 1))
+            .sum();
+        if c.dedup_saved_bytes != saved {
+            return Err(format!(
+                "dedup_saved_bytes: counter {}, shared objects save {saved}",
+                c.dedup_saved_bytes
+            ));
         }
         let objects = self.pool.stats().objects;
         if objects != handles.len() as u64 {

@@ -93,6 +93,9 @@ counters! {
     reject_io,
     /// Stores of pages identical to a stored one, which share its object.
     duplicate_pages,
+    /// Pool bytes sharing saves now: for every shared object, its size
+    /// times the references beyond the first (a gauge).
+    dedup_saved_bytes,
     /// Loads served by decompressing from the pool.
     loads_pool,
     /// Loads served from the backing tier.

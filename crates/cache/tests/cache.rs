@@ -445,7 +445,11 @@ fn dedup_shares_equal_pages_and_never_colliding_ones() {
         }
         let st = c.stats();
         assert_eq!(st.duplicate_pages, 36, "forced={forced}");
-        assert_eq!(c.pool_stats().objects, 4);
+        let ps = c.pool_stats();
+        assert_eq!(ps.objects, 4);
+        // Nine more references on each of four objects: nine times their
+        // sizes saved.
+        assert_eq!(st.dedup_saved_bytes, 9 * ps.payload_bytes);
         let mut buf = vec![0u8; PAGE_SIZE];
         for i in 0..40u64 {
             c.load(0, i, &mut buf, LoadMode::Keep).unwrap();
@@ -455,6 +459,7 @@ fn dedup_shares_equal_pages_and_never_colliding_ones() {
         for i in 0..40u64 {
             c.invalidate(0, i).unwrap();
         }
+        assert_eq!(c.stats().dedup_saved_bytes, 0);
         assert_eq!(c.pool_stats().objects, 0);
         c.check_invariants().unwrap();
     }

@@ -144,6 +144,7 @@ pub fn run(a: &Args) -> Result<serde_json::Value> {
         "stored_pages": st.stored_pages,
         "same_filled_pages": st.same_filled_pages,
         "duplicate_pages": st.duplicate_pages,
+        "dedup_saved_bytes": st.dedup_saved_bytes,
         "stored_incompressible_pages": st.stored_incompressible_pages,
         "pool_bytes": pool_bytes,
         "index_bytes": st.index_bytes,
