@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use std::collections::HashMap;
 use uzswap_cache::{
     Backing, Cache, CacheConfig, Compressor, DedupScope, Error, Incompressible, LoadError,
-    LoadMode, Loaded, PoolLimit, Reject, StoreError, Stored, PAGE_SIZE,
+    LoadMode, Loaded, PoolLimit, Proactive, Reject, StoreError, Stored, PAGE_SIZE,
 };
 
 #[derive(Debug, Clone)]
@@ -511,4 +511,96 @@ fn backing_file_is_unlinked_and_round_trips() {
     }
     c.check_invariants().unwrap();
     std::fs::remove_dir(&dir).unwrap();
+}
+
+/// Waits up to 10 s for `cond`.
+fn within_10s(mut cond: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    cond()
+}
+
+/// Proactive writeback by age: with no pressure at all, pages older than
+/// `max_age` move to the tier in the background, and load back intact.
+#[test]
+fn proactive_writeback_moves_old_pages_to_the_tier() {
+    let c = Cache::new(CacheConfig {
+        backing: Backing::Store(Box::new(MemBacking::default())),
+        proactive: Some(Proactive {
+            max_age: Some(std::time::Duration::from_secs(1)),
+            max_pool_percent_of_limit: None,
+        }),
+        ..CacheConfig::default()
+    })
+    .unwrap();
+    c.open_area(0).unwrap();
+    for i in 0..200u64 {
+        c.store(0, i, &page(2, i)).unwrap();
+    }
+    assert!(
+        within_10s(|| c.stats().backing_pages == 200),
+        "{:?}",
+        c.stats()
+    );
+    let st = c.stats();
+    assert_eq!(st.proactive_written_back_pages, 200);
+    assert_eq!(st.pool_limit_hit, 0, "no pressure was needed");
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for i in 0..200u64 {
+        assert_eq!(
+            c.load(0, i, &mut buf, LoadMode::Keep).unwrap(),
+            Loaded::Backing
+        );
+        assert_eq!(buf, page(2, i));
+    }
+    c.check_invariants().unwrap();
+}
+
+/// Proactive writeback by share: the pool is kept under the given share of
+/// its limit before it is ever full, coldest pages first.
+#[test]
+fn proactive_writeback_keeps_the_pool_under_its_share() {
+    const LIMIT: u64 = 256 * 4096;
+    let c = Cache::new(CacheConfig {
+        pool_limit: PoolLimit::Bytes(LIMIT),
+        backing: Backing::Store(Box::new(MemBacking::default())),
+        proactive: Some(Proactive {
+            max_age: None,
+            max_pool_percent_of_limit: Some(40),
+        }),
+        ..CacheConfig::default()
+    })
+    .unwrap();
+    c.open_area(0).unwrap();
+    // About 70 % of the limit in compressed pages: under the limit, over
+    // the share.
+    let mut n = 0u64;
+    while c.stats().pool_total_size < LIMIT * 7 / 10 {
+        c.store(0, n, &page(2, n)).unwrap();
+        n += 1;
+    }
+    assert!(
+        within_10s(|| c.stats().pool_total_size <= LIMIT * 4 / 10),
+        "{:?}",
+        c.stats()
+    );
+    let st = c.stats();
+    assert!(st.proactive_written_back_pages > 0);
+    assert_eq!(st.pool_limit_hit, 0, "the pool never reached its limit");
+    // The oldest pages went first.
+    let mut buf = vec![0u8; PAGE_SIZE];
+    assert_eq!(
+        c.load(0, 0, &mut buf, LoadMode::Keep).unwrap(),
+        Loaded::Backing
+    );
+    for i in 0..n {
+        c.load(0, i, &mut buf, LoadMode::Keep).unwrap();
+        assert_eq!(buf, page(2, i), "page {i}");
+    }
+    c.check_invariants().unwrap();
 }
