@@ -2,6 +2,7 @@
 //! Arguments are parsed and validated first (clap), then turned into the
 //! real configuration; `main` only maps errors to exit codes.
 
+mod bench_admission;
 mod bench_cache;
 mod bench_pool;
 mod bench_run;
@@ -130,6 +131,29 @@ enum Bench {
         /// swap and zswap settings are restored afterwards).
         #[arg(long)]
         vs_kernel: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// IO-aware admission (seed 002) on a fast tier (a page-cached file)
+    /// and on a slow one (the same file with a delay per IO), each with
+    /// admission off and on: store and load throughput, pool memory.
+    Admission {
+        /// MiB of pages stored, then loaded back.
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+        mib: u64,
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+        threads: u64,
+        #[arg(long, value_enum, default_value = "mixed")]
+        data: corpus::DataKind,
+        /// Delay added to every read and write of the slow tier, in µs.
+        #[arg(long, default_value_t = 200)]
+        slow_us: u64,
+        /// Reads in flight at which the tier counts as busy.
+        #[arg(long, default_value_t = 1)]
+        read_limit: u32,
+        /// Writes in flight at which the tier counts as busy.
+        #[arg(long, default_value_t = 1)]
+        write_limit: u32,
         #[arg(long)]
         json: bool,
     },
@@ -329,6 +353,25 @@ fn run(cli: Cli) -> Result<()> {
                 compressor,
                 vs_kernel,
                 keep_clean,
+            })?;
+            emit(json, &v)
+        }
+        Cmd::Bench(Bench::Admission {
+            mib,
+            threads,
+            data,
+            slow_us,
+            read_limit,
+            write_limit,
+            json,
+        }) => {
+            let v = bench_admission::run(&bench_admission::Args {
+                mib: mib as usize,
+                threads: threads as usize,
+                data,
+                slow_us,
+                read_limit,
+                write_limit,
             })?;
             emit(json, &v)
         }
