@@ -128,9 +128,11 @@ struct LruItem {
 }
 
 /// A hasher for `(u32, u64)` keys: multiply and fold. Keys are page
-/// numbers, not attacker-chosen strings; the shard already spread them.
+/// numbers or content hashes, not attacker-chosen strings; the shard
+/// already spread them. (The dedup index uses it too: SipHash cost a few
+/// percent of the store path there.)
 #[derive(Default)]
-struct KeyHasher(u64);
+pub(crate) struct KeyHasher(u64);
 
 impl Hasher for KeyHasher {
     fn finish(&self) -> u64 {

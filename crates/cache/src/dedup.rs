@@ -23,8 +23,10 @@
 //! - The `same` callback runs under the shard lock (it decompresses one
 //!   candidate, a few µs): it must not call back into the index.
 
+use crate::cache::KeyHasher;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use uzswap_zpool::Handle;
 
 const SHARDS: usize = 64;
@@ -38,7 +40,10 @@ struct SharedObject {
 }
 
 type Key = (u32, u64);
-type Shard = Mutex<HashMap<Key, Vec<SharedObject>>>;
+/// Objects sharing one content hash: nearly always one (only a hash
+/// collision makes two), kept inline.
+type Objects = smallvec::SmallVec<[SharedObject; 1]>;
+type Shard = Mutex<HashMap<Key, Objects, BuildHasherDefault<KeyHasher>>>;
 
 /// Content index; see the module documentation.
 pub struct DedupIndex {
@@ -56,7 +61,9 @@ impl DedupIndex {
     /// An index using `hasher` (tests pass a constant to force collisions).
     pub fn with_hasher(hasher: fn(&[u8]) -> u64) -> DedupIndex {
         DedupIndex {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(HashMap::default()))
+                .collect(),
             hasher,
         }
     }
@@ -150,8 +157,13 @@ impl DedupIndex {
             .iter()
             .map(|s| {
                 let m = s.lock();
-                (m.capacity() * (std::mem::size_of::<Key>() + 24)
-                    + m.values().map(|l| l.capacity() * 16).sum::<usize>()) as u64
+                let slot = std::mem::size_of::<(Key, Objects)>() + 1;
+                let spilled = m
+                    .values()
+                    .filter(|l| l.spilled())
+                    .map(|l| l.capacity() * std::mem::size_of::<SharedObject>())
+                    .sum::<usize>();
+                (m.capacity() * slot + spilled) as u64
             })
             .sum()
     }

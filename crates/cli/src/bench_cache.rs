@@ -187,3 +187,82 @@ pub fn run(a: &Args) -> Result<serde_json::Value> {
     }
     Ok(v)
 }
+
+/// `uzswap bench dedup-cost`: what looking for duplicates costs the store
+/// path on pages that have none. The chosen data with every repeated page
+/// removed is stored into a fresh cache with dedup off, then into one with
+/// dedup on (in turn first), `rounds` times in this process; the result is
+/// the median of the per-round ratios (on / off), so drifts of the machine
+/// between rounds cancel out.
+pub fn dedup_cost(
+    data: DataKind,
+    mib: usize,
+    compressor: uzswap_cache::Compressor,
+    rounds: usize,
+) -> Result<serde_json::Value> {
+    use std::collections::HashSet;
+    use uzswap_cache::{Cache, CacheConfig, PoolLimit};
+    let all = crate::corpus::load(data, mib << 8)?;
+    let mut seen = HashSet::new();
+    let unique: Vec<&[u8]> = (0..all.count())
+        .map(|i| all.page(i))
+        .filter(|p| seen.insert(*p))
+        .collect();
+    note(&format!(
+        "{} distinct pages of {} ({:?} data: {})",
+        unique.len(),
+        all.count(),
+        data,
+        all.source
+    ));
+    let store_all = |dedup: bool| -> Result<(f64, u64)> {
+        let cache = Cache::new(CacheConfig {
+            compressor,
+            pool_limit: PoolLimit::Unlimited,
+            dedup,
+            ..CacheConfig::default()
+        })?;
+        cache.open_area(0)?;
+        let t = std::time::Instant::now();
+        for (i, p) in unique.iter().enumerate() {
+            cache.store(0, i as u64, p)?;
+        }
+        Ok((
+            per_s(unique.len(), t.elapsed()),
+            cache.stats().duplicate_pages,
+        ))
+    };
+    let mut ratios = Vec::new();
+    let mut rows = Vec::new();
+    for r in 0..rounds {
+        // Which goes first alternates, so that an order effect cancels.
+        let ((off, _), (on, dups)) = if r % 2 == 0 {
+            let off = store_all(false)?;
+            (off, store_all(true)?)
+        } else {
+            let on = store_all(true)?;
+            (store_all(false)?, on)
+        };
+        anyhow::ensure!(dups == 0, "{dups} duplicates found among distinct pages");
+        note(&format!(
+            "round {}: store {off:.0} pages/s without dedup, {on:.0} with ({:.3})",
+            r + 1,
+            on / off
+        ));
+        ratios.push(on / off);
+        rows.push(json!({ "off_pages_per_s": off, "on_pages_per_s": on }));
+    }
+    let mut sorted = ratios.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    Ok(json!({
+        "benchmark": "dedup-cost",
+        "data": all.source,
+        "distinct_pages": unique.len(),
+        "compressor": compressor.to_string(),
+        "rounds": rounds,
+        "store_ratio_on_vs_off_median": median,
+        "store_ratio_on_vs_off": ratios,
+        "runs": rows,
+    }))
+}

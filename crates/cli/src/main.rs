@@ -134,6 +134,22 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// What dedup costs the store path on pages without duplicates: store
+    /// throughput with dedup on against off, alternating in one process.
+    DedupCost {
+        #[arg(long, value_enum, default_value = "text")]
+        data: corpus::DataKind,
+        /// MiB of pages loaded (repeated pages are then removed).
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+        mib: u64,
+        #[arg(long, default_value = "lz4")]
+        compressor: uzswap_cache::Compressor,
+        /// Rounds of off-then-on (the median ratio is reported).
+        #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        rounds: u64,
+        #[arg(long)]
+        json: bool,
+    },
     /// IO-aware admission (seed 002) on a fast tier (a page-cached file)
     /// and on a slow one (the same file with a delay per IO), each with
     /// admission off and on: store and load throughput, pool memory.
@@ -354,6 +370,16 @@ fn run(cli: Cli) -> Result<()> {
                 vs_kernel,
                 keep_clean,
             })?;
+            emit(json, &v)
+        }
+        Cmd::Bench(Bench::DedupCost {
+            data,
+            mib,
+            compressor,
+            rounds,
+            json,
+        }) => {
+            let v = bench_cache::dedup_cost(data, mib as usize, compressor, rounds as usize)?;
             emit(json, &v)
         }
         Cmd::Bench(Bench::Admission {
