@@ -1,5 +1,7 @@
-//! `uzswap bench admission`: IO-aware admission (seed 002) on a fast and on
-//! a slow backing tier, against the pool-first default, in one run.
+//! The two policies that decide when pages go to the backing tier, each
+//! against the default in one run: `uzswap bench admission` (IO-aware
+//! admission, seed 002, on a fast and on a slow tier) and `uzswap bench
+//! proactive` (proactive writeback on a pool the workload overflows).
 //!
 //! Several threads store their share of real pages and then load them back
 //! (exclusive, checking every byte). The tier is a backing file in
@@ -177,6 +179,100 @@ pub fn run(args: &Args) -> Result<Value> {
         "slow_pool_ratio_on_vs_off": ratio(3, 2, "pool_bytes_after_store"),
         "slow_store_ratio_on_vs_off": ratio(3, 2, "store_pages_per_s"),
         "slow_load_ratio_on_vs_off": ratio(3, 2, "load_pages_per_s"),
+        "corrupt_pages": rows.iter().map(|r| r["corrupt_pages"].as_u64().unwrap_or(0)).sum::<u64>(),
+        "runs": rows,
+    }))
+}
+
+/// `uzswap bench proactive`: proactive writeback (off by default) against
+/// none, on a pool that the workload overflows. One thread stores pages in
+/// bursts with pauses (a program evicting as it runs), timing every store,
+/// then loads every page back exclusively, checking it. Without proactive
+/// writeback the pool fills and later stores wait for a direct write to
+/// the tier; with it the writer thread keeps the pool under a share of its
+/// limit during the pauses.
+pub fn proactive(
+    pages: &crate::corpus::Pages,
+    limit_mib: usize,
+    share: u8,
+    burst: usize,
+    pause: Duration,
+) -> Result<Value> {
+    let mut rows = Vec::new();
+    for on in [false, true] {
+        let cache = Cache::new(CacheConfig {
+            pool_limit: uzswap_cache::PoolLimit::Bytes((limit_mib as u64) << 20),
+            backing: Backing::File(std::env::temp_dir()),
+            proactive: on.then_some(uzswap_cache::Proactive {
+                max_age: None,
+                max_pool_percent_of_limit: Some(share),
+            }),
+            ..CacheConfig::default()
+        })?;
+        cache.open_area(0)?;
+        let n = pages.count();
+        let mut lat = Vec::with_capacity(n);
+        let t0 = Instant::now();
+        let mut paused = Duration::ZERO;
+        for i in 0..n {
+            let t = Instant::now();
+            cache.store(0, i as u64, pages.page(i))?;
+            lat.push(t.elapsed().as_nanos() as u64);
+            if (i + 1) % burst == 0 {
+                std::thread::sleep(pause);
+                paused += pause;
+            }
+        }
+        let store_busy_s = (t0.elapsed() - paused).as_secs_f64();
+        let after = cache.stats();
+        let mut buf = vec![0u8; PAGE];
+        let mut corrupt = 0u64;
+        let t = Instant::now();
+        for i in 0..n {
+            cache.load(0, i as u64, &mut buf, LoadMode::Exclusive)?;
+            corrupt += u64::from(buf != pages.page(i));
+        }
+        let load_s = t.elapsed().as_secs_f64();
+        let st = cache.stats();
+        lat.sort_unstable();
+        let pct = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize] as f64 / 1000.0;
+        let row = json!({
+            "proactive": on,
+            "store_p50_us": pct(0.5),
+            "store_p99_us": pct(0.99),
+            "store_p999_us": pct(0.999),
+            "store_pages_per_busy_s": n as f64 / store_busy_s.max(1e-9),
+            "stores_to_backing": after.stores_to_backing,
+            "pool_limit_hit": after.pool_limit_hit,
+            "proactive_written_back_pages": after.proactive_written_back_pages,
+            "written_back_pages": after.written_back_pages,
+            "load_pages_per_s": n as f64 / load_s.max(1e-9),
+            "loads_backing": st.loads_backing,
+            "corrupt_pages": corrupt,
+        });
+        note(&format!(
+            "proactive {}: store p50 {:.1} us p99 {:.1} us p99.9 {:.1} us, {} stores went straight to the tier, load {:.0} pages/s ({} from the tier)",
+            if on { "on " } else { "off" },
+            pct(0.5),
+            pct(0.99),
+            pct(0.999),
+            after.stores_to_backing,
+            n as f64 / load_s.max(1e-9),
+            st.loads_backing
+        ));
+        rows.push(row);
+    }
+    let f = |i: usize, k: &str| rows[i][k].as_f64().unwrap_or(0.0);
+    Ok(json!({
+        "benchmark": "proactive",
+        "data": pages.source,
+        "pages": pages.count(),
+        "pool_limit_mib": limit_mib,
+        "share_percent": share,
+        "burst_pages": burst,
+        "pause_ms": pause.as_secs_f64() * 1000.0,
+        "store_p99_ratio_on_vs_off": f(1, "store_p99_us") / f(0, "store_p99_us").max(1e-9),
+        "load_ratio_on_vs_off": f(1, "load_pages_per_s") / f(0, "load_pages_per_s").max(1e-9),
         "corrupt_pages": rows.iter().map(|r| r["corrupt_pages"].as_u64().unwrap_or(0)).sum::<u64>(),
         "runs": rows,
     }))

@@ -150,6 +150,29 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// Proactive writeback off and on, on a pool the workload overflows:
+    /// store latency (bursts with pauses), then loads.
+    Proactive {
+        /// MiB of pages stored.
+        #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..=4096))]
+        mib: u64,
+        /// Pool limit in MiB.
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
+        limit_mib: u64,
+        /// Share of the limit proactive writeback keeps the pool under.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=100))]
+        share: u8,
+        /// Pages stored per burst.
+        #[arg(long, default_value_t = 512)]
+        burst: usize,
+        /// Pause between bursts, in ms.
+        #[arg(long, default_value_t = 20)]
+        pause_ms: u64,
+        #[arg(long, value_enum, default_value = "mixed")]
+        data: corpus::DataKind,
+        #[arg(long)]
+        json: bool,
+    },
     /// IO-aware admission (seed 002) on a fast tier (a page-cached file)
     /// and on a slow one (the same file with a delay per IO), each with
     /// admission off and on: store and load throughput, pool memory.
@@ -380,6 +403,27 @@ fn run(cli: Cli) -> Result<()> {
             json,
         }) => {
             let v = bench_cache::dedup_cost(data, mib as usize, compressor, rounds as usize)?;
+            emit(json, &v)
+        }
+        Cmd::Bench(Bench::Proactive {
+            mib,
+            limit_mib,
+            share,
+            burst,
+            pause_ms,
+            data,
+            json,
+        }) => {
+            anyhow::ensure!(burst > 0, "--burst 0: give at least one page per burst");
+            let pages = corpus::load(data, mib as usize * 256)?;
+            kernel::note(&format!("data: {}", pages.source));
+            let v = bench_admission::proactive(
+                &pages,
+                limit_mib as usize,
+                share,
+                burst,
+                std::time::Duration::from_millis(pause_ms),
+            )?;
             emit(json, &v)
         }
         Cmd::Bench(Bench::Admission {
