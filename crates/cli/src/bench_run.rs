@@ -24,14 +24,17 @@ use std::sync::Arc;
 /// The workload's source, compiled on the machine that runs it.
 const USEMEM_C: &str = include_str!("../workloads/usemem.c");
 
+#[derive(clap::Args)]
 pub struct Args {
-    pub mib: usize,
-    pub budget_mib: usize,
-    pub data: DataKind,
-    pub pattern: Pattern,
+    #[command(flatten)]
+    pub w: crate::usemem::WorkloadArgs,
+    #[arg(long, default_value_t = 2)]
     pub passes: u32,
-    pub compressor: String,
+    /// Only the uzswap side (no root needed).
+    #[arg(long)]
     pub skip_kernel: bool,
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The C workload, built, and its corpus file.
@@ -96,16 +99,6 @@ fn status_bytes(pid: u32, field: &str) -> Option<u64> {
         .map(|k| k * 1024)
 }
 
-/// The first child of `pid`, once it has one.
-fn first_child(pid: u32) -> Option<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
 /// The uzswap side: `uzswap run` of the workload, sampling the program's
 /// anonymous resident memory every 10 ms.
 fn uzswap_side(args: &Args, w: &Workload) -> Result<Value> {
@@ -115,16 +108,16 @@ fn uzswap_side(args: &Args, w: &Workload) -> Result<Value> {
         .arg("run")
         .arg("-q")
         .arg("--memory-max")
-        .arg(format!("{}M", args.budget_mib))
+        .arg(format!("{}M", args.w.budget_mib()))
         .arg("--compressor")
-        .arg(&args.compressor)
+        .arg(&args.w.compressor)
         .arg("--backing-file")
         .arg(std::env::temp_dir())
         .arg("--stats-json")
         .arg(&stats_path)
         .arg("--")
         .arg(&w.bin)
-        .args(w.args(args.mib, args.passes, args.pattern))
+        .args(w.args(args.w.mib(), args.passes, args.w.pattern))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -137,7 +130,7 @@ fn uzswap_side(args: &Args, w: &Workload) -> Result<Value> {
         let (stop, peak_anon, peak_rss) = (stop.clone(), peak_anon.clone(), peak_rss.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                if let Some(p) = first_child(run_pid) {
+                if let Some(&p) = crate::stats::children(run_pid).first() {
                     if let Some(a) = status_bytes(p, "RssAnon:") {
                         peak_anon.fetch_max(a, Ordering::Relaxed);
                     }
@@ -155,7 +148,7 @@ fn uzswap_side(args: &Args, w: &Workload) -> Result<Value> {
     stop.store(true, Ordering::Relaxed);
     let _ = sampler.join();
     if line.trim().is_empty() {
-        bail!("the workload under uzswap run printed no report ({status})");
+        bail!("the workload under uzswap run printed no report ({status}); uzswap run's messages above say why");
     }
     let report: Report = serde_json::from_str(line.trim()).context("parsing the report")?;
     let stats: Value = std::fs::read(&stats_path)
@@ -190,12 +183,12 @@ pub fn kernel_compressor(ours: &str) -> &'static str {
 
 fn kernel_side(args: &Args, w: &Workload) -> Result<Value> {
     let mut ks = KernelSwap::setup(
-        (args.mib as u64) << 21,
-        Some(kernel_compressor(&args.compressor)),
+        (args.w.mib() as u64) << 21,
+        Some(kernel_compressor(&args.w.compressor)),
     )?;
-    let cg = ks.cgroup((args.budget_mib as u64) << 20)?;
+    let cg = ks.cgroup((args.w.budget_mib() as u64) << 20)?;
     let mut cmd = Command::new(&w.bin);
-    cmd.args(w.args(args.mib, args.passes, args.pattern))
+    cmd.args(w.args(args.w.mib(), args.passes, args.w.pattern))
         .arg(cg.join("tasks"));
     let run = measure_in_cgroup(&cg, cmd)?;
     let compressor = ks.compressor.clone();
@@ -215,11 +208,14 @@ fn kernel_side(args: &Args, w: &Workload) -> Result<Value> {
 }
 
 pub fn run(args: &Args) -> Result<Value> {
-    let w = prepare(args.data, args.mib)?;
+    let w = prepare(args.w.data, args.w.mib())?;
     note(&format!("data: {}", w.source));
     note(&format!(
         "uzswap run --memory-max {}M -- usemem {} MiB, {} passes, {:?} ...",
-        args.budget_mib, args.mib, args.passes, args.pattern
+        args.w.budget_mib(),
+        args.w.mib(),
+        args.passes,
+        args.w.pattern
     ));
     let ours = uzswap_side(args, &w)?;
     note(&format!(
@@ -234,11 +230,11 @@ pub fn run(args: &Args) -> Result<Value> {
         "benchmark": "run",
         "workload": "workloads/usemem.c (the same binary on both sides)",
         "data": w.source,
-        "mib": args.mib,
-        "budget_mib": args.budget_mib,
-        "pattern": args.pattern,
+        "mib": args.w.mib(),
+        "budget_mib": args.w.budget_mib(),
+        "pattern": args.w.pattern,
         "passes": args.passes,
-        "compressor": args.compressor,
+        "compressor": args.w.compressor,
         "corrupt_pages": ours["corrupt_pages"],
         "pass_kbps": ours["pass_kbps"],
         "peak_memory_bytes": ours["peak_memory_bytes"],
@@ -249,7 +245,7 @@ pub fn run(args: &Args) -> Result<Value> {
     }
     note(&format!(
         "kernel: the same binary in a {} MiB memory cgroup with zswap ...",
-        args.budget_mib
+        args.w.budget_mib()
     ));
     let k = match kernel_side(args, &w) {
         Ok(k) => k,

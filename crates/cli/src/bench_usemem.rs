@@ -4,29 +4,35 @@
 //! budget with a swap file, once with the kernel's zswap and once without.
 
 use crate::bench_run::kernel_compressor;
-use crate::corpus::DataKind;
 use crate::kernel::{note, usemem_in_cgroup, KernelRun, KernelSwap};
-use crate::usemem::Pattern;
 use anyhow::Result;
 use serde_json::json;
 
+#[derive(clap::Args)]
 pub struct Args {
-    pub mib: usize,
-    pub budget_mib: usize,
-    pub data: DataKind,
-    pub pattern: Pattern,
+    #[command(flatten)]
+    pub w: crate::usemem::WorkloadArgs,
+    #[arg(long, default_value_t = 3)]
     pub passes: u32,
-    pub compressor: String,
+    /// Also run the same workload under a memory cgroup with the
+    /// kernel's zswap, and with plain swap (root; restored afterwards).
+    #[arg(long)]
     pub vs_kernel: bool,
+    /// Keep the pool's copy of pages brought back (mapped
+    /// write-protected) so that evicting them unwritten needs no
+    /// compression; off: exclusive loads, as the kernel.
+    #[arg(long, default_value = "on", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub keep_clean: bool,
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// One kernel run (zswap with `compressor`, or plain swap with `None`).
 /// Returns the run and the compressor the kernel really used.
 pub fn kernel_run(args: &Args, compressor: Option<&str>) -> Result<(KernelRun, Option<String>)> {
-    let mut ks = KernelSwap::setup((args.mib as u64) << 21, compressor)?;
-    let cg = ks.cgroup((args.budget_mib as u64) << 20)?;
-    let run = usemem_in_cgroup(&cg, args.data, args.mib, args.pattern, args.passes)?;
+    let mut ks = KernelSwap::setup((args.w.mib() as u64) << 21, compressor)?;
+    let cg = ks.cgroup((args.w.budget_mib() as u64) << 20)?;
+    let run = usemem_in_cgroup(&cg, args.w.data, args.w.mib(), args.w.pattern, args.passes)?;
     let used = ks.compressor.clone();
     drop(ks);
     Ok((run, used))
@@ -35,12 +41,12 @@ pub fn kernel_run(args: &Args, compressor: Option<&str>) -> Result<(KernelRun, O
 pub fn run(args: &Args) -> Result<serde_json::Value> {
     let mut out = json!({
         "benchmark": "usemem",
-        "mib": args.mib,
-        "budget_mib": args.budget_mib,
-        "data": format!("{:?}", args.data).to_lowercase(),
-        "pattern": args.pattern,
+        "mib": args.w.mib(),
+        "budget_mib": args.w.budget_mib(),
+        "data": format!("{:?}", args.w.data).to_lowercase(),
+        "pattern": args.w.pattern,
         "passes": args.passes,
-        "compressor": args.compressor,
+        "compressor": args.w.compressor,
         "keep_clean": args.keep_clean,
     });
     let ours = uzswap_run(args)?;
@@ -49,10 +55,10 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         out[k] = v.clone();
     }
     if args.vs_kernel {
-        let comp = kernel_compressor(&args.compressor);
+        let comp = kernel_compressor(&args.w.compressor);
         note(&format!(
             "kernel: zswap ({comp}) in a memory cgroup of {} MiB ...",
-            args.budget_mib
+            args.w.budget_mib()
         ));
         // A failed kernel run (its child OOM-killed, say) is reported in
         // the result, not allowed to discard uzswap's figures.
@@ -101,9 +107,9 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
 fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
-    let pages = crate::corpus::load_for_workload(args.data, args.mib)?;
+    let pages = crate::corpus::load_for_workload(args.w.data, args.w.mib())?;
     note(&format!("data: {}", pages.source));
-    let compressor: uzswap_cache::Compressor = args.compressor.parse()?;
+    let compressor: uzswap_cache::Compressor = args.w.compressor.parse()?;
     let cache = Arc::new(uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
         compressor,
         backing: uzswap_cache::Backing::File(std::env::temp_dir()),
@@ -113,11 +119,11 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
         cache.clone(),
         uzswap_region::PagerConfig {
             keep_clean: args.keep_clean,
-            ..uzswap_region::PagerConfig::new(args.budget_mib << 8)
+            ..uzswap_region::PagerConfig::new(args.w.budget_mib() << 8)
         },
     )?);
     let base_rss = uzswap_zpool::rss_bytes().unwrap_or(0);
-    let mut region = pager.region(args.mib << 20)?;
+    let mut region = pager.region(args.w.mib() << 20)?;
     let stop = Arc::new(AtomicBool::new(false));
     let peak_rss = Arc::new(AtomicU64::new(0));
     let peak_own = Arc::new(AtomicU64::new(0));
@@ -144,9 +150,10 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
     };
     note(&format!(
         "uzswap: usemem over {} MiB, budget {} MiB, {compressor} ...",
-        args.mib, args.budget_mib
+        args.w.mib(),
+        args.w.budget_mib()
     ));
-    let report = crate::usemem::run(region.as_mut_slice(), &pages, args.pattern, args.passes);
+    let report = crate::usemem::run(region.as_mut_slice(), &pages, args.w.pattern, args.passes);
     stop.store(true, Ordering::Relaxed);
     let _ = sampler.join();
     let ps = pager.stats();

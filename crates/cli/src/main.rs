@@ -200,58 +200,10 @@ enum Bench {
     /// workloads/usemem.c) under `uzswap run --memory-max`, against the
     /// same binary in a memory cgroup of the same size with the kernel's
     /// zswap (root; swap, zswap settings and the cgroup are restored).
-    Run {
-        /// MiB of memory the workload uses.
-        #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=16384))]
-        mib: u64,
-        /// Resident budget in MiB (--memory-max, and the cgroup's limit).
-        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=16384))]
-        budget_mib: u64,
-        #[arg(long, value_enum, default_value = "mixed")]
-        data: corpus::DataKind,
-        #[arg(long, value_enum, default_value = "seq")]
-        pattern: usemem::Pattern,
-        #[arg(long, default_value_t = 2)]
-        passes: u32,
-        /// lz4, zstd[:LEVEL], deflate[:LEVEL] (the kernel is asked for the
-        /// same; it falls back to lzo if it lacks it).
-        #[arg(long, default_value = "lz4")]
-        compressor: String,
-        /// Only the uzswap side (no root needed).
-        #[arg(long)]
-        skip_kernel: bool,
-        #[arg(long)]
-        json: bool,
-    },
+    Run(bench_run::Args),
     /// The usemem workload (fill, then read-check-rewrite passes) under a
     /// resident budget, optionally against the kernel's zswap and swap.
-    Usemem {
-        /// MiB of memory the workload uses.
-        #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=16384))]
-        mib: u64,
-        /// Resident budget in MiB.
-        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=16384))]
-        budget_mib: u64,
-        #[arg(long, value_enum, default_value = "mixed")]
-        data: corpus::DataKind,
-        #[arg(long, value_enum, default_value = "seq")]
-        pattern: usemem::Pattern,
-        #[arg(long, default_value_t = 3)]
-        passes: u32,
-        #[arg(long, default_value = "lz4")]
-        compressor: String,
-        /// Also run the same workload under a memory cgroup with the
-        /// kernel's zswap, and with plain swap (root; restored afterwards).
-        #[arg(long)]
-        vs_kernel: bool,
-        /// Keep the pool's copy of pages brought back (mapped
-        /// write-protected) so that evicting them unwritten needs no
-        /// compression; off: exclusive loads, as the kernel.
-        #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
-        keep_clean: bool,
-        #[arg(long)]
-        json: bool,
-    },
+    Usemem(bench_usemem::Args),
 }
 
 fn parse_allocator(s: &str) -> Result<AllocatorKind, String> {
@@ -323,8 +275,9 @@ fn demo(mib: u32) -> Result<()> {
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
     let status = child.wait()?;
-    let report: usemem::Report = serde_json::from_str(line.trim())
-        .with_context(|| format!("the workload printed no report ({status})"))?;
+    let report: usemem::Report = serde_json::from_str(line.trim()).with_context(|| {
+        format!("the workload printed no report ({status}); uzswap run's messages above say why")
+    })?;
     writeln!(
         out,
         "usemem: {} pages, fill {:.0} KB/s, {} passes {:.0} KB/s, corrupt pages: {}",
@@ -372,29 +325,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Bench(Bench::Usemem {
-            mib,
-            budget_mib,
-            data,
-            pattern,
-            passes,
-            compressor,
-            vs_kernel,
-            keep_clean,
-            json,
-        }) => {
-            let v = bench_usemem::run(&bench_usemem::Args {
-                mib: mib as usize,
-                budget_mib: budget_mib as usize,
-                data,
-                pattern,
-                passes,
-                compressor,
-                vs_kernel,
-                keep_clean,
-            })?;
-            emit(json, &v)
-        }
+        Cmd::Bench(Bench::Usemem(args)) => emit(args.json, &bench_usemem::run(&args)?),
         Cmd::Bench(Bench::DedupCost {
             data,
             mib,
@@ -445,29 +376,12 @@ fn run(cli: Cli) -> Result<()> {
             })?;
             emit(json, &v)
         }
-        Cmd::Bench(Bench::Run {
-            mib,
-            budget_mib,
-            data,
-            pattern,
-            passes,
-            compressor,
-            skip_kernel,
-            json,
-        }) => {
-            let v = bench_run::run(&bench_run::Args {
-                mib: mib as usize,
-                budget_mib: budget_mib as usize,
-                data,
-                pattern,
-                passes,
-                compressor,
-                skip_kernel,
-            })?;
-            if !json {
+        Cmd::Bench(Bench::Run(args)) => {
+            let v = bench_run::run(&args)?;
+            if !args.json {
                 eprint!("{}", bench_run::table(&v));
             }
-            emit(json, &v)
+            emit(args.json, &v)
         }
         Cmd::Bench(Bench::Cache {
             data,

@@ -396,6 +396,8 @@ pub fn run(a: &Args) -> Result<Outcome> {
     } else {
         (libc::WEXITSTATUS(status), None)
     };
+    // The runtime appends its pid (`uzswap_preload::stats::final_stats_path`:
+    // every exec'd image writes its own), so the program's own file is read.
     let final_path = tmp.0.join(format!("stats.json.{pid}"));
     let stats = std::fs::read(&final_path)
         .ok()

@@ -25,7 +25,7 @@ fn fetch(pid: u32) -> std::io::Result<Value> {
 
 /// The children of `pid` (to find the program when given the pid of the
 /// `uzswap run` supervisor).
-fn children(pid: u32) -> Vec<u32> {
+pub fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for t in tasks.flatten() {

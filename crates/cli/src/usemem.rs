@@ -17,6 +17,37 @@ pub enum Pattern {
     Skewed,
 }
 
+/// The usemem workload's size, data and pattern, and the compressor: the
+/// arguments `bench usemem` and `bench run` share.
+#[derive(clap::Args, Clone, Debug)]
+pub struct WorkloadArgs {
+    /// MiB of memory the workload uses.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=16384))]
+    mib: u64,
+    /// Resident budget in MiB (for `bench run` also the cgroup's limit).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=16384))]
+    budget_mib: u64,
+    #[arg(long, value_enum, default_value = "mixed")]
+    pub data: crate::corpus::DataKind,
+    #[arg(long, value_enum, default_value = "seq")]
+    pub pattern: Pattern,
+    /// lz4, zstd[:LEVEL], deflate[:LEVEL] (the kernel is asked for the
+    /// same; it falls back to lzo if it lacks it).
+    #[arg(long, default_value = "lz4")]
+    pub compressor: String,
+}
+
+impl WorkloadArgs {
+    /// MiB of memory the workload uses.
+    pub fn mib(&self) -> usize {
+        self.mib as usize
+    }
+    /// The resident budget in MiB.
+    pub fn budget_mib(&self) -> usize {
+        self.budget_mib as usize
+    }
+}
+
 /// What a run measured.
 #[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Report {

@@ -924,8 +924,9 @@ impl Shared {
         // The faulting page first, alone: its COPY wakes the thread, which
         // then runs while the followers are loaded and mapped. A write
         // fault gets its page writable (the store's copy is dropped below);
-        // everything else is mapped write-protected and clean, so evicting
-        // it again needs no store.
+        // with `keep_clean` everything else is mapped write-protected and
+        // clean, so evicting it again needs no store; without it, every
+        // page comes back writable and its copy is dropped below.
         let src = match self.store.load(area, page, buf.page(0), LoadMode::Keep) {
             Ok(l) => l,
             Err(_) => {
@@ -1121,11 +1122,13 @@ impl Shared {
                     return;
                 }
             }
-            if self.state.lock().store_full {
-                // The store refused the last batch: try again after a pause
-                // (the program may free memory, the pool may shrink).
+            {
                 let mut s = self.state.lock();
-                self.work_cv.wait_for(&mut s, Duration::from_millis(20));
+                if s.store_full {
+                    // The store refused the last batch: try again after a
+                    // pause (the program may free memory, the pool shrink).
+                    self.work_cv.wait_for(&mut s, Duration::from_millis(20));
+                }
             }
             loop {
                 self.gate.lock();
@@ -1135,20 +1138,15 @@ impl Shared {
                         .saturating_sub(self.stop_threshold)
                         .min(self.cfg.evict_batch)
                 };
-                let done = if n > 0 {
+                let gone = if n > 0 {
                     let victims = {
                         let mut s = self.state.lock();
                         let v = s.select(n, self.cfg.policy);
                         self.claim(&mut s, v)
                     };
-                    let k = victims.len();
                     let (gone, refused) = self.evict(victims);
                     self.note_progress(refused, gone);
-                    if gone == 0 {
-                        0
-                    } else {
-                        k
-                    }
+                    gone
                 } else {
                     0
                 };
@@ -1157,7 +1155,7 @@ impl Shared {
                 if self.throttled.swap(false, Ordering::Relaxed) {
                     self.wake.signal();
                 }
-                if done == 0 || self.shutdown.load(Ordering::Relaxed) {
+                if gone == 0 || self.shutdown.load(Ordering::Relaxed) {
                     break;
                 }
             }
@@ -1252,10 +1250,7 @@ impl Shared {
                 }
                 match self.store.store(v.area, v.page as u64, page) {
                     Ok(_) => v.stored = true,
-                    Err(_) => {
-                        refused += 1;
-                        self.state.lock().stats.store_rejected += 1;
-                    }
+                    Err(_) => refused += 1,
                 }
             }
         }
@@ -1265,6 +1260,7 @@ impl Shared {
         {
             let mut g = self.state.lock();
             let s = &mut *g;
+            s.stats.store_rejected += refused as u64;
             for v in victims.iter_mut().filter(|v| !v.clean) {
                 let (area, page) = (v.area, v.page as u64);
                 let st = s.meta(area, page).st;
@@ -1319,6 +1315,7 @@ impl Shared {
         }
         // 5. Settle: `Discarding` → `Stored`, wake parked faults.
         let mut wake = Vec::new();
+        let mut gone = 0;
         {
             let mut g = self.state.lock();
             let s = &mut *g;
@@ -1342,6 +1339,7 @@ impl Shared {
                     if std::mem::replace(&mut m.parked, false) {
                         wake.push(v.addr);
                     }
+                    gone += 1;
                     if v.clean {
                         s.stats.clean_drops += 1;
                     } else {
@@ -1359,7 +1357,7 @@ impl Shared {
         for a in wake {
             let _ = self.uffd.wake(a, PAGE_SIZE);
         }
-        (victims.iter().filter(|v| v.discard).count(), refused)
+        (gone, refused)
     }
 
     /// Evicts the given pages of `area` now, on the calling thread.
