@@ -3,13 +3,14 @@
 //! corrupted slot), never other bytes; invariants hold throughout.
 #![no_main]
 
+mod common;
+
+use common::Model;
 use libfuzzer_sys::fuzz_target;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
-use uzswap_cache::{
-    Backing, BackingStore, Cache, CacheConfig, Compressor, LoadError, LoadMode, PoolLimit, PAGE_SIZE,
-};
+use uzswap_cache::{Backing, BackingStore, Cache, CacheConfig, Compressor, PoolLimit};
 
 #[derive(Clone, Default)]
 struct Mem(Arc<Mutex<HashMap<u64, Vec<u8>>>>);
@@ -33,17 +34,6 @@ impl BackingStore for Mem {
     }
 }
 
-fn page(kind: u8, seed: u8) -> Vec<u8> {
-    match kind % 4 {
-        0 => vec![0; PAGE_SIZE],
-        1 => vec![seed; PAGE_SIZE],
-        2 => (0..PAGE_SIZE).map(|i| (i / 7) as u8 ^ seed).collect(),
-        _ => (0..PAGE_SIZE as u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761).rotate_left(u32::from(seed) % 32) >> 24) as u8)
-            .collect(),
-    }
-}
-
 fuzz_target!(|data: &[u8]| {
     let mem = Mem::default();
     let cache = Cache::new(CacheConfig {
@@ -56,40 +46,11 @@ fuzz_target!(|data: &[u8]| {
     })
     .unwrap();
     cache.open_area(0).unwrap();
-    let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
-    let mut corrupted = false;
-    let mut buf = vec![0u8; PAGE_SIZE];
+    let mut model = Model::new(false);
     for ch in data.chunks(3).skip(1) {
         let (op, a, b) = (ch[0], *ch.get(1).unwrap_or(&0), *ch.get(2).unwrap_or(&0));
         let off = u64::from(a % 32);
         match op % 8 {
-            0 | 1 => {
-                let p = page(b, a);
-                cache.store(0, off, &p).unwrap();
-                model.insert(off, p);
-            }
-            2 | 3 => {
-                let mode = if op & 8 == 0 { LoadMode::Keep } else { LoadMode::Exclusive };
-                match (cache.load(0, off, &mut buf, mode), model.get(&off)) {
-                    (Ok(_), Some(want)) => {
-                        assert!(buf == *want);
-                        if mode == LoadMode::Exclusive {
-                            model.remove(&off);
-                        }
-                    }
-                    (Err(LoadError::NotFound), None) => {}
-                    (Err(LoadError::Corrupt { .. }), Some(_)) if corrupted => {
-                        assert!(buf.iter().all(|&x| x == 0));
-                    }
-                    (r, m) => panic!("{r:?} vs {}", m.is_some()),
-                }
-            }
-            4 => {
-                assert_eq!(cache.invalidate(0, off).unwrap(), model.remove(&off).is_some());
-            }
-            5 => {
-                let _ = cache.writeback(usize::from(b % 8) + 1);
-            }
             6 => {
                 // Corrupt a slot of the tier: a flipped bit, or another slot's bytes.
                 let mut m = mem.0.lock();
@@ -101,14 +62,19 @@ fuzz_target!(|data: &[u8]| {
                         let p = m[&t].clone();
                         m.insert(s, p);
                     }
-                    corrupted = true;
+                    model.damaged = true;
                 }
             }
-            _ => {
-                let c = [Compressor::Lz4, Compressor::Zstd { level: -1 }, Compressor::Deflate { level: 1 }];
+            7 => {
+                let c = [
+                    Compressor::Lz4,
+                    Compressor::Zstd { level: -1 },
+                    Compressor::Deflate { level: 1 },
+                ];
                 cache.set_compressor(c[usize::from(b) % 3]).unwrap();
             }
+            _ => model.step(&cache, op, off, b),
         }
     }
-    cache.check_invariants().unwrap();
+    model.check_all(&cache);
 });

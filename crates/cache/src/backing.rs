@@ -103,6 +103,14 @@ impl FileBacking {
     }
 }
 
+/// The file's descriptor, for callers that inspect the file (its size and
+/// blocks) or, in fault tests, damage it behind the cache's back.
+impl std::os::fd::AsFd for FileBacking {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.file)
+    }
+}
+
 fn unique() -> u64 {
     static N: AtomicU64 = AtomicU64::new(0);
     N.fetch_add(1, Ordering::Relaxed)
@@ -230,6 +238,41 @@ impl<S: BackingStore> FaultInjector<S> {
     /// Faults injected so far.
     pub fn injected(&self) -> u64 {
         self.injected.load(Ordering::Relaxed)
+    }
+
+    /// Injects faults of every kind at random until `stop` is set, for
+    /// soak tests: windows of 1-10 ms armed with one kind (a single fault
+    /// for reads, 1-3 for writes), 20-40 ms apart. So one operation retried
+    /// a few milliseconds later gets through: a test can insist that no
+    /// page is lost for good.
+    pub fn chaos(&self, stop: &std::sync::atomic::AtomicBool, seed: u64) {
+        const KINDS: [Fault; 6] = [
+            Fault::WriteError,
+            Fault::NoSpace,
+            Fault::ShortWrite,
+            Fault::ReadError,
+            Fault::FlipBit,
+            Fault::Truncated,
+        ];
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let ms = |v: u64| std::time::Duration::from_millis(v);
+        while !stop.load(Ordering::Relaxed) {
+            let f = KINDS[next(KINDS.len() as u64) as usize];
+            let n = match f {
+                Fault::ReadError | Fault::FlipBit | Fault::Truncated => 1,
+                _ => 1 + next(3),
+            };
+            self.arm(f, n);
+            std::thread::sleep(ms(1 + next(10)));
+            self.disarm();
+            std::thread::sleep(ms(20 + next(20)));
+        }
     }
 
     /// Makes `device_inflight` report these counts.

@@ -36,13 +36,17 @@ use crate::seal::{SealId, Sealer};
 use crate::stats::{CacheStats, Counters};
 use crate::PAGE_SIZE;
 use crossbeam_utils::CachePadded;
-use parking_lot::{Condvar, Mutex, RwLock};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+// The locks and atomics of the protocol (not the statistics counters) come from the allocator's sync
+// module, so that the `shuttle` feature model-checks them (tests/shuttle.rs).
+use uzswap_zpool::sync::{
+    thread_local, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Condvar, Mutex, RwLock,
+};
 use uzswap_zpool::{Handle, PoolStats, Zpool};
 
 /// Index shards (a power of two).
@@ -752,7 +756,7 @@ impl Inner {
     /// Counts a place into (`add`) or out of the gauges.
     fn account(&self, place: &Place, add: bool) {
         let c = &self.counters;
-        let bump = |a: &AtomicU64, v: u64| {
+        let bump = |a: &std::sync::atomic::AtomicU64, v: u64| {
             if add {
                 a.fetch_add(v, RELAXED);
             } else {
@@ -1183,7 +1187,7 @@ impl Inner {
             {
                 let mut w = self.wake.0.lock();
                 if !*w {
-                    self.wake.1.wait_for(&mut w, tick);
+                    w = uzswap_zpool::sync::wait_for(&self.wake.1, w, tick);
                 }
                 *w = false;
             }

@@ -24,9 +24,9 @@
 //!   candidate, a few µs): it must not call back into the index.
 
 use crate::cache::KeyHasher;
-use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
+use uzswap_zpool::sync::Mutex;
 use uzswap_zpool::Handle;
 
 const SHARDS: usize = 64;

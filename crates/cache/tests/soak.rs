@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uzswap_cache::{
-    Backing, Cache, CacheConfig, Fault, FaultInjector, FileBacking, LoadError, LoadMode, PoolLimit,
+    Backing, Cache, CacheConfig, FaultInjector, FileBacking, LoadError, LoadMode, PoolLimit,
     StoreError, PAGE_SIZE,
 };
 
@@ -54,23 +54,7 @@ fn soak() {
     let survived = Arc::new(AtomicU64::new(0));
     let chaos = {
         let (inj, stop) = (inj.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut rng = rand::rngs::SmallRng::seed_from_u64(99);
-            let faults = [
-                Fault::WriteError,
-                Fault::NoSpace,
-                Fault::ShortWrite,
-                Fault::ReadError,
-                Fault::FlipBit,
-                Fault::Truncated,
-            ];
-            while !stop.load(Ordering::Relaxed) {
-                inj.arm(faults[rng.gen_range(0..faults.len())], rng.gen_range(1..4));
-                std::thread::sleep(Duration::from_millis(rng.gen_range(1..20)));
-                inj.disarm();
-                std::thread::sleep(Duration::from_millis(rng.gen_range(1..20)));
-            }
-        })
+        std::thread::spawn(move || inj.chaos(&stop, 99))
     };
     let deadline = Instant::now() + Duration::from_secs(secs);
     let workers: Vec<_> = (0..THREADS)

@@ -500,11 +500,22 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
             human(n("/cache/pool_limit_bytes") as u64),
         );
     }
-    let errors =
-        n("/pager/load_errors") + n("/cache/decompress_fail") + n("/cache/backing_corrupt");
+    // Pages the program could not get back (it got SIGBUS); failed reads
+    // that a retry fixed are reported apart: they point at the device.
+    let errors = n("/pager/load_errors");
     if errors > 0.0 {
         s += &format!(
             "uzswap: WARNING: {errors:.0} pages could not be loaded back (see the statistics)\n"
+        );
+    }
+    let retried = n("/pager/load_retries");
+    if retried > 0.0 {
+        s += &format!(
+            "uzswap: WARNING: {retried:.0} loads failed ({} unreadable, {} corrupt, {} undecodable) and were \
+             tried again; check the device under the backing file\n",
+            n("/cache/backing_read_fail"),
+            n("/cache/backing_corrupt"),
+            n("/cache/decompress_fail"),
         );
     }
     s
@@ -513,6 +524,45 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: Args,
+    }
+
+    fn summary_of(stats: Value) -> String {
+        let a = Cli::parse_from(["x", "--memory-max", "1M", "--", "prog"]).run;
+        let o = Outcome {
+            code: 0,
+            signal: None,
+            max_rss: 1 << 20,
+            seconds: 1.0,
+            stats: Some(stats),
+        };
+        summary(&a, &o)
+    }
+
+    #[test]
+    fn summary_tells_lost_pages_from_retried_reads() {
+        let clean = summary_of(serde_json::json!({"pager": {}, "cache": {}}));
+        assert!(!clean.contains("WARNING"), "{clean}");
+        let retried = summary_of(serde_json::json!({
+            "pager": {"load_retries": 3, "load_errors": 0},
+            "cache": {"backing_read_fail": 2, "backing_corrupt": 1},
+        }));
+        assert!(
+            retried.contains("3 loads failed (2 unreadable, 1 corrupt"),
+            "{retried}"
+        );
+        assert!(!retried.contains("could not be loaded back"), "{retried}");
+        let lost = summary_of(serde_json::json!({
+            "pager": {"load_retries": 2, "load_errors": 1},
+            "cache": {"backing_read_fail": 3},
+        }));
+        assert!(lost.contains("1 pages could not be loaded back"), "{lost}");
+    }
 
     #[test]
     fn sizes_parse_with_binary_units_and_refuse_nonsense() {

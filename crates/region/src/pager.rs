@@ -15,7 +15,7 @@
 //! *parked* (a flag on the page) and woken by whoever settles the page.
 
 use crate::stats::{Histogram, PagerStats};
-use crate::store::{LoadMode, Loaded, PageStore};
+use crate::store::{LoadError, LoadMode, Loaded, PageStore};
 use crate::sys::{self, feature, Msg, OpenError, RawMsg, Uffd, PAGE_SIZE};
 use parking_lot::lock_api::RawMutex as _;
 use parking_lot::{Condvar, Mutex, RawMutex};
@@ -26,6 +26,10 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use uzswap_cache::spawn_helper;
+
+/// Tries of a load that must succeed before the access gets SIGBUS (pauses
+/// of 1 and 4 ms between them).
+const LOAD_ATTEMPTS: usize = 3;
 
 /// How victims are chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -880,6 +884,33 @@ impl Shared {
         }
     }
 
+    /// Loads a stored page that must come back (the faulting page, a page
+    /// the fork hook brings back). A failed read or check is tried again a
+    /// few times with a short pause: the device may have failed once, or a
+    /// read may have been torn; the alternative is SIGBUS for the program.
+    /// A page that keeps failing is reported as failed, never made up.
+    /// Readahead followers do not come here: they just stay stored.
+    fn load_stored(
+        &self,
+        stats: &mut PagerStats,
+        area: u32,
+        page: u64,
+        buf: &mut [u8],
+    ) -> Result<Loaded, LoadError> {
+        let mut pause = Duration::from_millis(1);
+        for _ in 1..LOAD_ATTEMPTS {
+            match self.store.load(area, page, buf, LoadMode::Keep) {
+                Err(LoadError::Io(_) | LoadError::Corrupt) => {
+                    stats.load_retries += 1;
+                    std::thread::sleep(pause);
+                    pause *= 4;
+                }
+                r => return r,
+            }
+        }
+        self.store.load(area, page, buf, LoadMode::Keep)
+    }
+
     /// A missing fault on a stored page: load it and its stored followers.
     fn fault_stored(
         &self,
@@ -927,7 +958,7 @@ impl Shared {
         // with `keep_clean` everything else is mapped write-protected and
         // clean, so evicting it again needs no store; without it, every
         // page comes back writable and its copy is dropped below.
-        let src = match self.store.load(area, page, buf.page(0), LoadMode::Keep) {
+        let src = match self.load_stored(&mut s.stats, area, page, buf.page(0)) {
             Ok(l) => l,
             Err(_) => {
                 s.stats.load_errors += 1;
@@ -1411,8 +1442,7 @@ impl Shared {
                     break;
                 }
                 if self
-                    .store
-                    .load(area, page, buf.page(0), LoadMode::Keep)
+                    .load_stored(&mut s.stats, area, page, buf.page(0))
                     .is_err()
                 {
                     s.stats.load_errors += 1;

@@ -136,6 +136,8 @@ pub struct PagerStats {
     pub store_rejected: u64,
     /// Loads that failed (the access gets SIGBUS through a poison marker).
     pub load_errors: u64,
+    /// Failed loads tried again (a transient read error or failed check).
+    pub load_retries: u64,
     /// Pages discarded by the program (madvise/munmap) while held.
     pub discarded_pages: u64,
     /// Remap events handled.

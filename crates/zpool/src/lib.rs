@@ -26,7 +26,8 @@
 //! Both implement [`Zpool`], so a cache can take either, chosen at creation.
 
 pub mod stats;
-mod sync;
+#[doc(hidden)]
+pub mod sync;
 mod sys;
 pub mod xcf;
 pub mod zsmalloc;

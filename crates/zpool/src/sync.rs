@@ -3,77 +3,107 @@
 //! `shuttle`): under that feature every lock, atomic and thread of the pool
 //! is scheduled by shuttle, which explores interleavings.
 //!
-//! The API is parking_lot's (no poisoning), plus [`wait`], which takes and
-//! returns the guard so both backends fit.
+//! The API is parking_lot's (no poisoning), plus [`wait`] and [`wait_for`],
+//! which take and return the guard so both backends fit.
+//!
+//! The cache crate uses the same module, so that one feature switch puts
+//! the allocator and the cache together under the model checker. Its
+//! `thread_local!` is shuttle's under the feature: shuttle runs every model
+//! thread on one OS thread, so per-thread scratch buffers held across a
+//! lock would otherwise be shared between model threads.
 
 #[cfg(not(feature = "shuttle"))]
 mod imp {
-    pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
-    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64};
-    pub(crate) use std::thread;
+    pub use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+    pub use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
+    pub use std::thread;
+    pub use std::thread_local;
 
     /// Blocks on `cv` until notified.
-    pub(crate) fn wait<'a, T>(cv: &Condvar, mut guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+    pub fn wait<'a, T>(cv: &Condvar, mut guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
         cv.wait(&mut guard);
+        guard
+    }
+
+    /// Blocks on `cv` until notified or `timeout` passed.
+    pub fn wait_for<'a, T>(
+        cv: &Condvar,
+        mut guard: MutexGuard<'a, T>,
+        timeout: std::time::Duration,
+    ) -> MutexGuard<'a, T> {
+        cv.wait_for(&mut guard, timeout);
         guard
     }
 }
 
 #[cfg(feature = "shuttle")]
 mod imp {
-    pub(crate) use shuttle::sync::atomic::{AtomicBool, AtomicU64};
-    pub(crate) use shuttle::sync::MutexGuard;
-    pub(crate) use shuttle::thread;
+    pub use shuttle::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
+    pub use shuttle::sync::MutexGuard;
+    pub use shuttle::thread;
+    pub use shuttle::thread_local;
 
     /// A mutex with parking_lot's API over shuttle's.
     #[derive(Default)]
-    pub(crate) struct Mutex<T>(shuttle::sync::Mutex<T>);
+    pub struct Mutex<T>(shuttle::sync::Mutex<T>);
 
     impl<T> Mutex<T> {
-        pub(crate) fn new(v: T) -> Self {
+        pub fn new(v: T) -> Self {
             Mutex(shuttle::sync::Mutex::new(v))
         }
-        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        pub fn lock(&self) -> MutexGuard<'_, T> {
             self.0.lock().expect("no poisoning under test")
         }
-        pub(crate) fn get_mut(&mut self) -> &mut T {
+        pub fn get_mut(&mut self) -> &mut T {
             self.0.get_mut().expect("no poisoning under test")
         }
     }
 
     /// A reader-writer lock with parking_lot's API over shuttle's.
-    pub(crate) struct RwLock<T>(shuttle::sync::RwLock<T>);
+    pub struct RwLock<T>(shuttle::sync::RwLock<T>);
 
     impl<T> RwLock<T> {
-        pub(crate) fn new(v: T) -> Self {
+        pub fn new(v: T) -> Self {
             RwLock(shuttle::sync::RwLock::new(v))
         }
-        pub(crate) fn read(&self) -> shuttle::sync::RwLockReadGuard<'_, T> {
+        pub fn read(&self) -> shuttle::sync::RwLockReadGuard<'_, T> {
             self.0.read().expect("no poisoning under test")
         }
-        pub(crate) fn write(&self) -> shuttle::sync::RwLockWriteGuard<'_, T> {
+        pub fn write(&self) -> shuttle::sync::RwLockWriteGuard<'_, T> {
             self.0.write().expect("no poisoning under test")
         }
     }
 
     #[derive(Default)]
-    pub(crate) struct Condvar(shuttle::sync::Condvar);
+    pub struct Condvar(shuttle::sync::Condvar);
 
     impl Condvar {
-        pub(crate) fn new() -> Self {
+        pub fn new() -> Self {
             Condvar(shuttle::sync::Condvar::new())
         }
-        pub(crate) fn notify_one(&self) {
+        pub fn notify_one(&self) {
             self.0.notify_one();
         }
-        pub(crate) fn notify_all(&self) {
+        pub fn notify_all(&self) {
             self.0.notify_all();
         }
     }
 
-    pub(crate) fn wait<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+    pub fn wait<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
         cv.0.wait(guard).expect("no poisoning under test")
+    }
+
+    /// Shuttle's timed wait never times out: a waiter is woken only by a
+    /// notification, which the code under test must therefore send.
+    pub fn wait_for<'a, T>(
+        cv: &Condvar,
+        guard: MutexGuard<'a, T>,
+        timeout: std::time::Duration,
+    ) -> MutexGuard<'a, T> {
+        cv.0.wait_timeout(guard, timeout)
+            .expect("no poisoning under test")
+            .0
     }
 }
 
-pub(crate) use imp::*;
+pub use imp::*;

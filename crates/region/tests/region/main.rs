@@ -9,5 +9,6 @@ mod full;
 mod lifecycle;
 mod load_error;
 mod policy;
+mod soak;
 mod stress;
 mod syscalls;
