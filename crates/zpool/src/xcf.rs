@@ -8,20 +8,30 @@
 //!   [`PageArena`]. The bytes of a page are tiled, without gap or overlap, by
 //!   **blocks**: runs of bytes inside one page, `GRAN`-aligned, a multiple of
 //!   `GRAN` long. A block is either owned by one object or free.
-//! - A block's **descriptor** (page, offset, length, owner, next, free-list
-//!   position) lives in the side table `Shard::descs`, never in the page.
-//!   Each page keeps the ids of its blocks sorted by offset, so a freed block
-//!   merges with free neighbours at once.
+//! - A block's **descriptor** (24 bytes: page, offset, length, owner, chain
+//!   link or free-list position, previous and next block of its page) lives
+//!   in the side table `Shard::descs`, never in the page. The blocks of a
+//!   page form a doubly linked list in offset order starting at `Page::first`
+//!   (the block at offset 0, the same descriptor for the page's life), so a
+//!   freed block finds and merges its free neighbours in O(1).
 //! - An **object** is a chain of blocks (`Obj::first`, then `Block::next`),
 //!   possibly in different pages, whose lengths add up to the object size
 //!   rounded up to `GRAN`.
 //! - Free blocks sit in exact-size free lists, one per multiple of `GRAN`
 //!   (`free[len / GRAN]`), with a bitmap of non-empty lists. An allocation
-//!   takes the best-fitting free block (smallest one that holds the rest of
-//!   the object, split if longer), else the largest free block whole, and
-//!   repeats; so small leftovers are used up and fragmentation stays near 0.
+//!   takes the best-fitting free block (smallest one that holds the object,
+//!   split if longer); else the largest free block whole plus the best fit
+//!   for the rest. If that is not possible either, it adds a fresh page and
+//!   takes the largest free block plus the rest from the new page. So a
+//!   chain has at most **two blocks** when made by malloc: a read follows
+//!   few links, and a page's tail is still used. Only at the pool's limit
+//!   does malloc chain as many scattered blocks as it takes; compaction
+//!   does too (it fills holes). Leftovers that malloc skipped are what
+//!   compaction packs away.
 //! - A page whose blocks all become free is given back to the OS at once.
-//!   Freed object bytes are zeroed, so a later object never shows old data.
+//!   Freed object bytes are zeroed if the object was ever written (an
+//!   object never written still reads as zeros), so a later object never
+//!   shows old data.
 //! - A handle is `tag:16 | shard:4 | generation:16 | slot:28` (high to low
 //!   bits). The tag is per pool (never 0, so a handle is never 0), the slot
 //!   indexes the shard's object table, the generation is bumped on free.
@@ -46,8 +56,12 @@
 //! - Generations have 16 bits and tags 16 bits: a handle used after 65536
 //!   reuses of its slot, or a handle of a pool created 65535 pools earlier,
 //!   is not detected (it names a live object, never freed memory).
-//! - Compaction may split a moved block over several free blocks, so
-//!   chains get longer; reads follow them at the cost of a few copies.
+//! - Compaction (and malloc at the limit) may split a block over several
+//!   free blocks, so those chains get longer; reads follow them at the cost
+//!   of a few copies.
+//! - Between compactions, holes malloc skipped (too small for a two-block
+//!   chain) cost memory: the overhead after churn and before compaction is
+//!   higher than with unlimited chains; after compaction it is the same.
 //!
 //! Pool-wide counters are atomics, read without locks.
 //!
@@ -288,6 +302,24 @@ impl Shard {
             .map(|w| w * 64 + 63 - self.bits[w].leading_zeros() as usize)
     }
 
+    /// Whether `len` bytes fit in at most two listed free blocks: one that
+    /// holds them all, or the largest plus the best fit for the rest (what
+    /// `take_blocks` then takes).
+    fn fits_in_two(&self, len: usize) -> bool {
+        let k = len / GRAN;
+        if self.find_at_least(k).is_some() {
+            return true;
+        }
+        let Some(big) = self.find_largest() else {
+            return false;
+        };
+        match self.find_at_least(k - big) {
+            Some(k2) if k2 < big => true,
+            Some(_) => self.free[big].len() >= 2,
+            None => false,
+        }
+    }
+
     fn add_page(&mut self, shared: &Shared) -> Result<(), Error> {
         let addr = shared.take_page()?.as_ptr() as usize;
         let pid = match self.free_page_ids.pop() {
@@ -319,19 +351,26 @@ impl Shard {
     /// Takes `len` bytes (a multiple of GRAN, `<= free_bytes`) from the free
     /// lists for `owner`; returns the first and last block of the new chain.
     ///
-    /// Best fit first: the smallest free block that holds the rest (an exact
-    /// fit needs no split, the common case once the pool has churned); else
-    /// the largest free block whole, and the rest again.
-    fn take_blocks(&mut self, len: usize, owner: u32) -> (u32, u32) {
+    /// `lead` (a listed free block shorter than `len`, or NIL) is taken
+    /// first. Then best fit: the smallest free block that holds the rest (an
+    /// exact fit needs no split, the common case once the pool has churned);
+    /// else the largest free block whole, and the rest again.
+    fn take_blocks(&mut self, len: usize, owner: u32, lead: u32) -> (u32, u32) {
         debug_assert!(len <= self.free_bytes && len & (GRAN - 1) == 0);
         let (mut first, mut last) = (NIL, NIL);
         let mut rem = len;
+        let mut lead = lead;
         while rem > 0 {
-            let k = self
-                .find_at_least(rem / GRAN)
-                .or_else(|| self.find_largest())
-                .expect("free bytes cover the request");
-            let b = *self.free[k].last().expect("listed bucket is non-empty");
+            let b = if lead != NIL {
+                debug_assert!((self.descs[lead as usize].len as usize) < len);
+                std::mem::replace(&mut lead, NIL)
+            } else {
+                let k = self
+                    .find_at_least(rem / GRAN)
+                    .or_else(|| self.find_largest())
+                    .expect("free bytes cover the request");
+                *self.free[k].last().expect("listed bucket is non-empty")
+            };
             self.fl_remove(b);
             let d = self.descs[b as usize];
             let blen = d.len as usize;
@@ -445,8 +484,22 @@ impl Shard {
 
     fn malloc(&mut self, shared: &Shared, size: usize) -> Result<u32, Error> {
         let r = round_up(size);
-        if self.free_bytes < r {
-            self.add_page(shared)?;
+        // The chain to start with: none, or the largest free block when a
+        // fresh page must be added (it then holds the rest, so the chain has
+        // two blocks and the old block, a page's tail when filling, is not
+        // left behind).
+        let mut lead = NIL;
+        if !self.fits_in_two(r) {
+            if let Some(k) = self.find_largest() {
+                lead = *self.free[k].last().expect("listed bucket is non-empty");
+            }
+            // At the pool's limit the free space of the shard is used
+            // however scattered it is.
+            match self.add_page(shared) {
+                Ok(()) => {}
+                Err(Error::LimitReached { .. }) if self.free_bytes >= r => lead = NIL,
+                Err(e) => return Err(e),
+            }
         }
         let slot = match self.free_slots.pop() {
             Some(s) => s,
@@ -461,7 +514,7 @@ impl Shard {
                 (self.objs.len() - 1) as u32
             }
         };
-        let (first, _) = self.take_blocks(r, slot);
+        let (first, _) = self.take_blocks(r, slot, lead);
         let o = &mut self.objs[slot as usize];
         o.first = first;
         o.size = size as u32;
@@ -567,7 +620,7 @@ impl Shard {
                     continue;
                 }
                 let len = d.len as usize;
-                let (first, last) = self.take_blocks(len, d.owner);
+                let (first, last) = self.take_blocks(len, d.owner, NIL);
                 let (from, _) = self.ptr(b);
                 let mut off = 0;
                 let mut nb = first;
