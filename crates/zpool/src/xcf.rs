@@ -190,6 +190,18 @@ struct Shard {
     pages_held: u64,
 }
 
+/// A shard behind its lock, on cache lines of its own: two threads working
+/// in two shards never write the same line.
+#[repr(align(128))]
+struct ShardLock(Mutex<Shard>);
+
+impl std::ops::Deref for ShardLock {
+    type Target = Mutex<Shard>;
+    fn deref(&self) -> &Mutex<Shard> {
+        &self.0
+    }
+}
+
 /// Pool-wide counters shared by the shards.
 struct Shared {
     arena: PageArena,
@@ -850,7 +862,7 @@ static NEXT_HINT: AtomicUsize = AtomicUsize::new(0);
 
 /// The scatter-gather pool; see the module documentation.
 pub struct XcfPool {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[ShardLock]>,
     shared: Shared,
     /// Per-pool handle tag (1..=65535).
     tag: u64,
@@ -877,7 +889,7 @@ impl XcfPool {
         }
         Ok(XcfPool {
             shards: (0..config.shards)
-                .map(|_| Mutex::new(Shard::new()))
+                .map(|_| ShardLock(Mutex::new(Shard::new())))
                 .collect(),
             shared: Shared {
                 arena: PageArena::new(),
