@@ -42,6 +42,7 @@ pub fn kernel_zswap(data: DataKind, mib: usize, compressor: &str) -> Result<serd
 }
 
 /// Options of `uzswap bench cache`.
+#[derive(Clone, Copy)]
 pub struct Args {
     pub data: DataKind,
     pub mib: usize,
@@ -80,6 +81,45 @@ fn raw_codec(pages: &crate::corpus::Pages, c: uzswap_cache::Compressor) -> Resul
     }
     let decompress = per_s(n, t.elapsed());
     Ok((compress, decompress, sizes.iter().map(|&s| s as u64).sum()))
+}
+
+/// `uzswap bench cache --allocator both`: the benchmark below once per
+/// allocator, in one process on the same pages, plus the xcf/zsmalloc
+/// ratios of store and load throughput.
+pub fn run_allocators(
+    a: &Args,
+    kinds: &[uzswap_cache::AllocatorKind],
+) -> Result<serde_json::Value> {
+    let mut rows = Vec::new();
+    for &allocator in kinds {
+        rows.push(run(&Args { allocator, ..*a })?);
+    }
+    if let [row] = &rows[..] {
+        return Ok(row.clone());
+    }
+    let ratios = crate::bench_pool::ratios_xcf_vs_zsmalloc(
+        &rows,
+        &[
+            ("store", "store_pages_per_s"),
+            ("load", "load_pages_per_s"),
+            ("load_keep", "load_keep_pages_per_s"),
+            ("effective_ratio", "effective_ratio"),
+        ],
+    );
+    if let Some(r) = &ratios {
+        note(&format!(
+            "xcf / zsmalloc: store {:.3}, load {:.3}, load (keep) {:.3}, effective ratio {:.3}",
+            r["store"].as_f64().unwrap_or(f64::NAN),
+            r["load"].as_f64().unwrap_or(f64::NAN),
+            r["load_keep"].as_f64().unwrap_or(f64::NAN),
+            r["effective_ratio"].as_f64().unwrap_or(f64::NAN),
+        ));
+    }
+    Ok(json!({
+        "benchmark": "cache",
+        "allocators": rows,
+        "ratio_xcf_vs_zsmalloc": ratios,
+    }))
 }
 
 /// `uzswap bench cache`: stores every page into an unlimited cache, loads

@@ -10,6 +10,13 @@
 //!    the same size distribution, on one thread and on two.
 //! 4. With `--vs-kernel`, the same pages written to a fresh zram device
 //!    with lz4: the kernel's zsmalloc overhead from mm_stat, side by side.
+//!
+//! Store is the fill (`malloc_write` of every object), load a `read` of
+//! every object afterwards. With `--allocator both` every step runs for xcf
+//! and then zsmalloc on the same compressed objects, and the result holds
+//! one row per allocator plus xcf/zsmalloc ratios: seed 003's table (pages
+//! stored, pages the pool uses, descriptors, effective compression) with
+//! `--data zero` or `--data text75`.
 
 use crate::corpus::{self, DataKind, PAGE};
 use crate::kernel::{note, ZramDevice};
@@ -24,15 +31,16 @@ use uzswap_zpool::{new_pool, AllocatorKind, Handle, Zpool, ZsConfig, ZsPool};
 pub struct Args {
     pub data: DataKind,
     pub mib: usize,
-    pub allocator: AllocatorKind,
+    /// One allocator, or several measured in turn on the same objects.
+    pub allocators: Vec<AllocatorKind>,
     pub vs_kernel: bool,
     pub pair_seconds: f64,
     /// zsmalloc only: largest zspage in pages.
     pub max_pages: usize,
 }
 
-fn make_pool(args: &Args) -> Result<Arc<dyn Zpool>> {
-    Ok(match args.allocator {
+fn make_pool(args: &Args, kind: AllocatorKind) -> Result<Arc<dyn Zpool>> {
+    Ok(match kind {
         AllocatorKind::Zsmalloc => Arc::new(ZsPool::new(ZsConfig {
             max_pages_per_zspage: args.max_pages,
             ..ZsConfig::default()
@@ -67,7 +75,120 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
     note(&format!("data: {}", pages.source));
     let objs = compress_all(&pages);
     let payload: u64 = objs.iter().map(|o| o.len() as u64).sum();
-    let pool = make_pool(args)?;
+    let mut rows = Vec::new();
+    for &kind in &args.allocators {
+        rows.push(run_one(args, kind, &objs)?);
+    }
+    let common = json!({
+        "benchmark": "pool",
+        "data": format!("{:?}", args.data).to_lowercase(),
+        "data_source": pages.source,
+        "data_composition": pages.composition(),
+        "mib": args.mib,
+        "objects": count,
+        "payload_bytes": payload,
+        "max_pages_per_zspage": args.max_pages,
+    });
+    let mut out = if let [row] = &rows[..] {
+        // One allocator: its figures at the top level, as before.
+        let mut out = row.clone();
+        merge(&mut out, &common);
+        out
+    } else {
+        let mut out = common;
+        if let Some(r) = ratios_xcf_vs_zsmalloc(
+            &rows,
+            &[
+                ("store", "store_mops"),
+                ("load", "load_mops"),
+                ("malloc_free_pairs_1t", "malloc_free_pairs_per_s_1t"),
+                ("malloc_free_pairs_2t", "malloc_free_pairs_per_s_2t"),
+                (
+                    "malloc_write_free_pairs_1t",
+                    "malloc_write_free_pairs_per_s_1t",
+                ),
+                (
+                    "malloc_write_free_pairs_2t",
+                    "malloc_write_free_pairs_per_s_2t",
+                ),
+                ("effective_compression", "effective_compression"),
+            ],
+        ) {
+            out["ratio_xcf_vs_zsmalloc"] = r;
+        }
+        note(&table(&rows));
+        out["allocators"] = json!(rows);
+        out
+    };
+    if args.vs_kernel {
+        out["kernel_zram"] = kernel_reference(&pages, payload)?;
+    }
+    Ok(out)
+}
+
+/// `{name: xcf[key] / zsmalloc[key]}` for each `(name, key)`, from rows
+/// that carry an `"allocator"`; None unless both allocators have a row.
+pub fn ratios_xcf_vs_zsmalloc(
+    rows: &[serde_json::Value],
+    keys: &[(&str, &str)],
+) -> Option<serde_json::Value> {
+    let by = |name: &str| rows.iter().find(|r| r["allocator"] == name);
+    let (x, z) = (by("xcf")?, by("zsmalloc")?);
+    let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+    Some(
+        keys.iter()
+            .map(|&(name, k)| (name.to_string(), json!(f(x, k) / f(z, k))))
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+    )
+}
+
+fn merge(into: &mut serde_json::Value, from: &serde_json::Value) {
+    if let (Some(a), Some(b)) = (into.as_object_mut(), from.as_object()) {
+        for (k, v) in b {
+            a.insert(k.clone(), v.clone());
+        }
+    }
+}
+
+/// Seed 003's table, one line per allocator.
+fn table(rows: &[serde_json::Value]) -> String {
+    let mut t = format!(
+        "{:<9} {:>12} {:>10} {:>11} {:>9} {:>10} {:>13} {:>9} {:>9}\n",
+        "allocator",
+        "pages_stored",
+        "pool_pages",
+        "descriptors",
+        "eff_compr",
+        "fill_ovh",
+        "compacted_ovh",
+        "store_M/s",
+        "load_M/s"
+    );
+    for r in rows {
+        let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+        t += &format!(
+            "{:<9} {:>12} {:>10} {:>11} {:>8.2}% {:>9.2}% {:>12.2}% {:>9.3} {:>9.3}\n",
+            r["allocator"].as_str().unwrap_or("?"),
+            r["pages_stored"].as_u64().unwrap_or(0),
+            r["pool_pages"].as_u64().unwrap_or(0),
+            r.get("descriptors").map_or("-".into(), |d| d.to_string()),
+            f("effective_compression") * 100.0,
+            f("overhead_fill_pct"),
+            f("overhead_compacted_pct"),
+            f("store_mops"),
+            f("load_mops"),
+        );
+    }
+    t
+}
+
+/// Fill, load, churn and pairs for one allocator on the given objects.
+fn run_one(args: &Args, kind: AllocatorKind, objs: &[Vec<u8>]) -> Result<serde_json::Value> {
+    let count = objs.len();
+    let payload: u64 = objs.iter().map(|o| o.len() as u64).sum();
+    let pool = make_pool(args, kind)?;
+    note(&format!("allocator {}", pool.name()));
 
     // 1. Fill.
     let t = Instant::now();
@@ -86,6 +207,29 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         st.pool_bytes,
         fill_overhead * 100.0,
         count as f64 / fill_s
+    ));
+    let pages_stored = count as u64;
+    let pool_pages = st.pages_held;
+    let descriptors = st
+        .extra
+        .iter()
+        .find(|(k, _)| k == "descriptors")
+        .map(|&(_, v)| v);
+
+    // Load: every object read once, in an order fixed by a seed (the same
+    // for every allocator), as a cache's loads come.
+    let mut order: Vec<usize> = (0..count).collect();
+    order.shuffle(&mut rand::rngs::SmallRng::seed_from_u64(3));
+    let mut buf = vec![0u8; PAGE];
+    let t = Instant::now();
+    for &i in &order {
+        pool.read(live[i].0, &mut buf)?;
+    }
+    let load_s = t.elapsed().as_secs_f64();
+    note(&format!(
+        "load: {:.0} reads/s; pool pages {pool_pages} for {pages_stored} pages stored: effective compression {:.2} %",
+        count as f64 / load_s,
+        pool_pages as f64 / pages_stored as f64 * 100.0
     ));
 
     // 2. Churn.
@@ -128,7 +272,6 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
             "overhead_after_compact": after, "objects_moved": rep.objects_moved, "pages_freed": rep.pages_freed}));
     }
     // Verify every survivor before letting go.
-    let mut buf = vec![0u8; PAGE];
     for &(h, i) in &live {
         let n = pool.read(h, &mut buf)?;
         anyhow::ensure!(buf[..n] == objs[i][..], "object {i} changed in the pool");
@@ -139,34 +282,34 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
 
     // 3. Pairs.
     let sizes: Vec<usize> = objs.iter().map(Vec::len).collect();
-    let one = pairs_per_s(args, &sizes, 1, false)?;
-    let two = pairs_per_s(args, &sizes, 2, false)?;
+    let one = pairs_per_s(args, kind, &sizes, 1, false)?;
+    let two = pairs_per_s(args, kind, &sizes, 2, false)?;
     note(&format!(
         "malloc+free pairs/s: 1 thread {one:.0}, 2 threads {two:.0} ({:.2}x)",
         two / one
     ));
-    let one_w = pairs_per_s(args, &sizes, 1, true)?;
-    let two_w = pairs_per_s(args, &sizes, 2, true)?;
+    let one_w = pairs_per_s(args, kind, &sizes, 1, true)?;
+    let two_w = pairs_per_s(args, kind, &sizes, 2, true)?;
     note(&format!(
         "malloc_write+free pairs/s (object bytes copied in, wiped on free): 1 thread {one_w:.0}, 2 threads {two_w:.0} ({:.2}x)",
         two_w / one_w
     ));
 
-    let mut out = json!({
-        "benchmark": "pool",
+    let mut row = json!({
         "allocator": pool.name(),
-        "data": format!("{:?}", args.data).to_lowercase(),
-        "data_source": pages.source,
-        "data_composition": pages.composition(),
-        "mib": args.mib,
-        "objects": count,
-        "payload_bytes": payload,
+        "pages_stored": pages_stored,
+        "pool_pages": pool_pages,
+        "effective_compression": pool_pages as f64 / pages_stored as f64,
         "pool_bytes": st.pool_bytes,
         "metadata_bytes": st.metadata_bytes,
         "overhead": fill_overhead,
+        "overhead_fill_pct": fill_overhead * 100.0,
+        "overhead_compacted_pct": worst_after * 100.0,
         "churn_overhead_before_compact": worst_before,
         "churn_overhead_after_compact": worst_after,
         "churn_steps": steps,
+        "store_mops": count as f64 / fill_s / 1e6,
+        "load_mops": count as f64 / load_s / 1e6,
         "malloc_per_s": count as f64 / fill_s,
         "free_per_s": freed as f64 / free_s,
         "malloc_free_pairs_per_s_1t": one,
@@ -175,21 +318,31 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         "malloc_write_free_pairs_per_s_1t": one_w,
         "malloc_write_free_pairs_per_s_2t": two_w,
         "scaling_write_2t": two_w / one_w,
-        "max_pages_per_zspage": args.max_pages,
     });
-    if args.vs_kernel {
-        out["kernel_zram"] = kernel_reference(&pages, payload)?;
+    if let Some(d) = descriptors {
+        row["descriptors"] = json!(d);
+        row["blocks_per_object"] = json!(st
+            .extra
+            .iter()
+            .find(|(k, _)| k == "blocks")
+            .map_or(f64::NAN, |&(_, b)| b as f64 / count as f64));
     }
-    Ok(out)
+    Ok(row)
 }
 
 /// malloc+free pairs per second over a working set, on `threads` threads.
 /// With `write`, each new object is also filled with bytes (as a store
 /// does), which costs the copy, the wipe on free and page faults.
-fn pairs_per_s(args: &Args, sizes: &[usize], threads: usize, write: bool) -> Result<f64> {
+fn pairs_per_s(
+    args: &Args,
+    kind: AllocatorKind,
+    sizes: &[usize],
+    threads: usize,
+    write: bool,
+) -> Result<f64> {
     const WORKING_SET: usize = 32 << 10;
     let seconds = args.pair_seconds;
-    let pool = make_pool(args)?;
+    let pool = make_pool(args, kind)?;
     let sizes = Arc::new(sizes.to_vec());
     let start = Arc::new(std::sync::Barrier::new(threads));
     let workers: Vec<_> = (0..threads)

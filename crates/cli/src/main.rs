@@ -95,8 +95,10 @@ enum Bench {
         /// MiB of original pages.
         #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=8192))]
         mib: u32,
-        #[arg(long, default_value = "zsmalloc", value_parser = parse_allocator)]
-        allocator: AllocatorKind,
+        /// zsmalloc, xcf, or both (each in turn on the same objects, with
+        /// xcf/zsmalloc ratios).
+        #[arg(long, default_value = "zsmalloc", value_parser = parse_allocators)]
+        allocator: Allocators,
         /// Also measure the kernel's zsmalloc on the same pages through zram
         /// (needs root; the device is removed afterwards).
         #[arg(long)]
@@ -122,8 +124,10 @@ enum Bench {
         /// MiB of original pages.
         #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..=8192))]
         mib: u64,
-        #[arg(long, default_value = "zsmalloc", value_parser = parse_allocator)]
-        allocator: AllocatorKind,
+        /// zsmalloc, xcf, or both (each in turn on the same pages, with
+        /// xcf/zsmalloc ratios).
+        #[arg(long, default_value = "zsmalloc", value_parser = parse_allocators)]
+        allocator: Allocators,
         /// Share identical pages.
         #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
         dedup: bool,
@@ -204,6 +208,17 @@ enum Bench {
     /// The usemem workload (fill, then read-check-rewrite passes) under a
     /// resident budget, optionally against the kernel's zswap and swap.
     Usemem(bench_usemem::Args),
+}
+
+/// The allocators a benchmark runs, in turn.
+#[derive(Clone, Debug)]
+struct Allocators(Vec<AllocatorKind>);
+
+fn parse_allocators(s: &str) -> Result<Allocators, String> {
+    Ok(Allocators(match s {
+        "both" => vec![AllocatorKind::Xcf, AllocatorKind::Zsmalloc],
+        one => vec![parse_allocator(one)?],
+    }))
 }
 
 fn parse_allocator(s: &str) -> Result<AllocatorKind, String> {
@@ -392,14 +407,17 @@ fn run(cli: Cli) -> Result<()> {
             vs_kernel,
             json,
         }) => {
-            let v = bench_cache::run(&bench_cache::Args {
-                data,
-                mib: mib as usize,
-                compressor,
-                allocator,
-                dedup,
-                vs_kernel,
-            })?;
+            let v = bench_cache::run_allocators(
+                &bench_cache::Args {
+                    data,
+                    mib: mib as usize,
+                    compressor,
+                    allocator: allocator.0[0],
+                    dedup,
+                    vs_kernel,
+                },
+                &allocator.0,
+            )?;
             emit(json, &v)
         }
         Cmd::InternalKernelZswap {
@@ -426,7 +444,7 @@ fn run(cli: Cli) -> Result<()> {
             let v = bench_pool::run(&bench_pool::Args {
                 data,
                 mib: mib as usize,
-                allocator,
+                allocators: allocator.0,
                 vs_kernel,
                 pair_seconds,
                 max_pages,

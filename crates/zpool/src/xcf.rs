@@ -8,20 +8,30 @@
 //!   [`PageArena`]. The bytes of a page are tiled, without gap or overlap, by
 //!   **blocks**: runs of bytes inside one page, `GRAN`-aligned, a multiple of
 //!   `GRAN` long. A block is either owned by one object or free.
-//! - A block's **descriptor** (page, offset, length, owner, next, free-list
-//!   position) lives in the side table `Shard::descs`, never in the page.
-//!   Each page keeps the ids of its blocks sorted by offset, so a freed block
-//!   merges with free neighbours at once.
+//! - A block's **descriptor** (24 bytes: page, offset, length, owner, chain
+//!   link or free-list position, previous and next block of its page) lives
+//!   in the side table `Shard::descs`, never in the page. The blocks of a
+//!   page form a doubly linked list in offset order starting at `Page::first`
+//!   (the block at offset 0, the same descriptor for the page's life), so a
+//!   freed block finds and merges its free neighbours in O(1).
 //! - An **object** is a chain of blocks (`Obj::first`, then `Block::next`),
 //!   possibly in different pages, whose lengths add up to the object size
 //!   rounded up to `GRAN`.
 //! - Free blocks sit in exact-size free lists, one per multiple of `GRAN`
 //!   (`free[len / GRAN]`), with a bitmap of non-empty lists. An allocation
-//!   takes the best-fitting free block (smallest one that holds the rest of
-//!   the object, split if longer), else the largest free block whole, and
-//!   repeats; so small leftovers are used up and fragmentation stays near 0.
+//!   takes the best-fitting free block (smallest one that holds the object,
+//!   split if longer); else the largest free block whole plus the best fit
+//!   for the rest. If that is not possible either, it adds a fresh page and
+//!   takes the largest free block plus the rest from the new page. So a
+//!   chain has at most **two blocks** when made by malloc: a read follows
+//!   few links, and a page's tail is still used. Only at the pool's limit
+//!   does malloc chain as many scattered blocks as it takes; compaction
+//!   does too (it fills holes). Leftovers that malloc skipped are what
+//!   compaction packs away.
 //! - A page whose blocks all become free is given back to the OS at once.
-//!   Freed object bytes are zeroed, so a later object never shows old data.
+//!   Freed object bytes are zeroed if the object was ever written (an
+//!   object never written still reads as zeros), so a later object never
+//!   shows old data.
 //! - A handle is `tag:16 | shard:4 | generation:16 | slot:28` (high to low
 //!   bits). The tag is per pool (never 0, so a handle is never 0), the slot
 //!   indexes the shard's object table, the generation is bumped on free.
@@ -46,8 +56,12 @@
 //! - Generations have 16 bits and tags 16 bits: a handle used after 65536
 //!   reuses of its slot, or a handle of a pool created 65535 pools earlier,
 //!   is not detected (it names a live object, never freed memory).
-//! - Compaction may split a moved block over several free blocks, so
-//!   chains get longer; reads follow them at the cost of a few copies.
+//! - Compaction (and malloc at the limit) may split a block over several
+//!   free blocks, so those chains get longer; reads follow them at the cost
+//!   of a few copies.
+//! - Between compactions, holes malloc skipped (too small for a two-block
+//!   chain) cost memory: the overhead after churn and before compaction is
+//!   higher than with unlimited chains; after compaction it is the same.
 //!
 //! Pool-wide counters are atomics, read without locks.
 //!
@@ -94,7 +108,12 @@ impl Default for XcfConfig {
     }
 }
 
-/// Descriptor of one block.
+/// Descriptor of one block (24 bytes).
+///
+/// Invariants (checked by `Shard::check`): following `pnext` from a page's
+/// `first` visits its blocks in offset order, each starting where the one
+/// before ends, the last ending at `PAGE_SIZE`; `pprev` is the reverse link;
+/// two free blocks are never neighbours (they are merged).
 #[derive(Clone, Copy, Debug)]
 struct Block {
     /// Index in `Shard::pages`. Invalid when the descriptor is unused.
@@ -105,21 +124,27 @@ struct Block {
     len: u16,
     /// Object slot owning the block, or NIL when free.
     owner: u32,
-    /// Next block of the owner's chain (NIL: last). Invalid when free.
-    next: u32,
-    /// Position in `free[len / GRAN]` when free and listed; invalid otherwise.
-    fpos: u32,
+    /// Used block: next block of the owner's chain (NIL: last).
+    /// Free block: its position in `free[len / GRAN]` while listed; invalid
+    /// while compaction keeps it unlisted.
+    link: u32,
+    /// The block before this one in its page (NIL: the block at offset 0).
+    pprev: u32,
+    /// The block after this one in its page (NIL: the last block).
+    pnext: u32,
 }
 
 /// One page of a shard.
-#[derive(Debug, Default)]
+#[derive(Clone, Copy, Debug, Default)]
 struct Page {
-    /// Address of the page; 0 when this table entry holds no page.
+    /// Address of the page; 0 when this table entry holds no page (then
+    /// `used` and `first` are invalid).
     addr: usize,
     /// Bytes in used blocks. `used + free bytes of its blocks == PAGE_SIZE`.
     used: u32,
-    /// Ids of the page's blocks, sorted by offset, tiling `0..PAGE_SIZE`.
-    blocks: Vec<u32>,
+    /// The block at offset 0. It stays the same descriptor for the page's
+    /// life: a split keeps the head, a merge keeps the lower block.
+    first: u32,
 }
 
 /// One entry of the object table.
@@ -132,6 +157,10 @@ struct Obj {
     /// Generation, bumped on free; a handle carries the value at malloc.
     gen: u16,
     live: bool,
+    /// Some byte of the object may be non-zero (it was written since
+    /// malloc). A never-written object still reads as zeros, so free skips
+    /// the wipe, as zsmalloc's does. Invalid when `!live`.
+    written: bool,
 }
 
 /// An independent sub-pool. Every field is guarded by the shard's lock.
@@ -159,6 +188,18 @@ struct Shard {
     used_blocks: u64,
     /// Pages held by this shard.
     pages_held: u64,
+}
+
+/// A shard behind its lock, on cache lines of its own: two threads working
+/// in two shards never write the same line.
+#[repr(align(128))]
+struct ShardLock(Mutex<Shard>);
+
+impl std::ops::Deref for ShardLock {
+    type Target = Mutex<Shard>;
+    fn deref(&self) -> &Mutex<Shard> {
+        &self.0
+    }
 }
 
 /// Pool-wide counters shared by the shards.
@@ -228,7 +269,7 @@ impl Shard {
 
     fn fl_insert(&mut self, b: u32) {
         let k = self.descs[b as usize].len as usize / GRAN;
-        self.descs[b as usize].fpos =
+        self.descs[b as usize].link =
             u32::try_from(self.free[k].len()).expect("free list overflow");
         self.free[k].push(b);
         self.bits[k / 64] |= 1 << (k % 64);
@@ -238,14 +279,13 @@ impl Shard {
     fn fl_remove(&mut self, b: u32) {
         let d = self.descs[b as usize];
         let k = d.len as usize / GRAN;
-        let pos = d.fpos as usize;
+        let pos = d.link as usize;
         let list = &mut self.free[k];
         debug_assert_eq!(list[pos], b);
         list.swap_remove(pos);
         if let Some(&moved) = list.get(pos) {
-            self.descs[moved as usize].fpos = d.fpos;
-        }
-        if self.free[k].is_empty() {
+            self.descs[moved as usize].link = d.link;
+        } else if list.is_empty() {
             self.bits[k / 64] &= !(1 << (k % 64));
         }
         self.free_bytes -= k * GRAN;
@@ -274,13 +314,22 @@ impl Shard {
             .map(|w| w * 64 + 63 - self.bits[w].leading_zeros() as usize)
     }
 
-    fn block_index(&self, b: u32) -> usize {
-        let d = self.descs[b as usize];
-        let descs = &self.descs;
-        self.pages[d.page as usize]
-            .blocks
-            .binary_search_by_key(&d.off, |&id| descs[id as usize].off)
-            .expect("block is listed in its page")
+    /// Whether `len` bytes fit in at most two listed free blocks: one that
+    /// holds them all, or the largest plus the best fit for the rest (what
+    /// `take_blocks` then takes).
+    fn fits_in_two(&self, len: usize) -> bool {
+        let k = len / GRAN;
+        if self.find_at_least(k).is_some() {
+            return true;
+        }
+        let Some(big) = self.find_largest() else {
+            return false;
+        };
+        match self.find_at_least(k - big) {
+            Some(k2) if k2 < big => true,
+            Some(_) => self.free[big].len() >= 2,
+            None => false,
+        }
     }
 
     fn add_page(&mut self, shared: &Shared) -> Result<(), Error> {
@@ -297,14 +346,15 @@ impl Shard {
             off: 0,
             len: PAGE_SIZE as u16,
             owner: NIL,
-            next: NIL,
-            fpos: 0,
+            link: NIL,
+            pprev: NIL,
+            pnext: NIL,
         });
-        let page = &mut self.pages[pid as usize];
-        page.addr = addr;
-        page.used = 0;
-        page.blocks.clear();
-        page.blocks.push(b);
+        self.pages[pid as usize] = Page {
+            addr,
+            used: 0,
+            first: b,
+        };
         self.pages_held += 1;
         self.fl_insert(b);
         Ok(())
@@ -312,45 +362,60 @@ impl Shard {
 
     /// Takes `len` bytes (a multiple of GRAN, `<= free_bytes`) from the free
     /// lists for `owner`; returns the first and last block of the new chain.
-    fn take_blocks(&mut self, len: usize, owner: u32) -> (u32, u32) {
+    ///
+    /// `lead` (a listed free block shorter than `len`, or NIL) is taken
+    /// first. Then best fit: the smallest free block that holds the rest (an
+    /// exact fit needs no split, the common case once the pool has churned);
+    /// else the largest free block whole, and the rest again.
+    fn take_blocks(&mut self, len: usize, owner: u32, lead: u32) -> (u32, u32) {
         debug_assert!(len <= self.free_bytes && len & (GRAN - 1) == 0);
         let (mut first, mut last) = (NIL, NIL);
         let mut rem = len;
+        let mut lead = lead;
         while rem > 0 {
-            let k = self
-                .find_at_least(rem / GRAN)
-                .or_else(|| self.find_largest())
-                .expect("free bytes cover the request");
-            let b = *self.free[k].last().expect("listed bucket is non-empty");
+            let b = if lead != NIL {
+                debug_assert!((self.descs[lead as usize].len as usize) < len);
+                std::mem::replace(&mut lead, NIL)
+            } else {
+                let k = self
+                    .find_at_least(rem / GRAN)
+                    .or_else(|| self.find_largest())
+                    .expect("free bytes cover the request");
+                *self.free[k].last().expect("listed bucket is non-empty")
+            };
             self.fl_remove(b);
-            let blen = self.descs[b as usize].len as usize;
+            let d = self.descs[b as usize];
+            let blen = d.len as usize;
             if blen > rem {
-                // Split: b keeps the head, the tail becomes a new free block.
-                let d = self.descs[b as usize];
+                // Split: b keeps the head, the tail becomes a new free block
+                // linked in after b.
                 let tail = self.new_desc(Block {
                     page: d.page,
                     off: d.off + rem as u16,
                     len: (blen - rem) as u16,
                     owner: NIL,
-                    next: NIL,
-                    fpos: 0,
+                    link: NIL,
+                    pprev: b,
+                    pnext: d.pnext,
                 });
-                let i = self.block_index(b);
-                self.pages[d.page as usize].blocks.insert(i + 1, tail);
-                self.descs[b as usize].len = rem as u16;
+                if d.pnext != NIL {
+                    self.descs[d.pnext as usize].pprev = tail;
+                }
+                let db = &mut self.descs[b as usize];
+                db.pnext = tail;
+                db.len = rem as u16;
                 self.fl_insert(tail);
             }
             let take = blen.min(rem);
-            let d = &mut self.descs[b as usize];
-            d.owner = owner;
-            d.next = NIL;
-            let page = d.page as usize;
-            self.pages[page].used += take as u32;
+            let db = &mut self.descs[b as usize];
+            db.owner = owner;
+            db.link = NIL;
+            self.pages[d.page as usize].used += take as u32;
             self.used_blocks += 1;
             if last == NIL {
                 first = b;
             } else {
-                self.descs[last as usize].next = b;
+                self.descs[last as usize].link = b;
             }
             last = b;
             rem -= take;
@@ -366,40 +431,47 @@ impl Shard {
         )
     }
 
-    /// Frees a used block: wipes it, merges it with free neighbours, and
-    /// gives its page back when the whole page is free.
-    fn release_block(&mut self, shared: &Shared, b: u32) {
+    /// Removes free block `gone` (the page neighbour after `keep`) from its
+    /// page and gives its length to `keep`.
+    fn absorb_next(&mut self, keep: u32, gone: u32) {
+        let g = self.descs[gone as usize];
+        if g.pnext != NIL {
+            self.descs[g.pnext as usize].pprev = keep;
+        }
+        let k = &mut self.descs[keep as usize];
+        k.pnext = g.pnext;
+        k.len += g.len;
+        self.drop_desc(gone);
+    }
+
+    /// Frees a used block: wipes it if its object was written, merges it
+    /// with free neighbours, and gives its page back when the whole page is
+    /// free.
+    fn release_block(&mut self, shared: &Shared, b: u32, wipe: bool) {
         let (p, len) = self.ptr(b);
-        // SAFETY: the block lies inside a page this shard holds (blocks tile
-        // their page) and we hold the shard lock, so nobody else touches it.
-        unsafe { std::ptr::write_bytes(p, 0, len) };
-        let page = self.descs[b as usize].page as usize;
+        if wipe {
+            // SAFETY: the block lies inside a page this shard holds (blocks
+            // tile their page) and we hold the shard lock, so nobody else
+            // touches it.
+            unsafe { std::ptr::write_bytes(p, 0, len) };
+        }
+        let d = self.descs[b as usize];
+        let page = d.page as usize;
         self.pages[page].used -= len as u32;
         self.descs[b as usize].owner = NIL;
         self.used_blocks -= 1;
         let mut b = b;
-        let mut i = self.block_index(b);
-        if let Some(&nb) = self.pages[page].blocks.get(i + 1) {
-            if self.descs[nb as usize].owner == NIL {
-                self.fl_remove(nb);
-                self.descs[b as usize].len += self.descs[nb as usize].len;
-                self.pages[page].blocks.remove(i + 1);
-                self.drop_desc(nb);
-            }
+        if d.pnext != NIL && self.descs[d.pnext as usize].owner == NIL {
+            self.fl_remove(d.pnext);
+            self.absorb_next(b, d.pnext);
         }
-        if i > 0 {
-            let pb = self.pages[page].blocks[i - 1];
-            if self.descs[pb as usize].owner == NIL {
-                self.fl_remove(pb);
-                self.descs[pb as usize].len += self.descs[b as usize].len;
-                self.pages[page].blocks.remove(i);
-                self.drop_desc(b);
-                b = pb;
-                i -= 1;
-            }
+        if d.pprev != NIL && self.descs[d.pprev as usize].owner == NIL {
+            self.fl_remove(d.pprev);
+            self.absorb_next(d.pprev, b);
+            b = d.pprev;
         }
         if self.descs[b as usize].len as usize == PAGE_SIZE {
-            debug_assert_eq!(i, 0);
+            debug_assert_eq!(self.pages[page].first, b);
             self.drop_page(shared, page);
         } else {
             self.fl_insert(b);
@@ -408,17 +480,13 @@ impl Shard {
 
     /// Gives a page back whose blocks are all free and unlisted.
     fn drop_page(&mut self, shared: &Shared, page: usize) {
-        let blocks = std::mem::take(&mut self.pages[page].blocks);
-        for &b in &blocks {
+        let mut b = self.pages[page].first;
+        while b != NIL {
+            let next = self.descs[b as usize].pnext;
             self.drop_desc(b);
+            b = next;
         }
-        let addr = self.pages[page].addr;
-        self.pages[page] = Page {
-            addr: 0,
-            used: 0,
-            blocks,
-        };
-        self.pages[page].blocks.clear();
+        let addr = std::mem::take(&mut self.pages[page]).addr;
         self.free_page_ids.push(page as u32);
         self.pages_held -= 1;
         // SAFETY: the page came from take_page; no block refers to it now
@@ -428,8 +496,22 @@ impl Shard {
 
     fn malloc(&mut self, shared: &Shared, size: usize) -> Result<u32, Error> {
         let r = round_up(size);
-        if self.free_bytes < r {
-            self.add_page(shared)?;
+        // The chain to start with: none, or the largest free block when a
+        // fresh page must be added (it then holds the rest, so the chain has
+        // two blocks and the old block, a page's tail when filling, is not
+        // left behind).
+        let mut lead = NIL;
+        if !self.fits_in_two(r) {
+            if let Some(k) = self.find_largest() {
+                lead = *self.free[k].last().expect("listed bucket is non-empty");
+            }
+            // At the pool's limit the free space of the shard is used
+            // however scattered it is.
+            match self.add_page(shared) {
+                Ok(()) => {}
+                Err(Error::LimitReached { .. }) if self.free_bytes >= r => lead = NIL,
+                Err(e) => return Err(e),
+            }
         }
         let slot = match self.free_slots.pop() {
             Some(s) => s,
@@ -444,11 +526,12 @@ impl Shard {
                 (self.objs.len() - 1) as u32
             }
         };
-        let (first, _) = self.take_blocks(r, slot);
+        let (first, _) = self.take_blocks(r, slot, lead);
         let o = &mut self.objs[slot as usize];
         o.first = first;
         o.size = size as u32;
         o.live = true;
+        o.written = false;
         self.objects += 1;
         self.payload += size as u64;
         Ok(slot)
@@ -458,8 +541,8 @@ impl Shard {
         let o = self.objs[slot as usize];
         let mut b = o.first;
         while b != NIL {
-            let next = self.descs[b as usize].next;
-            self.release_block(shared, b);
+            let next = self.descs[b as usize].link;
+            self.release_block(shared, b, o.written);
             b = next;
         }
         let e = &mut self.objs[slot as usize];
@@ -469,6 +552,21 @@ impl Shard {
         self.objects -= 1;
         self.payload -= o.size as u64;
         o.size as usize
+    }
+
+    /// Copies `data` (exactly the object's size) into the object and marks
+    /// it written.
+    fn write_locked(&mut self, slot: u32, data: &[u8]) {
+        debug_assert_eq!(data.len(), self.objs[slot as usize].size as usize);
+        self.objs[slot as usize].written = true;
+        let mut off = 0;
+        self.for_each_chunk(slot, |p, n| {
+            // SAFETY: `p..p+n` is inside a block of this object in a page
+            // the shard holds; the shard lock is held (we have `&mut self`);
+            // `off + n <= size == data.len()`.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(off), p, n) };
+            off += n;
+        });
     }
 
     /// Calls `f(block bytes)` for each block of the object in order, with at
@@ -482,7 +580,7 @@ impl Shard {
             let n = len.min(rem);
             f(p, n);
             rem -= n;
-            b = self.descs[b as usize].next;
+            b = self.descs[b as usize].link;
         }
     }
 
@@ -512,23 +610,29 @@ impl Shard {
         // Unlist the free blocks of the source pages so no block moves into
         // a page that is being emptied.
         for &p in &src {
-            for i in 0..self.pages[p].blocks.len() {
-                let b = self.pages[p].blocks[i];
+            let mut b = self.pages[p].first;
+            while b != NIL {
                 if self.descs[b as usize].owner == NIL {
                     self.fl_remove(b);
                 }
+                b = self.descs[b as usize].pnext;
             }
         }
         let mut owners = Vec::new();
         for &p in &src {
-            for i in 0..self.pages[p].blocks.len() {
-                let b = self.pages[p].blocks[i];
+            // Blocks move out of p one by one; the links of p's own blocks
+            // are not touched meanwhile (take_blocks only takes listed
+            // blocks, and p's are unlisted).
+            let mut next_b = self.pages[p].first;
+            while next_b != NIL {
+                let b = next_b;
                 let d = self.descs[b as usize];
+                next_b = d.pnext;
                 if d.owner == NIL {
                     continue;
                 }
                 let len = d.len as usize;
-                let (first, last) = self.take_blocks(len, d.owner);
+                let (first, last) = self.take_blocks(len, d.owner, NIL);
                 let (from, _) = self.ptr(b);
                 let mut off = 0;
                 let mut nb = first;
@@ -540,19 +644,19 @@ impl Shard {
                     // since the new chain's lengths add up to `len`.
                     unsafe { std::ptr::copy_nonoverlapping(from.add(off), to, n) };
                     off += n;
-                    nb = self.descs[nb as usize].next;
+                    nb = self.descs[nb as usize].link;
                 }
                 // Splice the new chain in place of b.
-                self.descs[last as usize].next = d.next;
+                self.descs[last as usize].link = d.link;
                 let o = &mut self.objs[d.owner as usize];
                 if o.first == b {
                     o.first = first;
                 } else {
                     let mut q = o.first;
-                    while self.descs[q as usize].next != b {
-                        q = self.descs[q as usize].next;
+                    while self.descs[q as usize].link != b {
+                        q = self.descs[q as usize].link;
                     }
-                    self.descs[q as usize].next = first;
+                    self.descs[q as usize].link = first;
                 }
                 self.descs[b as usize].owner = NIL;
                 self.pages[p].used -= len as u32;
@@ -575,11 +679,6 @@ impl Shard {
         self.descs.capacity() * size_of::<Block>()
             + self.objs.capacity() * size_of::<Obj>()
             + self.pages.capacity() * size_of::<Page>()
-            + self
-                .pages
-                .iter()
-                .map(|p| p.blocks.capacity() * 4)
-                .sum::<usize>()
             + self.free.iter().map(|l| l.capacity() * 4).sum::<usize>()
             + (self.free_descs.capacity()
                 + self.free_slots.capacity()
@@ -594,24 +693,22 @@ impl Shard {
         let mut pages_held = 0u64;
         for (pi, p) in self.pages.iter().enumerate() {
             if p.addr == 0 {
-                if !p.blocks.is_empty() {
-                    return Err(format!("shard {s} page {pi}: empty entry has blocks"));
-                }
                 continue;
             }
             pages_held += 1;
             let mut off = 0usize;
             let mut used = 0usize;
             let mut prev_free = false;
-            for &b in &p.blocks {
+            let (mut b, mut prev) = (p.first, NIL);
+            while b != NIL {
                 let d = self.descs[b as usize];
-                if std::mem::replace(&mut seen[b as usize], true) {
-                    return Err(format!("shard {s}: block {b} listed twice"));
+                if off >= PAGE_SIZE || std::mem::replace(&mut seen[b as usize], true) {
+                    return Err(format!("shard {s} page {pi}: block list loops at {b}"));
                 }
-                if d.page as usize != pi || d.off as usize != off {
+                if d.page as usize != pi || d.off as usize != off || d.pprev != prev {
                     return Err(format!(
-                        "shard {s} page {pi}: block {b} at {}:{} expected at {off} (gap or overlap)",
-                        d.page, d.off
+                        "shard {s} page {pi}: block {b} at {}:{} (after {}) expected at {off} after {prev} (gap, overlap or bad link)",
+                        d.page, d.off, d.pprev
                     ));
                 }
                 if d.len == 0 || d.len as usize & (GRAN - 1) != 0 {
@@ -627,7 +724,7 @@ impl Shard {
                     prev_free = true;
                     page_free_blocks += 1;
                     let k = d.len as usize / GRAN;
-                    if self.free[k].get(d.fpos as usize) != Some(&b) {
+                    if self.free[k].get(d.link as usize) != Some(&b) {
                         return Err(format!("shard {s}: free block {b} not in its free list"));
                     }
                     let (ptr, len) = self.ptr(b);
@@ -649,6 +746,8 @@ impl Shard {
                         ));
                     }
                 }
+                prev = b;
+                b = d.pnext;
             }
             if off != PAGE_SIZE {
                 return Err(format!("shard {s} page {pi}: blocks cover {off} bytes"));
@@ -679,7 +778,7 @@ impl Shard {
             }
             for (i, &b) in l.iter().enumerate() {
                 let d = self.descs[b as usize];
-                if d.owner != NIL || d.len as usize != k * GRAN || d.fpos as usize != i {
+                if d.owner != NIL || d.len as usize != k * GRAN || d.link as usize != i {
                     return Err(format!("shard {s}: bad entry {b} in free list {k}"));
                 }
                 listed += 1;
@@ -714,7 +813,19 @@ impl Shard {
                 if len > PAGE_SIZE {
                     return Err(format!("shard {s}: slot {slot} chain too long"));
                 }
-                b = d.next;
+                if !o.written {
+                    let (ptr, n) = self.ptr(b);
+                    // SAFETY: the block is in a page this shard holds (the
+                    // page walk above checked every listed block); the caller
+                    // holds the shard lock.
+                    let bytes = unsafe { std::slice::from_raw_parts(ptr, n) };
+                    if bytes.iter().any(|&x| x != 0) {
+                        return Err(format!(
+                            "shard {s}: slot {slot} is marked unwritten but holds data"
+                        ));
+                    }
+                }
+                b = d.link;
             }
             if len != round_up(o.size as usize) {
                 return Err(format!(
@@ -751,7 +862,7 @@ static NEXT_HINT: AtomicUsize = AtomicUsize::new(0);
 
 /// The scatter-gather pool; see the module documentation.
 pub struct XcfPool {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[ShardLock]>,
     shared: Shared,
     /// Per-pool handle tag (1..=65535).
     tag: u64,
@@ -778,7 +889,7 @@ impl XcfPool {
         }
         Ok(XcfPool {
             shards: (0..config.shards)
-                .map(|_| Mutex::new(Shard::new()))
+                .map(|_| ShardLock(Mutex::new(Shard::new())))
                 .collect(),
             shared: Shared {
                 arena: PageArena::new(),
@@ -821,6 +932,29 @@ impl XcfPool {
         }
     }
 
+    /// Allocates in this thread's home shard and returns the handle with
+    /// the shard still locked, so the caller can fill the object first.
+    fn malloc_locked(
+        &self,
+        size: usize,
+    ) -> Result<(Handle, parking_lot::MutexGuard<'_, Shard>, u32), Error> {
+        if let Err(e) = check_size(size) {
+            self.refused_size.fetch_add(1, Ordering::Relaxed);
+            return Err(e);
+        }
+        let s = self.home_shard();
+        let mut g = self.shards[s].lock();
+        let slot = g.malloc(&self.shared, size).inspect_err(|e| {
+            let c = match e {
+                Error::LimitReached { .. } => &self.refused_limit,
+                _ => &self.refused_oom,
+            };
+            c.fetch_add(1, Ordering::Relaxed);
+        })?;
+        let gen = g.objs[slot as usize].gen;
+        Ok((self.encode(s, gen, slot), g, slot))
+    }
+
     fn home_shard(&self) -> usize {
         SHARD_HINT.with(|c| {
             let mut v = c.get();
@@ -839,21 +973,14 @@ impl Zpool for XcfPool {
     }
 
     fn malloc(&self, size: usize) -> Result<Handle, Error> {
-        if let Err(e) = check_size(size) {
-            self.refused_size.fetch_add(1, Ordering::Relaxed);
-            return Err(e);
-        }
-        let s = self.home_shard();
-        let mut g = self.shards[s].lock();
-        let slot = g.malloc(&self.shared, size).inspect_err(|e| {
-            let c = match e {
-                Error::LimitReached { .. } => &self.refused_limit,
-                _ => &self.refused_oom,
-            };
-            c.fetch_add(1, Ordering::Relaxed);
-        })?;
-        let gen = g.objs[slot as usize].gen;
-        Ok(self.encode(s, gen, slot))
+        self.malloc_locked(size).map(|(h, _, _)| h)
+    }
+
+    /// One lock for both steps (a store's common path).
+    fn malloc_write(&self, data: &[u8]) -> Result<Handle, Error> {
+        let (h, mut g, slot) = self.malloc_locked(data.len())?;
+        g.write_locked(slot, data);
+        Ok(h)
     }
 
     fn free(&self, handle: Handle) -> Result<usize, Error> {
@@ -867,7 +994,7 @@ impl Zpool for XcfPool {
     }
 
     fn write(&self, handle: Handle, data: &[u8]) -> Result<(), Error> {
-        let (g, slot) = self.lookup(handle)?;
+        let (mut g, slot) = self.lookup(handle)?;
         let size = g.objs[slot as usize].size as usize;
         if data.len() != size {
             return Err(Error::BadBuffer {
@@ -876,13 +1003,7 @@ impl Zpool for XcfPool {
                 what: "write needs a buffer of exactly the object's size",
             });
         }
-        let mut off = 0;
-        g.for_each_chunk(slot, |p, n| {
-            // SAFETY: `p..p+n` is inside a block of this object in a page
-            // the shard holds; the shard lock is held; `off + n <= size`.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(off), p, n) };
-            off += n;
-        });
+        g.write_locked(slot, data);
         Ok(())
     }
 
@@ -909,7 +1030,7 @@ impl Zpool for XcfPool {
         let (g, slot) = self.lookup(handle)?;
         let o = g.objs[slot as usize];
         let size = o.size as usize;
-        if g.descs[o.first as usize].next == NIL {
+        if g.descs[o.first as usize].link == NIL {
             let (p, _) = g.ptr(o.first);
             // SAFETY: the single block holds the whole object inside a page
             // the shard holds; the lock (held until after `f`) keeps it from
@@ -962,7 +1083,7 @@ impl Zpool for XcfPool {
             chained += g
                 .objs
                 .iter()
-                .filter(|o| o.live && g.descs[o.first as usize].next != NIL)
+                .filter(|o| o.live && g.descs[o.first as usize].link != NIL)
                 .count() as u64;
         }
         let pages = self.shared.pages_held.load(Ordering::Relaxed);

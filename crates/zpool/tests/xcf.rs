@@ -371,3 +371,90 @@ fn throughput_report() {
         );
     }
 }
+
+/// Objects never written are freed without a wipe (their blocks still read
+/// as zeros); written ones are wiped. Either way a later owner of the same
+/// bytes reads zeros, and free blocks pass the checker's zero test.
+#[test]
+fn wipe_only_what_was_written() {
+    let p = XcfPool::new(XcfConfig {
+        limit_bytes: None,
+        shards: 1,
+    })
+    .unwrap();
+    let mut r = rand::rngs::StdRng::seed_from_u64(11);
+    for round in 0..50u64 {
+        let hs: Vec<(Handle, usize)> = (0..40)
+            .map(|i| {
+                let n = r.gen_range(1..=4096);
+                let h = if (round + i).is_multiple_of(3) {
+                    p.malloc(n).unwrap()
+                } else {
+                    p.malloc_write(&fill_bytes(round * 100 + i, n)).unwrap()
+                };
+                (h, n)
+            })
+            .collect();
+        for (i, &(h, n)) in hs.iter().enumerate() {
+            if (round as usize + i).is_multiple_of(2) {
+                assert_eq!(p.free(h).unwrap(), n);
+            }
+        }
+        p.check_invariants().unwrap();
+        let fresh = p.malloc(4096).unwrap();
+        let mut b = vec![1u8; 4096];
+        p.read(fresh, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 0), "a new object shows old bytes");
+        p.free(fresh).unwrap();
+        for (i, &(h, _)) in hs.iter().enumerate() {
+            if (round as usize + i) % 2 == 1 {
+                p.free(h).unwrap();
+            }
+        }
+        p.check_invariants().unwrap();
+    }
+    assert_eq!(p.pool_bytes(), 0);
+}
+
+/// Below the limit a new object takes at most two blocks (a fresh page is
+/// added rather than a longer chain made of scattered free space); at the
+/// limit the scattered space is used, however many blocks that takes.
+#[test]
+fn chains_of_two_unless_at_limit() {
+    let p = XcfPool::new(XcfConfig {
+        limit_bytes: None,
+        shards: 1,
+    })
+    .unwrap();
+    let mut r = rand::rngs::StdRng::seed_from_u64(5);
+    let mut live: Vec<Handle> = (0..400)
+        .map(|_| p.malloc(r.gen_range(200..1200)).unwrap())
+        .collect();
+    // Free every other object: the free space is scattered in small holes.
+    for h in live.iter().skip(1).step_by(2) {
+        p.free(*h).unwrap();
+    }
+    live = live.into_iter().step_by(2).collect();
+    p.check_invariants().unwrap();
+    assert!(extra(&p, "largest_free_block") < 2000);
+    for _ in 0..50 {
+        let before = extra(&p, "blocks");
+        live.push(p.malloc(r.gen_range(2000..4000)).unwrap());
+        assert!(extra(&p, "blocks") - before <= 2);
+    }
+    p.check_invariants().unwrap();
+    // At the limit: one more page is refused, yet free space in many holes
+    // still takes an object bigger than any hole.
+    p.set_limit(Some(p.pool_bytes()));
+    let free = extra(&p, "free_bytes");
+    let largest = extra(&p, "largest_free_block");
+    assert!(
+        free > largest + 8,
+        "free {free} B, largest hole {largest} B"
+    );
+    let before = extra(&p, "blocks");
+    live.push(p.malloc(largest as usize + 8).unwrap());
+    assert!(extra(&p, "blocks") - before >= 2);
+    assert_eq!(extra(&p, "refused_limit"), 0);
+    p.check_invariants().unwrap();
+}
