@@ -1,20 +1,39 @@
 //! Allocator operation sequences against a model: every byte is a command
 //! (malloc of a size drawn from the next bytes, free, write, read, compact,
 //! stale use); the pool's contents must always equal the model's and its
-//! invariants must hold after every step.
+//! invariants must hold after every step. Both allocators: the first byte
+//! picks zsmalloc (bit 7 clear) or xcf (bit 7 set) and its geometry.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use uzswap_zpool::xcf::{XcfConfig, XcfPool};
 use uzswap_zpool::{Error, Handle, Zpool, ZsConfig, ZsPool};
 
 fuzz_target!(|data: &[u8]| {
-    let pool = ZsPool::new(ZsConfig {
-        max_pages_per_zspage: 1 + (data.first().copied().unwrap_or(0) as usize % 16),
-        compact_watermark_percent: None,
-        shards: Some(1 + data.get(1).copied().unwrap_or(0) as usize % 2),
-        ..ZsConfig::default()
-    })
-    .unwrap();
+    let first = data.first().copied().unwrap_or(0);
+    let shards = 1 + data.get(1).copied().unwrap_or(0) as usize % 2;
+    let pool: Box<dyn Zpool> = if first & 0x80 == 0 {
+        Box::new(
+            ZsPool::new(ZsConfig {
+                max_pages_per_zspage: 1 + (first as usize % 16),
+                compact_watermark_percent: None,
+                shards: Some(shards),
+                ..ZsConfig::default()
+            })
+            .unwrap(),
+        )
+    } else {
+        // Bit 6: a small limit, so malloc also takes the path that chains
+        // scattered free blocks (and may fail with LimitReached).
+        let limit_bytes = (first & 0x40 != 0).then_some((2 + u64::from(first % 8)) * 4096);
+        Box::new(
+            XcfPool::new(XcfConfig {
+                shards,
+                limit_bytes,
+            })
+            .unwrap(),
+        )
+    };
     let mut live: Vec<(Handle, Vec<u8>)> = Vec::new();
     let mut stale: Vec<Handle> = Vec::new();
     let mut it = data.iter().copied().skip(2);
@@ -26,8 +45,11 @@ fuzz_target!(|data: &[u8]| {
                 let size = 1 + arg as usize % 4096;
                 let fill = op.wrapping_mul(31);
                 let d: Vec<u8> = (0..size).map(|i| fill ^ i as u8).collect();
-                let h = pool.malloc_write(&d).unwrap();
-                live.push((h, d));
+                match pool.malloc_write(&d) {
+                    Ok(h) => live.push((h, d)),
+                    Err(Error::LimitReached { .. }) => {}
+                    Err(e) => panic!("malloc failed: {e}"),
+                }
             }
             1 if !live.is_empty() => {
                 let (h, d) = live.swap_remove(arg as usize % live.len());
