@@ -1,6 +1,6 @@
 //! Sealing of pages written to the backing file.
 //!
-//! By default a page is encrypted with ChaCha20-Poly1305 under a key made
+//! By default a page is encrypted with AES-256-GCM (ring) under a key made
 //! fresh for each cache from the OS's random source and kept only in this
 //! process's memory. The nonce is a per-cache write sequence number (never
 //! reused under one key), and the associated data binds the ciphertext to
@@ -11,8 +11,7 @@
 //! With encryption off, a keyed-by-position xxh3 checksum takes the tag's
 //! place, so corruption and stale slots are still detected.
 
-use chacha20poly1305::aead::{AeadInPlace, KeyInit};
-use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce, Tag};
+use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
 
 /// What identifies one sealed write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,7 +38,7 @@ impl SealId {
 pub struct SealBroken;
 
 pub enum Sealer {
-    Aead(Box<ChaCha20Poly1305>),
+    Aead(Box<LessSafeKey>),
     Checksum,
 }
 
@@ -49,12 +48,13 @@ impl Sealer {
         if !encrypt {
             return Ok(Sealer::Checksum);
         }
-        let mut key = Key::default();
+        let mut key = [0u8; 32];
         getrandom(&mut key)?;
-        let cipher = ChaCha20Poly1305::new(&key);
+        let cipher = UnboundKey::new(&AES_256_GCM, &key)
+            .map_err(|_| std::io::Error::other("AES-256-GCM refused a 32-byte key"))?;
         // The cipher holds its own expanded copy; wipe ours.
         key.iter_mut().for_each(|b| *b = 0);
-        Ok(Sealer::Aead(Box::new(cipher)))
+        Ok(Sealer::Aead(Box::new(LessSafeKey::new(cipher))))
     }
 
     pub fn encrypts(&self) -> bool {
@@ -66,9 +66,9 @@ impl Sealer {
         match self {
             Sealer::Aead(c) => {
                 let tag = c
-                    .encrypt_in_place_detached(&nonce(id.seq), &id.aad(), page)
+                    .seal_in_place_separate_tag(nonce(id.seq), Aad::from(id.aad()), page)
                     .expect("a page is far below the cipher's length limit");
-                tag.into()
+                tag.as_ref().try_into().expect("a 16-byte tag")
             }
             Sealer::Checksum => checksum(id, page),
         }
@@ -79,7 +79,13 @@ impl Sealer {
     pub fn open(&self, id: SealId, page: &mut [u8], tag: &[u8; 16]) -> Result<(), SealBroken> {
         let ok = match self {
             Sealer::Aead(c) => c
-                .decrypt_in_place_detached(&nonce(id.seq), &id.aad(), page, Tag::from_slice(tag))
+                .open_in_place_separate_tag(
+                    nonce(id.seq),
+                    Aad::from(id.aad()),
+                    Tag::from(*tag),
+                    page,
+                    0..,
+                )
                 .is_ok(),
             Sealer::Checksum => checksum(id, page) == *tag,
         };
@@ -92,10 +98,11 @@ impl Sealer {
     }
 }
 
+/// The nonce of write `seq`: unique under one key, as GCM requires.
 fn nonce(seq: u64) -> Nonce {
-    let mut n = Nonce::default();
+    let mut n = [0u8; 12];
     n[..8].copy_from_slice(&seq.to_le_bytes());
-    n
+    Nonce::assume_unique_for_key(n)
 }
 
 fn checksum(id: SealId, page: &[u8]) -> [u8; 16] {

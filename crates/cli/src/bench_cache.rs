@@ -52,7 +52,7 @@ pub struct Args {
     pub vs_kernel: bool,
 }
 
-fn per_s(n: usize, t: std::time::Duration) -> f64 {
+pub fn per_s(n: usize, t: std::time::Duration) -> f64 {
     n as f64 / t.as_secs_f64().max(1e-9)
 }
 

@@ -6,6 +6,7 @@ mod bench_admission;
 mod bench_cache;
 mod bench_pool;
 mod bench_run;
+mod bench_seal;
 mod bench_usemem;
 mod corpus;
 mod kernel;
@@ -174,6 +175,19 @@ enum Bench {
         pause_ms: u64,
         #[arg(long, value_enum, default_value = "mixed")]
         data: corpus::DataKind,
+        #[arg(long)]
+        json: bool,
+    },
+    /// What encrypting the backing file costs: writeback and loads from
+    /// the file with AES-256-GCM (the default) against the keyed
+    /// checksum, on the same pages, in alternating rounds.
+    Seal {
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+        mib: u64,
+        #[arg(long, value_enum, default_value = "mixed")]
+        data: corpus::DataKind,
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=99))]
+        rounds: u64,
         #[arg(long)]
         json: bool,
     },
@@ -391,6 +405,12 @@ fn run(cli: Cli) -> Result<()> {
             })?;
             emit(json, &v)
         }
+        Cmd::Bench(Bench::Seal {
+            mib,
+            data,
+            rounds,
+            json,
+        }) => emit(json, &bench_seal::run(data, mib as usize, rounds as usize)?),
         Cmd::Bench(Bench::Run(args)) => {
             let v = bench_run::run(&args)?;
             if !args.json {
