@@ -67,7 +67,9 @@
 //!   nowhere to write back), the budget turns *soft*: faults are served
 //!   over it (`store_full_episodes`, `over_budget`), and the evictor retries
 //!   every 20 ms; the first batch that leaves memory makes it hard again.
-//! - **load failure**: the page gets a poison marker (`UFFDIO_POISON`), so
+//! - **load failure**: a failed load is tried twice more (1 and 4 ms later,
+//!   `load_retries`): a transient device error or a torn read is survived.
+//!   If it still fails, the page gets a poison marker (`UFFDIO_POISON`), so
 //!   the access raises SIGBUS as a swap read error does; never made-up data.
 //!
 //! Kernel-mode accesses (`read(2)` into, `write(2)` from region memory) fault
