@@ -14,9 +14,11 @@
 //!   page form a doubly linked list in offset order starting at `Page::first`
 //!   (the block at offset 0, the same descriptor for the page's life), so a
 //!   freed block finds and merges its free neighbours in O(1).
-//! - An **object** is a chain of blocks (`Obj::first`, then `Block::next`),
+//! - An **object** is a chain of blocks (`Obj::first`, then `Block::link`),
 //!   possibly in different pages, whose lengths add up to the object size
-//!   rounded up to `GRAN`.
+//!   rounded up to `GRAN`. The object entry also caches the addresses of
+//!   the chain's first two blocks (`Obj::head`, `Obj::tail`), so reading
+//!   an object of one or two blocks follows no descriptor.
 //! - Free blocks sit in exact-size free lists, one per multiple of `GRAN`
 //!   (`free[len / GRAN]`), with a bitmap of non-empty lists. An allocation
 //!   takes the best-fitting free block (smallest one that holds the object,
@@ -152,6 +154,16 @@ struct Page {
 struct Obj {
     /// First block of the chain; invalid when `!live`.
     first: u32,
+    /// Address and length of the first block's bytes, and of the second's
+    /// if the chain has exactly two (else `tail_len` is 0): copies of what
+    /// `Shard::ptr` gives, so a read of an object in one or two blocks (all
+    /// of malloc's below the limit) touches neither descriptors nor the
+    /// page table. Set by `Shard::cache_ends` after malloc and compaction,
+    /// the only two that change a used chain.
+    head: usize,
+    tail: usize,
+    head_len: u16,
+    tail_len: u16,
     /// Size as requested; invalid when `!live`.
     size: u32,
     /// Generation, bumped on free; a handle carries the value at malloc.
@@ -532,6 +544,7 @@ impl Shard {
         o.size = size as u32;
         o.live = true;
         o.written = false;
+        self.cache_ends(slot);
         self.objects += 1;
         self.payload += size as u64;
         Ok(slot)
@@ -569,10 +582,48 @@ impl Shard {
         });
     }
 
+    /// The ends of `slot`'s chain as `Obj` caches them (see `Obj::head`).
+    fn ends(&self, slot: u32) -> (usize, usize, u16, u16) {
+        let o = &self.objs[slot as usize];
+        let (head, head_len) = self.ptr(o.first);
+        let second = self.descs[o.first as usize].link;
+        match second {
+            NIL => (head as usize, 0, head_len as u16, 0),
+            b if self.descs[b as usize].link == NIL => {
+                let (tail, tail_len) = self.ptr(b);
+                (
+                    head as usize,
+                    tail as usize,
+                    head_len as u16,
+                    tail_len as u16,
+                )
+            }
+            _ => (head as usize, 0, head_len as u16, 0),
+        }
+    }
+
+    fn cache_ends(&mut self, slot: u32) {
+        let (head, tail, head_len, tail_len) = self.ends(slot);
+        let o = &mut self.objs[slot as usize];
+        (o.head, o.tail, o.head_len, o.tail_len) = (head, tail, head_len, tail_len);
+    }
+
     /// Calls `f(block bytes)` for each block of the object in order, with at
     /// most `size` bytes in total.
     fn for_each_chunk(&self, slot: u32, mut f: impl FnMut(*mut u8, usize)) {
         let o = self.objs[slot as usize];
+        let (size, head_len) = (o.size as usize, o.head_len as usize);
+        if head_len >= size {
+            // One block holds it all: no descriptor to follow.
+            f(o.head as *mut u8, size);
+            return;
+        }
+        if o.tail_len != 0 {
+            // Two blocks.
+            f(o.head as *mut u8, head_len);
+            f(o.tail as *mut u8, size - head_len);
+            return;
+        }
         let mut rem = o.size as usize;
         let mut b = o.first;
         while b != NIL && rem > 0 {
@@ -658,6 +709,7 @@ impl Shard {
                     }
                     self.descs[q as usize].link = first;
                 }
+                self.cache_ends(d.owner);
                 self.descs[b as usize].owner = NIL;
                 self.pages[p].used -= len as u32;
                 self.used_blocks -= 1;
@@ -798,6 +850,9 @@ impl Shard {
             }
             objects += 1;
             payload += o.size as u64;
+            if (o.head, o.tail, o.head_len, o.tail_len) != self.ends(slot as u32) {
+                return Err(format!("shard {s}: slot {slot} caches stale chain ends"));
+            }
             let mut len = 0usize;
             let mut b = o.first;
             while b != NIL {
@@ -1030,8 +1085,8 @@ impl Zpool for XcfPool {
         let (g, slot) = self.lookup(handle)?;
         let o = g.objs[slot as usize];
         let size = o.size as usize;
-        if g.descs[o.first as usize].link == NIL {
-            let (p, _) = g.ptr(o.first);
+        if o.head_len as usize >= size {
+            let p = o.head as *const u8;
             // SAFETY: the single block holds the whole object inside a page
             // the shard holds; the lock (held until after `f`) keeps it from
             // moving or being freed, and nobody writes it meanwhile.
