@@ -66,7 +66,8 @@
 //!   store refuses a whole eviction batch (its pool is full and it has
 //!   nowhere to write back), the budget turns *soft*: faults are served
 //!   over it (`store_full_episodes`, `over_budget`), and the evictor retries
-//!   every 20 ms; the first batch that leaves memory makes it hard again.
+//!   every 20 ms (faults do not cut the pause short); the first batch the
+//!   store takes whole makes it hard again.
 //! - **load failure**: a failed load is tried twice more (1 and 4 ms later,
 //!   `load_retries`): a transient device error or a torn read is survived.
 //!   If it still fails, the page gets a poison marker (`UFFDIO_POISON`), so

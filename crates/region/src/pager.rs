@@ -1158,7 +1158,13 @@ impl Shared {
                 if s.store_full {
                     // The store refused the last batch: try again after a
                     // pause (the program may free memory, the pool shrink).
-                    self.work_cv.wait_for(&mut s, Duration::from_millis(20));
+                    // Every fault notifies the condition variable; only the
+                    // deadline (or shutdown) ends the pause, or the evictor
+                    // would offer batches to a full store at fault rate.
+                    let until = Instant::now() + Duration::from_millis(20);
+                    while !self.shutdown.load(Ordering::Relaxed)
+                        && !self.work_cv.wait_until(&mut s, until).timed_out()
+                    {}
                 }
             }
             loop {
@@ -1230,14 +1236,15 @@ impl Shared {
 
     /// Records what a batch did: `refused` victims the store would not
     /// take, `gone` that left memory. A batch that freed nothing because
-    /// the store refused makes the budget soft until one succeeds, and lets
-    /// held-back faults through (a batch whose victims were all written
-    /// meanwhile says nothing about the store).
+    /// the store refused makes the budget soft until one is taken whole,
+    /// and lets held-back faults through (a batch whose victims were all
+    /// written meanwhile says nothing about the store; one taken in part
+    /// leaves the state as it was).
     fn note_progress(&self, refused: usize, gone: usize) {
         let mut s = self.state.lock();
-        if gone > 0 {
+        if gone > 0 && refused == 0 {
             s.store_full = false;
-        } else if refused > 0 && !s.store_full {
+        } else if gone == 0 && refused > 0 && !s.store_full {
             s.store_full = true;
             s.stats.store_full_episodes += 1;
             drop(s);
