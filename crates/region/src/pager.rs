@@ -1162,9 +1162,13 @@ impl Shared {
                     // deadline (or shutdown) ends the pause, or the evictor
                     // would offer batches to a full store at fault rate.
                     let until = Instant::now() + Duration::from_millis(20);
-                    while !self.shutdown.load(Ordering::Relaxed)
-                        && !self.work_cv.wait_until(&mut s, until).timed_out()
-                    {}
+                    loop {
+                        if self.shutdown.load(Ordering::Relaxed)
+                            || self.work_cv.wait_until(&mut s, until).timed_out()
+                        {
+                            break;
+                        }
+                    }
                 }
             }
             loop {
