@@ -42,8 +42,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-// The locks and atomics of the protocol (not the statistics counters) come from the allocator's sync
-// module, so that the `shuttle` feature model-checks them (tests/shuttle.rs).
+// The locks and atomics of the protocol (not the statistics counters) come
+// from the allocator's sync module, so that the `shuttle` feature
+// model-checks them (tests/shuttle.rs).
 use uzswap_zpool::sync::{
     thread_local, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Condvar, Mutex, RwLock,
 };

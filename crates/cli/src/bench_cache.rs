@@ -52,6 +52,12 @@ pub struct Args {
     pub vs_kernel: bool,
 }
 
+/// The middle value (the upper one of an even count). `v` is not empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 pub fn per_s(n: usize, t: std::time::Duration) -> f64 {
     n as f64 / t.as_secs_f64().max(1e-9)
 }
@@ -292,16 +298,14 @@ pub fn dedup_cost(
         ratios.push(on / off);
         rows.push(json!({ "off_pages_per_s": off, "on_pages_per_s": on }));
     }
-    let mut sorted = ratios.clone();
-    sorted.sort_by(f64::total_cmp);
-    let median = sorted[sorted.len() / 2];
+    let mid = median(ratios.clone());
     Ok(json!({
         "benchmark": "dedup-cost",
         "data": all.source,
         "distinct_pages": unique.len(),
         "compressor": compressor.to_string(),
         "rounds": rounds,
-        "store_ratio_on_vs_off_median": median,
+        "store_ratio_on_vs_off_median": mid,
         "store_ratio_on_vs_off": ratios,
         "runs": rows,
     }))

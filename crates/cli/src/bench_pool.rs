@@ -226,7 +226,6 @@ fn run_one(args: &Args, kind: AllocatorKind, objs: &[Vec<u8>]) -> Result<serde_j
     // for every allocator), as a cache's loads come.
     let mut order: Vec<usize> = (0..count).collect();
     order.shuffle(&mut rand::rngs::SmallRng::seed_from_u64(3));
-    // One pass takes a few ms: the median of several is what is reported.
     let mut buf = vec![0u8; PAGE];
     let mut passes = Vec::with_capacity(LOAD_PASSES);
     let t_all = Instant::now();
@@ -237,8 +236,7 @@ fn run_one(args: &Args, kind: AllocatorKind, objs: &[Vec<u8>]) -> Result<serde_j
         }
         passes.push(t.elapsed().as_secs_f64());
     }
-    passes.sort_by(f64::total_cmp);
-    let load_s = passes[passes.len() / 2];
+    let load_s = crate::bench_cache::median(passes);
     note(&format!(
         "load: {:.0} reads/s; pool pages {pool_pages} for {pages_stored} pages stored: effective compression {:.2} %",
         count as f64 / load_s,

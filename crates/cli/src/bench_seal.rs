@@ -5,7 +5,7 @@
 //! xxh3-128 checksum, in alternating rounds; the medians and their ratios
 //! are reported.
 
-use crate::bench_cache::per_s;
+use crate::bench_cache::{median, per_s};
 use crate::corpus::{DataKind, Pages, PAGE};
 use crate::kernel::note;
 use anyhow::{ensure, Context, Result};
@@ -44,11 +44,6 @@ fn round(pages: &Pages, encrypt: bool) -> Result<(f64, f64)> {
     let st = cache.stats();
     ensure!(st.loads_backing as usize == written, "{st:?}");
     Ok((wb, ld))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 pub fn run(data: DataKind, mib: usize, rounds: usize) -> Result<Value> {

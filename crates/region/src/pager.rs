@@ -889,7 +889,9 @@ impl Shared {
     /// few times with a short pause: the device may have failed once, or a
     /// read may have been torn; the alternative is SIGBUS for the program.
     /// A page that keeps failing is reported as failed, never made up.
-    /// Readahead followers do not come here: they just stay stored.
+    /// Readahead followers do not come here: they just stay stored. The
+    /// caller holds the state lock (as for every load on the fault path),
+    /// so a retry stalls the pager for at most 5 ms, on failed reads only.
     fn load_stored(
         &self,
         stats: &mut PagerStats,

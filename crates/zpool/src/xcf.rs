@@ -587,19 +587,17 @@ impl Shard {
         let o = &self.objs[slot as usize];
         let (head, head_len) = self.ptr(o.first);
         let second = self.descs[o.first as usize].link;
-        match second {
-            NIL => (head as usize, 0, head_len as u16, 0),
-            b if self.descs[b as usize].link == NIL => {
-                let (tail, tail_len) = self.ptr(b);
-                (
-                    head as usize,
-                    tail as usize,
-                    head_len as u16,
-                    tail_len as u16,
-                )
-            }
-            _ => (head as usize, 0, head_len as u16, 0),
-        }
+        let (tail, tail_len) = if second != NIL && self.descs[second as usize].link == NIL {
+            self.ptr(second)
+        } else {
+            (std::ptr::null_mut(), 0)
+        };
+        (
+            head as usize,
+            tail as usize,
+            head_len as u16,
+            tail_len as u16,
+        )
     }
 
     fn cache_ends(&mut self, slot: u32) {
