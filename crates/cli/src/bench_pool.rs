@@ -38,6 +38,8 @@ pub struct Args {
     pub pair_seconds: f64,
     /// zsmalloc only: largest zspage in pages.
     pub max_pages: usize,
+    /// MiB of distinct pages, repeated up to `mib` (None: all distinct).
+    pub distinct_mib: Option<usize>,
 }
 
 fn make_pool(args: &Args, kind: AllocatorKind) -> Result<Arc<dyn Zpool>> {
@@ -72,7 +74,8 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         "loading {} MiB of {:?} pages ...",
         args.mib, args.data
     ));
-    let pages = corpus::load(args.data, count)?;
+    let distinct = args.distinct_mib.map_or(count, |d| d * 256);
+    let pages = corpus::load(args.data, distinct)?.cycled(count);
     note(&format!("data: {}", pages.source));
     let objs = compress_all(&pages);
     let payload: u64 = objs.iter().map(|o| o.len() as u64).sum();
@@ -87,6 +90,7 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         "data_composition": pages.composition(),
         "mib": args.mib,
         "objects": count,
+        "distinct_pages": distinct,
         "payload_bytes": payload,
         "max_pages_per_zspage": args.max_pages,
     });

@@ -54,6 +54,24 @@ impl Pages {
     pub fn page(&self, i: usize) -> &[u8] {
         &self.bytes[i * PAGE..(i + 1) * PAGE]
     }
+
+    /// These pages repeated in order until there are `count` of them, for
+    /// consumers that see only sizes (the allocator benchmark), so a pool can
+    /// be larger than the machine's distinct pages. The source says so.
+    pub fn cycled(mut self, count: usize) -> Pages {
+        let distinct = self.count();
+        if distinct == 0 || count <= distinct {
+            return self;
+        }
+        let orig = std::mem::take(&mut self.bytes);
+        self.bytes = orig.iter().copied().cycle().take(count * PAGE).collect();
+        self.source = format!(
+            "{} ({distinct} distinct pages repeated in order to {count}, each about {:.1} times)",
+            self.source,
+            count as f64 / distinct as f64
+        );
+        self
+    }
 }
 
 fn walk(root: &Path, out: &mut Vec<PathBuf>) {
@@ -457,4 +475,33 @@ pub const WORKLOAD_DISTINCT_MIB: usize = 256;
 /// [`WORKLOAD_DISTINCT_MIB`] distinct ones, cycled by the workload.
 pub fn load_for_workload(kind: DataKind, mib: usize) -> Result<Pages> {
     load(kind, mib.min(WORKLOAD_DISTINCT_MIB) * 256)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cycled_repeats_pages_in_order_and_says_so() {
+        let mut bytes = vec![0u8; 3 * PAGE];
+        for (i, page) in bytes.chunks_exact_mut(PAGE).enumerate() {
+            page.fill(i as u8 + 1);
+        }
+        let pages = Pages {
+            bytes,
+            source: "three".into(),
+        }
+        .cycled(7);
+        assert_eq!(pages.count(), 7);
+        let firsts: Vec<u8> = (0..7).map(|i| pages.page(i)[0]).collect();
+        assert_eq!(firsts, [1, 2, 3, 1, 2, 3, 1]);
+        assert!(pages.source.starts_with("three (3 distinct pages"));
+        // Asking for no more than there is changes nothing.
+        let same = Pages {
+            bytes: vec![9; 2 * PAGE],
+            source: "two".into(),
+        }
+        .cycled(2);
+        assert_eq!((same.count(), same.source.as_str()), (2, "two"));
+    }
 }

@@ -107,6 +107,11 @@ enum Bench {
         /// zsmalloc: largest zspage, in pages (1..=16).
         #[arg(long, default_value_t = 8)]
         max_pages: usize,
+        /// Draw only this many MiB of distinct pages and repeat them in order
+        /// up to --mib (the allocator sees object sizes only): lets the pool
+        /// reach seed 004's 1 GiB scale on a machine with fewer real pages.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=8192))]
+        distinct_mib: Option<u32>,
         /// Seconds for each malloc+free throughput run.
         #[arg(long, default_value_t = 1.0)]
         pair_seconds: f64,
@@ -459,11 +464,19 @@ fn run(cli: Cli) -> Result<()> {
             vs_kernel,
             pair_seconds,
             max_pages,
+            distinct_mib,
             json,
         }) => {
+            if distinct_mib.is_some_and(|d| d > mib) {
+                anyhow::bail!(
+                    "--distinct-mib {} is larger than --mib {mib}: give at most {mib}",
+                    distinct_mib.unwrap_or_default()
+                );
+            }
             let v = bench_pool::run(&bench_pool::Args {
                 data,
                 mib: mib as usize,
+                distinct_mib: distinct_mib.map(|d| d as usize),
                 allocators: allocator.0,
                 vs_kernel,
                 pair_seconds,
