@@ -637,20 +637,20 @@ impl Inner {
                 }
             };
             let scope = self.scope(area);
-            // The object's size: a shared object may have been compressed
-            // at another level of the same codec.
-            let mut size = data.len();
+            let size = data.len();
             let mut dhash = None;
             let mut shared = None;
             if self.dedup_on.load(RELAXED) {
-                // The codec is part of the key: candidates share the codec
-                // of the page being stored, so comparing can decode them.
-                let h = self.dedup.hash(page) ^ (codec as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                shared = self.dedup.find_and_ref(scope, h, |cand| {
-                    self.object_equals(cand, codec, page)
-                        .inspect(|&n| size = n)
-                        .is_some()
-                });
+                // Pages are matched in encoded form: equal encoded bytes
+                // under one codec decode to equal pages, so a candidate is
+                // confirmed by comparing bytes, without decoding it, and the
+                // hash reads the (shorter) encoded object. The codec is part
+                // of the key. A page encoded differently (another level)
+                // merely misses a saving.
+                let h = self.dedup.hash(data) ^ (codec as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                shared = self
+                    .dedup
+                    .find_and_ref(scope, h, |cand| self.object_is(cand, data));
                 dhash = Some(h);
             }
             let handle = match shared {
@@ -695,20 +695,10 @@ impl Inner {
         })
     }
 
-    /// The size of the pool object `cand` (encoded with `codec`) if it
-    /// holds `page`.
-    fn object_equals(&self, cand: Handle, codec: Codec, page: &[u8]) -> Option<usize> {
-        let mut same = None;
-        SCRATCH.with(|s| {
-            let mut s = s.borrow_mut();
-            let _ = self.pool.map_read(cand, &mut |src| {
-                let equal = match codec {
-                    Codec::Raw => src == page,
-                    c => c.decompress(src, &mut s).is_ok() && s[..] == *page,
-                };
-                same = equal.then_some(src.len());
-            });
-        });
+    /// Whether the pool object `cand` holds exactly the bytes `data`.
+    fn object_is(&self, cand: Handle, data: &[u8]) -> bool {
+        let mut same = false;
+        let _ = self.pool.map_read(cand, &mut |src| same = src == data);
         same
     }
 

@@ -2,8 +2,10 @@
 //! to the pool objects holding pages with that hash, with reference counts.
 //!
 //! A hash only finds *candidates*: a page is treated as a duplicate of a
-//! stored object only after the caller's `same` check compared the bytes
-//! (decompressing the candidate and comparing with the page). So no hash
+//! stored object only after the caller's `same` check compared the bytes.
+//! The cache hashes and compares pages in encoded form (the compressed
+//! object, or the raw page for a raw object, with the codec in the key):
+//! equal encoded bytes under one codec decode to equal pages. So no hash
 //! collision, accidental or crafted, can make a load return another page's
 //! data. Tests force collisions through [`DedupIndex::with_hasher`].
 //!
@@ -20,8 +22,8 @@
 //!   i.e. after it left the index.
 //! - Two stores of identical pages racing may both miss and both insert:
 //!   two objects, no sharing; correct, merely a missed saving.
-//! - The `same` callback runs under the shard lock (it decompresses one
-//!   candidate, a few µs): it must not call back into the index.
+//! - The `same` callback runs under the shard lock (it compares one
+//!   candidate's bytes): it must not call back into the index.
 
 use crate::cache::KeyHasher;
 use std::collections::HashMap;
@@ -68,7 +70,8 @@ impl DedupIndex {
         }
     }
 
-    /// The hash of a page, to pass back to the other calls.
+    /// The hash of a page's bytes (the cache passes its encoded form), to
+    /// pass back to the other calls.
     pub fn hash(&self, page: &[u8]) -> u64 {
         (self.hasher)(page)
     }

@@ -191,6 +191,10 @@ pub fn run(a: &Args) -> Result<serde_json::Value> {
         "same_filled_pages": st.same_filled_pages,
         "duplicate_pages": st.duplicate_pages,
         "dedup_saved_bytes": st.dedup_saved_bytes,
+        // The duplicates' share of the payload, by bytes: what a perfect
+        // dedup takes off the pool (their share by count is larger when
+        // they compress better than the average page).
+        "duplicate_payload_share": st.dedup_saved_bytes as f64 / st.stored_payload_bytes.max(1) as f64,
         "stored_incompressible_pages": st.stored_incompressible_pages,
         "pool_bytes": pool_bytes,
         "index_bytes": st.index_bytes,
