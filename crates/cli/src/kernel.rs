@@ -446,14 +446,37 @@ pub fn usemem_child(
     let pages = crate::corpus::load_for_workload(data, mib)?;
     std::fs::write(cgroup.join("tasks"), std::process::id().to_string())
         .with_context(|| format!("joining {}", cgroup.display()))?;
-    let mut mem = vec![0u8; mib << 20];
-    let report = crate::usemem::run(&mut mem, &pages, pattern, passes);
+    // Page-aligned, as a uzswap region is: the workload's pages are the
+    // kernel's pages, so its first read of each is the one that faults.
+    let len = mib << 20;
+    // SAFETY: a fresh private anonymous mapping, unmapped below.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        bail!(
+            "mmap of {mib} MiB failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    // SAFETY: the mapping is `len` bytes of readable, writable memory that
+    // only this slice refers to until the munmap below.
+    let mem = unsafe { std::slice::from_raw_parts_mut(addr.cast::<u8>(), len) };
+    let report = crate::usemem::run(mem, &pages, pattern, passes);
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", serde_json::to_string(&report)?)?;
     out.flush()?;
     drop(out);
     let mut sink = String::new();
     let _ = std::io::stdin().read_line(&mut sink);
-    drop(mem);
+    // SAFETY: `mem` is not used after this point.
+    unsafe { libc::munmap(addr, len) };
     Ok(())
 }

@@ -56,6 +56,41 @@ pub struct Report {
     pub corrupt_pages: u64,
     pub pages: u64,
     pub passes: u32,
+    /// Page accesses in the passes that took longer than
+    /// [`FAULT_THRESHOLD_NS`] as the workload saw them: page faults
+    /// (reading a mapped page takes well under it).
+    #[serde(default)]
+    pub faults_seen: u64,
+    /// Their latency at p50 and p99, in µs, timed around the first read of
+    /// the page by the workload itself (the whole round trip: trap, the
+    /// kernel or the handler thread, back to the program).
+    #[serde(default)]
+    pub fault_p50_us: f64,
+    #[serde(default)]
+    pub fault_p99_us: f64,
+}
+
+/// An access slower than this counts as a page fault.
+pub const FAULT_THRESHOLD_NS: u64 = 1_000;
+
+/// The first read of `page`, timed; nanoseconds.
+fn timed_touch(page: &[u8]) -> u64 {
+    use std::sync::atomic::{compiler_fence, Ordering::SeqCst};
+    let t = Instant::now();
+    compiler_fence(SeqCst);
+    // SAFETY: the page is a live slice; a volatile read cannot be elided.
+    let _ = unsafe { std::ptr::read_volatile(page.as_ptr()) };
+    compiler_fence(SeqCst);
+    t.elapsed().as_nanos() as u64
+}
+
+/// The `q` quantile of sorted nanoseconds, in µs.
+fn quantile_us(sorted: &[u64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[i] as f64 / 1e3
 }
 
 /// The page expected at index `i` after `gen` rewrites: the corpus page,
@@ -80,6 +115,8 @@ pub fn run(mem: &mut [u8], pages: &Pages, pattern: Pattern, passes: u32) -> Repo
     let mut r = rand::rngs::SmallRng::seed_from_u64(1);
     let mut corrupt = 0u64;
     let hot = (n / 5).max(1);
+    // Allocated before the timing starts, on both sides of a comparison.
+    let mut slow: Vec<u64> = Vec::with_capacity(n * passes as usize);
     let t = Instant::now();
     let mut touched = 0u64;
     for pass in 0..passes {
@@ -95,6 +132,10 @@ pub fn run(mem: &mut [u8], pages: &Pages, pattern: Pattern, passes: u32) -> Repo
                 }
             };
             let page = &mut mem[i * PAGE..(i + 1) * PAGE];
+            let ns = timed_touch(page);
+            if ns > FAULT_THRESHOLD_NS {
+                slow.push(ns);
+            }
             expected(pages, i, stamps[i], &mut want);
             if page != &want[..] {
                 corrupt += 1;
@@ -109,11 +150,29 @@ pub fn run(mem: &mut [u8], pages: &Pages, pattern: Pattern, passes: u32) -> Repo
     }
     let pass_s = t.elapsed().as_secs_f64();
     let kib = |pages: u64, s: f64| pages as f64 * 4.0 / s.max(1e-9);
+    slow.sort_unstable();
     Report {
         fill_kbps: kib(n as u64, fill_s),
         pass_kbps: kib(touched, pass_s),
         corrupt_pages: corrupt,
         pages: n as u64,
         passes,
+        faults_seen: slow.len() as u64,
+        fault_p50_us: quantile_us(&slow, 0.5),
+        fault_p99_us: quantile_us(&slow, 0.99),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_of_sorted_nanoseconds() {
+        assert_eq!(quantile_us(&[], 0.5), 0.0);
+        let ns: Vec<u64> = (1..=100).map(|i| i * 1000).collect();
+        assert_eq!(quantile_us(&ns, 0.5), 51.0);
+        assert_eq!(quantile_us(&ns, 0.99), 99.0);
+        assert_eq!(quantile_us(&ns[..1], 0.99), 1.0);
     }
 }
