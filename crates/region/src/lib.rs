@@ -49,7 +49,19 @@
 //!   write-protect fault on an `Evicting` page also aborts that eviction.
 //! - **a fault on a page already resolved** (several threads faulted on it,
 //!   or a readahead mapped it): `UFFDIO_WAKE`. `EEXIST` from COPY/ZEROPAGE
-//!   means the same and is treated as resolved.
+//!   means the same and is treated as resolved. A second such fault before
+//!   the page is queued again means nothing is mapped after all: the
+//!   program's own `MADV_DONTNEED` zapped the page after its remove event
+//!   was read and a fault had mapped it again. The page is mapped as zeros
+//!   (what a discarded page reads; `faults_rezeroed`) instead of being
+//!   woken into the same fault for ever.
+//! - **a missing fault on a page the evictor is about to drop**
+//!   (`zapping`: committed to `MADV_DONTNEED`, not yet done) is parked
+//!   whatever the page's state, and woken when the drop returned. A remove
+//!   event only marks the page read; the drop happens after, so a page the
+//!   program discarded and touched again in that window would otherwise be
+//!   mapped anew and then taken by the evictor's drop, with the program's
+//!   writes to it.
 //! - **`EAGAIN`** from a resolving ioctl: a remove/unmap/remap event is
 //!   being delivered and must be *read* first; the fault is deferred and
 //!   retried after the next read. Events can be read after faults that

@@ -169,6 +169,18 @@ struct PageMeta {
     claimed: bool,
     /// The page is on the active list (only meaningful while resident).
     active: bool,
+    /// The evictor will drop (`MADV_DONTNEED`) the page's mapping and has
+    /// not yet done so. A missing fault on such a page waits for the drop
+    /// (`parked`) whatever the state: if the program discarded the page
+    /// meanwhile (remove event: `Absent`) and a fault mapped a new page,
+    /// the evictor's drop would take that page and what was written to it.
+    /// Set when a victim is committed to discarding, cleared (waking the
+    /// parked) when the drop returned.
+    zapping: bool,
+    /// A missing fault found the page `Dirty`/`Clean` and was only woken
+    /// (the usual case: a readahead mapped it meanwhile). A second such
+    /// fault before the page is queued again means nothing is mapped.
+    woken: bool,
     /// Generation of the page's queue entry; older entries are stale.
     qgen: u32,
     /// Eviction clock when the page was last evicted (valid if `Stored`).
@@ -587,6 +599,7 @@ impl State {
         let m = self.meta(area, page);
         m.qgen = m.qgen.wrapping_add(1);
         m.referenced = false;
+        m.woken = false;
         let was_active = m.active;
         m.active = active;
         let e = QEntry {
@@ -838,11 +851,39 @@ impl Shared {
             }
             return Outcome::Done;
         }
+        if m.zapping {
+            s.meta(area, page).parked = true;
+            s.stats.faults_parked += 1;
+            return Outcome::Done;
+        }
         match m.st {
             PageState::Dirty | PageState::Clean => {
-                // Already resolved (by a readahead or an earlier message).
-                drop(g);
-                let _ = self.uffd.wake(f.addr, PAGE_SIZE);
+                // Usually resolved already (by a readahead or an earlier
+                // message): waking is enough. But if the program's own
+                // MADV_DONTNEED took the page after its remove event was
+                // handled and a fault had mapped it again, nothing is
+                // mapped and waking alone would fault again forever; the
+                // contents were discarded by the program, so zeros are
+                // right. The second fault in a row tells (`woken`).
+                if !std::mem::replace(&mut s.meta(area, page).woken, true) {
+                    drop(g);
+                    let _ = self.uffd.wake(f.addr, PAGE_SIZE);
+                    return Outcome::Done;
+                }
+                match self.uffd.zeropage(f.addr, PAGE_SIZE) {
+                    Ok(()) => {
+                        // Mapped again as zeros: no copy may stand for it.
+                        s.stats.faults_rezeroed += 1;
+                        if m.st == PageState::Clean {
+                            self.store.invalidate(area, page);
+                            s.meta(area, page).st = PageState::Dirty;
+                        }
+                    }
+                    Err(e) if e.errno == libc::EAGAIN => return Outcome::Defer,
+                    Err(_) => {
+                        let _ = self.uffd.wake(f.addr, PAGE_SIZE);
+                    }
+                }
                 Outcome::Done
             }
             PageState::Evicting | PageState::EvictAborted | PageState::Discarding => {
@@ -1113,7 +1154,9 @@ impl Shared {
                 }
                 let mm = s.meta(area, page);
                 mm.st = PageState::Absent;
-                if std::mem::replace(&mut mm.parked, false) {
+                // A page the evictor is about to drop stays parked until the
+                // drop returned (the evictor wakes it; see `zapping`).
+                if !mm.zapping && std::mem::replace(&mut mm.parked, false) {
                     wake.push(this);
                 }
                 s.stats.discarded_pages += 1;
@@ -1220,6 +1263,7 @@ impl Shared {
                 }
                 PageState::Clean => {
                     m.st = PageState::Discarding;
+                    m.zapping = true;
                     *s.self_discards.entry(addr).or_insert(0) += 1;
                     true
                 }
@@ -1310,7 +1354,9 @@ impl Shared {
                 let st = s.meta(area, page).st;
                 match st {
                     PageState::Evicting if v.stored => {
-                        s.meta(area, page).st = PageState::Discarding;
+                        let m = s.meta(area, page);
+                        m.st = PageState::Discarding;
+                        m.zapping = true;
                         *s.self_discards.entry(v.addr).or_insert(0) += 1;
                         v.discard = true;
                     }
@@ -1373,6 +1419,16 @@ impl Shared {
             }
             for v in &victims {
                 let (area, page) = (v.area, v.page as u64);
+                if v.discard {
+                    // The drop returned: faults held back by `zapping` may
+                    // go (if the page left `Discarding` meanwhile, they were
+                    // not woken by whoever moved it; see `discard_range`).
+                    let m = s.meta(area, page);
+                    m.zapping = false;
+                    if m.st != PageState::Discarding && std::mem::replace(&mut m.parked, false) {
+                        wake.push(v.addr);
+                    }
+                }
                 if v.discard && s.meta(area, page).st == PageState::Discarding {
                     s.leave(area, page);
                     let clock = s.evict_clock;

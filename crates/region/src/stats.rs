@@ -117,6 +117,10 @@ pub struct PagerStats {
     pub faults_parked: u64,
     /// Faults held back because the resident budget was full.
     pub faults_throttled: u64,
+    /// Pages the pager believed mapped that a fault found unmapped (the
+    /// program's MADV_DONTNEED racing with its own access): mapped again
+    /// as zeros, as a discarded page reads.
+    pub faults_rezeroed: u64,
     /// Faults on addresses no region owns (served with zeros).
     pub faults_foreign: u64,
     /// Pages brought back with a faulting neighbour (readahead).

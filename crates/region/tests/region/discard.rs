@@ -169,3 +169,81 @@ fn partial_mremap_splits_the_region() {
     drop(r);
     assert_eq!(store.len(), 0);
 }
+
+/// The program discards pages the evictor is dropping at that moment and
+/// writes them again at once, while other pages keep the evictor busy: the
+/// evictor's own drop must never take the page the program wrote after its
+/// discard (it would lose the write, and the pager would believe a page
+/// mapped that is not), and a page taken by the program's discard under a
+/// fault must read as zeros, not fault forever.
+#[test]
+fn rewrite_right_after_discard_survives_the_evictors_drop() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const BUDGET: usize = 16;
+    const PAGES: usize = 512;
+    const HOT: usize = 8;
+    let (pager, _store) = pager(BUDGET);
+    let r = pager.region(PAGES * PAGE).unwrap();
+    let base = r.as_ptr() as usize;
+    let stop = AtomicBool::new(false);
+    let errors = AtomicU64::new(0);
+    let rounds = AtomicU64::new(0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    // A thread stuck in a fault cannot be interrupted: turn a livelock into
+    // a failure instead of a hung test run.
+    static DONE: AtomicBool = AtomicBool::new(false);
+    std::thread::spawn(|| {
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        if !DONE.load(Ordering::Relaxed) {
+            eprintln!("rewrite_right_after_discard: still running after 60 s (a fault loops)");
+            std::process::abort();
+        }
+    });
+    std::thread::scope(|sc| {
+        // Pressure: every other page, round and round, so that the hot
+        // pages are picked as victims all the time.
+        sc.spawn(|| {
+            let mut v = 1;
+            while !stop.load(Ordering::Relaxed) {
+                for p in HOT..PAGES {
+                    page_mut(base as *mut u8, p)[0] = v;
+                }
+                v = v.wrapping_add(1);
+            }
+        });
+        let errors = &errors;
+        let rounds = &rounds;
+        sc.spawn(move || {
+            let mut want = vec![0u8; PAGE];
+            let mut v = 1u32;
+            while std::time::Instant::now() < deadline {
+                for p in 0..HOT {
+                    let page = page_mut(base as *mut u8, p);
+                    // SAFETY: one page of the live region, ours to drop.
+                    let rc = unsafe {
+                        libc::madvise(page.as_mut_ptr().cast(), PAGE, libc::MADV_DONTNEED)
+                    };
+                    assert_eq!(rc, 0);
+                    fill(&mut want, p, v);
+                    page.copy_from_slice(&want);
+                    std::thread::yield_now();
+                    if page != &want[..] {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                v += 1;
+                rounds.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        std::thread::sleep(std::time::Duration::from_millis(3200));
+        stop.store(true, Ordering::Relaxed);
+    });
+    DONE.store(true, Ordering::Relaxed);
+    let st = pager.stats();
+    assert!(
+        rounds.load(Ordering::Relaxed) > 100 && st.evictions > 1000,
+        "{st:?}"
+    );
+    assert_eq!(errors.load(Ordering::Relaxed), 0, "{st:?}");
+    pager.check_invariants().unwrap();
+}
