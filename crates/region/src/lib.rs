@@ -109,12 +109,24 @@
 //!    → drop the stored copy, unprotect (which wakes the writer), `Dirty`;
 //!    anything else (the program discarded the page meanwhile) → drop the
 //!    stored copy.
-//! 5. `MADV_DONTNEED` the page. Because EVENT_REMOVE is on, this raises a
-//!    remove event; the evictor records the address in `self_discards`
-//!    first so the handler knows that event is ours and keeps the entry.
-//!    If the program discards the same page at the same moment, the two
-//!    events are counted, whichever is seen first, and the page ends
-//!    `Absent` either way.
+//! 5. drop the mapping. A run of at most 4 dirty victims is *moved*
+//!    (`UFFDIO_MOVE`) into a staging area registered with a second
+//!    userfaultfd that has no events (`sys::Staging`), and the staging
+//!    pages are dropped together after the batch: no remove event reaches
+//!    the handler. On the skewed pattern, where victims are scattered, this
+//!    took the pass from 161–178 to 225–227 MB/s and p99 from 0.74–1.0 ms to
+//!    0.39 ms. Longer runs (a move flushes the TLB per page), clean
+//!    victims, pages a move refuses (EBUSY: shared with a forked child) and
+//!    kernels without `UFFDIO_MOVE` get `MADV_DONTNEED` on the region.
+//!    Because EVENT_REMOVE is on, that raises a remove event; the evictor
+//!    records the address in `self_discards` first so the handler knows
+//!    that event is ours and keeps the entry. If the program discards the
+//!    same page at the same moment, the two events are counted, whichever
+//!    is seen first, and the page ends `Absent` either way. A page that
+//!    leaves by a move is never in `self_discards`, so a program discard
+//!    racing with it is always seen as the program's.
+//!    From commit until the drop returned the page is `zapping`: a missing
+//!    fault on it waits (see the fault protocol).
 //! 6. *settle* (state lock): `Discarding` → `Stored`; wake parked faults,
 //!    which retry and fault as missing, now loading the page.
 //!

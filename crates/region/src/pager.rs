@@ -30,6 +30,8 @@ use uzswap_cache::spawn_helper;
 /// Tries of a load that must succeed before the access gets SIGBUS (pauses
 /// of 1 and 4 ms between them).
 const LOAD_ATTEMPTS: usize = 3;
+/// Longest run of victims dropped by a move rather than `MADV_DONTNEED`.
+const MOVE_MAX_RUN: usize = 4;
 
 /// How victims are chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -64,6 +66,10 @@ pub struct PagerConfig {
     pub keep_clean: bool,
     /// Bring every evicted page back before `fork()` (see `crate` docs).
     pub fork_prefault: bool,
+    /// Drop short runs of evicted pages by moving them to a staging area
+    /// (`UFFDIO_MOVE`), which raises no remove event, instead of
+    /// `MADV_DONTNEED` on the region (used where the kernel has it).
+    pub evict_by_move: bool,
     /// Called first on each helper thread the pager starts (the handler
     /// and the evictor), e.g. to mark them as the runtime's own threads.
     pub thread_start: Option<fn()>,
@@ -83,6 +89,7 @@ impl PagerConfig {
             spin: Duration::from_micros(50),
             evict_batch: 64,
             fork_prefault: true,
+            evict_by_move: true,
             keep_clean: true,
             thread_start: None,
             inject_open_errno: None,
@@ -255,6 +262,10 @@ pub(crate) struct Shared {
     /// The handler holds faults back (budget full): wake it after a batch.
     throttled: AtomicBool,
     wake: sys::EventFd,
+    /// Where short victim runs are moved to be dropped (see `sys::Staging`);
+    /// None without `UFFDIO_MOVE` or with `evict_by_move` off. Used under
+    /// `gate`.
+    staging: Option<sys::Staging>,
     pid: i32,
     start_threshold: usize,
     stop_threshold: usize,
@@ -385,8 +396,14 @@ impl Pager {
         let uffd = Uffd::open(feature::POISON, cfg.inject_open_errno)?;
         let wake = sys::EventFd::new().map_err(PagerError::Start)?;
         let margin = (cfg.budget_pages / 32).clamp(2, 256);
+        let staging = if cfg.evict_by_move {
+            sys::Staging::new(cfg.evict_batch)
+        } else {
+            None
+        };
         let sh = Arc::new(Shared {
             uffd,
+            staging,
             store,
             start_threshold: cfg.budget_pages - margin,
             stop_threshold: cfg.budget_pages - 2 * margin,
@@ -1357,7 +1374,12 @@ impl Shared {
                         let m = s.meta(area, page);
                         m.st = PageState::Discarding;
                         m.zapping = true;
-                        *s.self_discards.entry(v.addr).or_insert(0) += 1;
+                        // Expect our own remove event, unless the page may
+                        // leave by a move (step 4 registers it if it does
+                        // not after all).
+                        if self.staging.is_none() {
+                            *s.self_discards.entry(v.addr).or_insert(0) += 1;
+                        }
                         v.discard = true;
                     }
                     PageState::Evicting | PageState::EvictAborted => {
@@ -1390,10 +1412,39 @@ impl Shared {
         for v in victims.iter().filter(|v| v.unprotect) {
             self.unprotect_retry(v.addr);
         }
-        // 4. Discard. The remove event this raises is recognised by the
-        //    handler through `self_discards`.
+        // 4. Discard. Short runs of dirty victims are moved to the staging
+        //    area (no remove event: see `sys::Staging`); the rest get
+        //    `MADV_DONTNEED`, whose remove event the handler recognises
+        //    through `self_discards` (for dirty victims registered here,
+        //    just before, when a staging area exists). Moving costs a TLB
+        //    flush per page where a run's `MADV_DONTNEED` flushes once, so
+        //    long runs are not moved.
         let mut failed = Vec::new();
+        let mut staged = 0;
         for run in runs(&victims, |v| v.discard) {
+            let mut run = run;
+            if let Some(st) = &self.staging {
+                if run.len() <= MOVE_MAX_RUN
+                    && staged + run.len() <= st.pages()
+                    && victims[run.clone()].iter().all(|v| !v.clean)
+                {
+                    let addr = victims[run.start].addr;
+                    let moved = match st.take(staged, addr, run.len()) {
+                        Ok(()) => run.len(),
+                        Err(done) => done,
+                    };
+                    staged += moved;
+                    self.state.lock().stats.evict_moved_pages += moved as u64;
+                    run.start += moved;
+                    if run.is_empty() {
+                        continue;
+                    }
+                }
+                let mut s = self.state.lock();
+                for v in victims[run.clone()].iter().filter(|v| !v.clean) {
+                    *s.self_discards.entry(v.addr).or_insert(0) += 1;
+                }
+            }
             let (addr, len) = (victims[run.start].addr, run.len() * PAGE_SIZE);
             // SAFETY: every page of the run is held by the store and
             // `Discarding` (or clean): its contents may go. The addresses
@@ -1402,6 +1453,9 @@ impl Shared {
             if unsafe { sys::dontneed(addr, len) }.is_err() {
                 failed.extend(victims[run].iter().map(|v| v.addr));
             }
+        }
+        if let Some(st) = &self.staging {
+            st.clear(staged);
         }
         // 5. Settle: `Discarding` → `Stored`, wake parked faults.
         let mut wake = Vec::new();
