@@ -109,15 +109,16 @@
 //!    → drop the stored copy, unprotect (which wakes the writer), `Dirty`;
 //!    anything else (the program discarded the page meanwhile) → drop the
 //!    stored copy.
-//! 5. drop the mapping. A run of at most 4 dirty victims is *moved*
+//! 5. drop the mapping. A run of at most 4 victims is *moved*
 //!    (`UFFDIO_MOVE`) into a staging area registered with a second
 //!    userfaultfd that has no events (`sys::Staging`), and the staging
 //!    pages are dropped together after the batch: no remove event reaches
 //!    the handler. On the skewed pattern, where victims are scattered, this
 //!    took the pass from 161–178 to 225–227 MB/s and p99 from 0.74–1.0 ms to
-//!    0.39 ms. Longer runs (a move flushes the TLB per page), clean
-//!    victims, pages a move refuses (EBUSY: shared with a forked child) and
-//!    kernels without `UFFDIO_MOVE` get `MADV_DONTNEED` on the region.
+//!    0.39 ms; with keep-clean on (clean victims move too) from 184–201 to
+//!    256–257 MB/s. Longer runs (a move flushes the TLB per page), pages a
+//!    move refuses (EBUSY: shared with a forked child) and kernels without
+//!    `UFFDIO_MOVE` get `MADV_DONTNEED` on the region.
 //!    Because EVENT_REMOVE is on, that raises a remove event; the evictor
 //!    records the address in `self_discards` first so the handler knows
 //!    that event is ours and keeps the entry. If the program discards the

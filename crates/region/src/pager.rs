@@ -1281,7 +1281,11 @@ impl Shared {
                 PageState::Clean => {
                     m.st = PageState::Discarding;
                     m.zapping = true;
-                    *s.self_discards.entry(addr).or_insert(0) += 1;
+                    // As for dirty victims at commit: a page that may leave
+                    // by a move expects no event (see `evict`, step 4).
+                    if self.staging.is_none() {
+                        *s.self_discards.entry(addr).or_insert(0) += 1;
+                    }
                     true
                 }
                 _ => continue,
@@ -1412,22 +1416,18 @@ impl Shared {
         for v in victims.iter().filter(|v| v.unprotect) {
             self.unprotect_retry(v.addr);
         }
-        // 4. Discard. Short runs of dirty victims are moved to the staging
-        //    area (no remove event: see `sys::Staging`); the rest get
-        //    `MADV_DONTNEED`, whose remove event the handler recognises
-        //    through `self_discards` (for dirty victims registered here,
-        //    just before, when a staging area exists). Moving costs a TLB
-        //    flush per page where a run's `MADV_DONTNEED` flushes once, so
-        //    long runs are not moved.
+        // 4. Discard. Short runs are moved to the staging area (no remove
+        //    event: see `sys::Staging`); the rest get `MADV_DONTNEED`, whose
+        //    remove event the handler recognises through `self_discards`
+        //    (registered here, just before, when a staging area exists).
+        //    Moving costs a TLB flush per page where a run's `MADV_DONTNEED`
+        //    flushes once, so long runs are not moved.
         let mut failed = Vec::new();
         let mut staged = 0;
         for run in runs(&victims, |v| v.discard) {
             let mut run = run;
             if let Some(st) = &self.staging {
-                if run.len() <= MOVE_MAX_RUN
-                    && staged + run.len() <= st.pages()
-                    && victims[run.clone()].iter().all(|v| !v.clean)
-                {
+                if run.len() <= MOVE_MAX_RUN && staged + run.len() <= st.pages() {
                     let addr = victims[run.start].addr;
                     let moved = match st.take(staged, addr, run.len()) {
                         Ok(()) => run.len(),
@@ -1441,7 +1441,7 @@ impl Shared {
                     }
                 }
                 let mut s = self.state.lock();
-                for v in victims[run.clone()].iter().filter(|v| !v.clean) {
+                for v in &victims[run.clone()] {
                     *s.self_discards.entry(v.addr).or_insert(0) += 1;
                 }
             }
