@@ -577,9 +577,14 @@ struct Victim {
     clean: bool,
     /// Stored successfully (dirty victims).
     stored: bool,
-    /// `MADV_DONTNEED` is to be (or was) issued.
+    /// The page leaves memory (dropped, or moved out already).
     discard: bool,
     unprotect: bool,
+    /// Moved out whole before it was stored: its bytes are in this slot of
+    /// the staging area, the region has no page there.
+    slot: Option<u32>,
+    /// Moved out but not stored (refused): the bytes go back.
+    give_back: bool,
 }
 
 /// Index ranges of `victims` (sorted by address) whose members all pass
@@ -1131,6 +1136,45 @@ impl Shared {
         }
     }
 
+    /// Maps a victim that was moved out but not stored back at its address
+    /// from its staging slot, unless the program discarded the page
+    /// meanwhile (it then reads as zeros, as discarded memory does). The
+    /// state is checked and the copy made under the state lock, so that a
+    /// remove event cannot slip in between; a copy refused because an
+    /// event is pending (EAGAIN) is retried after letting the handler read
+    /// it.
+    fn give_back(&self, st: &sys::Staging, v: &Victim) {
+        let (area, page) = (v.area, v.page as u64);
+        let slot = v.slot.expect("a moved victim") as usize;
+        loop {
+            let mut g = self.state.lock();
+            let s = &mut *g;
+            if s.meta(area, page).st != PageState::Evicting {
+                return;
+            }
+            // SAFETY: the slot holds the moved page until the batch ends.
+            match unsafe {
+                self.uffd
+                    .copy(v.addr, st.addr(slot) as *const u8, PAGE_SIZE, false)
+            } {
+                Err(e) if e.errno == libc::EAGAIN => {
+                    drop(g);
+                    std::thread::yield_now();
+                    continue;
+                }
+                // Mapped again (EEXIST cannot happen while faults wait) or
+                // the range is gone (ENOENT): nothing else to restore.
+                _ => {}
+            }
+            let m = s.meta(area, page);
+            m.st = PageState::Dirty;
+            m.parked = false; // the copy woke them
+            s.enqueue(area, page, false);
+            s.stats.evict_given_back += 1;
+            return;
+        }
+    }
+
     /// The program discarded `[start, end)` (remove or unmap event): what
     /// the store held for it goes, the pages read as zeros afterwards.
     /// With `own_check`, a remove we caused ourselves is recognised and
@@ -1300,6 +1344,8 @@ impl Shared {
                 stored: false,
                 discard: clean,
                 unprotect: false,
+                slot: None,
+                give_back: false,
             });
         }
         out
@@ -1335,10 +1381,43 @@ impl Shared {
         // handler's copies fail with EAGAIN.
         victims.sort_unstable_by_key(|v| v.addr);
         let mut buf = Vec::new();
-        // 1. Write-protect dirty victims. After this no CPU can write them:
-        //    a write faults (WP) and the handler parks or aborts.
-        // 2. Copy each out and store it.
+        // Staging slots used so far in this batch (see `sys::Staging`).
+        let mut staged = 0;
         for run in runs(&victims, |v| !v.clean) {
+            let mut run = run;
+            // 0. A short run is moved out whole first and stored from the
+            //    staging area: no write protection, no copy, no drop later.
+            //    A write after the move faults (missing) and waits, the
+            //    page being `Evicting`; one before it is in what moved.
+            if let Some(st) = &self.staging {
+                if run.len() <= MOVE_MAX_RUN && staged + run.len() <= st.pages() {
+                    let addr = victims[run.start].addr;
+                    // Without holes: every moved slot holds a page.
+                    let moved = match st.take(staged, addr, run.len(), false) {
+                        Ok(()) => run.len(),
+                        Err(done) => done,
+                    };
+                    for (k, v) in victims[run.start..run.start + moved].iter_mut().enumerate() {
+                        let slot = staged + k;
+                        v.slot = Some(slot as u32);
+                        // SAFETY: the slot was just filled by a move
+                        // without holes and is cleared only after the batch.
+                        let page = unsafe { st.page(slot) };
+                        match self.store.store(v.area, v.page as u64, page) {
+                            Ok(_) => v.stored = true,
+                            Err(_) => refused += 1,
+                        }
+                    }
+                    staged += moved;
+                    run.start += moved;
+                    if run.is_empty() {
+                        continue;
+                    }
+                }
+            }
+            // 1. Write-protect the others. After this no CPU can write
+            //    them: a write faults (WP) and the handler parks or aborts.
+            // 2. Copy each out and store it.
             let (addr, len) = (victims[run.start].addr, run.len() * PAGE_SIZE);
             let wp = loop {
                 match self.uffd.writeprotect(addr, len, true) {
@@ -1386,6 +1465,14 @@ impl Shared {
                         }
                         v.discard = true;
                     }
+                    PageState::Evicting | PageState::EvictAborted if v.slot.is_some() => {
+                        // Moved out, not stored: the bytes go back below
+                        // (the page stays `Evicting`, faults on it wait).
+                        if v.stored {
+                            self.store.invalidate(area, page);
+                        }
+                        v.give_back = true;
+                    }
                     PageState::Evicting | PageState::EvictAborted => {
                         if v.stored {
                             self.store.invalidate(area, page);
@@ -1416,6 +1503,11 @@ impl Shared {
         for v in victims.iter().filter(|v| v.unprotect) {
             self.unprotect_retry(v.addr);
         }
+        if let Some(st) = &self.staging {
+            for v in victims.iter().filter(|v| v.give_back) {
+                self.give_back(st, v);
+            }
+        }
         // 4. Discard. Short runs are moved to the staging area (no remove
         //    event: see `sys::Staging`); the rest get `MADV_DONTNEED`, whose
         //    remove event the handler recognises through `self_discards`
@@ -1423,13 +1515,14 @@ impl Shared {
         //    Moving costs a TLB flush per page where a run's `MADV_DONTNEED`
         //    flushes once, so long runs are not moved.
         let mut failed = Vec::new();
-        let mut staged = 0;
-        for run in runs(&victims, |v| v.discard) {
+        let moved_first = staged;
+        // Pages moved out already have nothing left to drop.
+        for run in runs(&victims, |v| v.discard && v.slot.is_none()) {
             let mut run = run;
             if let Some(st) = &self.staging {
                 if run.len() <= MOVE_MAX_RUN && staged + run.len() <= st.pages() {
                     let addr = victims[run.start].addr;
-                    let moved = match st.take(staged, addr, run.len()) {
+                    let moved = match st.take(staged, addr, run.len(), true) {
                         Ok(()) => run.len(),
                         Err(done) => done,
                     };
@@ -1456,6 +1549,7 @@ impl Shared {
         }
         if let Some(st) = &self.staging {
             st.clear(staged);
+            self.state.lock().stats.evict_moved_pages += moved_first as u64;
         }
         // 5. Settle: `Discarding` → `Stored`, wake parked faults.
         let mut wake = Vec::new();

@@ -126,6 +126,8 @@ pub struct PagerStats {
     /// Evicted pages dropped by moving them to the staging area (no remove
     /// event) rather than with `MADV_DONTNEED`.
     pub evict_moved_pages: u64,
+    /// Pages moved out to be stored that the store refused, mapped back.
+    pub evict_given_back: u64,
     /// Pages brought back with a faulting neighbour (readahead).
     pub readahead_pages: u64,
     /// Refaults: missing faults on pages that had been evicted.

@@ -553,15 +553,23 @@ impl Uffd {
     }
 
     /// `UFFDIO_MOVE`: moves the pages mapped at `src` to `dst` (registered
-    /// with this descriptor, unmapped); holes in `src` are skipped and
-    /// nobody is woken at `dst`. EBUSY on pages shared with a forked child;
-    /// EEXIST if the destination is mapped. The staging area uses it.
-    pub fn move_pages(&self, dst: usize, src: usize, len: usize) -> Result<(), UffdError> {
+    /// with this descriptor, unmapped); nobody is woken at `dst`. With
+    /// `holes`, unmapped pages of `src` are skipped (and count as moved);
+    /// without, the first one stops the move with ENOENT. EBUSY on pages
+    /// shared with a forked child; EEXIST if the destination is mapped. The
+    /// staging area uses it.
+    pub fn move_pages(
+        &self,
+        dst: usize,
+        src: usize,
+        len: usize,
+        holes: bool,
+    ) -> Result<(), UffdError> {
         let mut m = UffdioMove {
             dst: dst as u64,
             src: src as u64,
             len: len as u64,
-            mode: MOVE_MODE_DONTWAKE | MOVE_MODE_ALLOW_SRC_HOLES,
+            mode: MOVE_MODE_DONTWAKE | if holes { MOVE_MODE_ALLOW_SRC_HOLES } else { 0 },
             moved: 0,
         };
         self.ioctl(UFFDIO_MOVE, &mut m).map_err(|e| UffdError {
@@ -709,13 +717,31 @@ impl Staging {
         self.pages
     }
 
-    /// Moves the `n` pages at `src` into the area at page `slot`. Returns
-    /// how many leading pages left `src` (holes count as moved) on error.
-    pub fn take(&self, slot: usize, src: usize, n: usize) -> Result<(), usize> {
+    /// Moves the `n` pages at `src` into the area from page `slot` on.
+    /// Returns how many leading pages left `src` on error. With `holes`,
+    /// pages missing at `src` are skipped and count as moved (their slots
+    /// stay empty: never read them); without, the first stops the move.
+    pub fn take(&self, slot: usize, src: usize, n: usize, holes: bool) -> Result<(), usize> {
         assert!(slot + n <= self.pages, "staging holds {} pages", self.pages);
         self.uffd
-            .move_pages(self.base + slot * PAGE_SIZE, src, n * PAGE_SIZE)
+            .move_pages(self.addr(slot), src, n * PAGE_SIZE, holes)
             .map_err(|e| e.done / PAGE_SIZE)
+    }
+
+    /// The address of page `slot` of the area.
+    pub fn addr(&self, slot: usize) -> usize {
+        self.base + slot * PAGE_SIZE
+    }
+
+    /// Page `slot`, which a move without holes filled.
+    ///
+    /// # Safety
+    /// The slot must hold a page moved in by [`Staging::take`] without
+    /// `holes` and not yet cleared: reading an empty slot would fault to a
+    /// descriptor nobody reads, for ever.
+    pub unsafe fn page(&self, slot: usize) -> &[u8] {
+        // SAFETY: per the contract the page is mapped and ours alone.
+        unsafe { std::slice::from_raw_parts(self.addr(slot) as *const u8, PAGE_SIZE) }
     }
 
     /// Drops the first `n` pages of the area (no event: the area's
