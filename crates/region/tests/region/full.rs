@@ -6,20 +6,26 @@ use crate::common::*;
 use rand::{RngCore, SeedableRng};
 use std::sync::Arc;
 
-#[test]
-fn a_full_pool_without_backing_lets_the_program_go_over_budget() {
-    const BUDGET: usize = 64;
-    const PAGES: usize = 8 * BUDGET;
-    // Room for about BUDGET compressed pages of random data, no backing.
+/// A pager with a budget of `budget` pages over a cache with room for
+/// about `budget` compressed pages of random data and no backing file.
+fn full_pool_pager(budget: usize) -> (Arc<uzswap_cache::Cache>, uzswap_region::Pager) {
     let cache = Arc::new(
         uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
-            pool_limit: uzswap_cache::PoolLimit::Bytes((BUDGET * PAGE) as u64),
+            pool_limit: uzswap_cache::PoolLimit::Bytes((budget * PAGE) as u64),
             ..uzswap_cache::CacheConfig::default()
         })
         .unwrap(),
     );
     let pager =
-        uzswap_region::Pager::new(cache.clone(), uzswap_region::PagerConfig::new(BUDGET)).unwrap();
+        uzswap_region::Pager::new(cache.clone(), uzswap_region::PagerConfig::new(budget)).unwrap();
+    (cache, pager)
+}
+
+#[test]
+fn a_full_pool_without_backing_lets_the_program_go_over_budget() {
+    const BUDGET: usize = 64;
+    const PAGES: usize = 8 * BUDGET;
+    let (cache, pager) = full_pool_pager(BUDGET);
     let mut r = pager.region(PAGES * PAGE).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let mut want = vec![0u8; PAGES * PAGE];
@@ -44,15 +50,7 @@ fn refused_pages_that_were_moved_out_come_back() {
     let _watchdog = watchdog("refused_pages_that_were_moved_out_come_back", 60);
     const BUDGET: usize = 64;
     const PAGES: usize = 8 * BUDGET;
-    let cache = Arc::new(
-        uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
-            pool_limit: uzswap_cache::PoolLimit::Bytes((BUDGET * PAGE) as u64),
-            ..uzswap_cache::CacheConfig::default()
-        })
-        .unwrap(),
-    );
-    let pager =
-        uzswap_region::Pager::new(cache.clone(), uzswap_region::PagerConfig::new(BUDGET)).unwrap();
+    let (_cache, pager) = full_pool_pager(BUDGET);
     let mut r = pager.region(PAGES * PAGE).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(8);
     let mut want = vec![0u8; PAGES * PAGE];
