@@ -99,16 +99,6 @@
 //! with EAGAIN, so one call per page halved the throughput. For each
 //! victim:
 //! 1. *claim* (state lock): `Dirty` → `Evicting`; `Clean` → `Discarding`.
-//!
-//! A run of at most 4 dirty victims skips steps 2, 3 and 5 where the kernel
-//! has `UFFDIO_MOVE`: it is *moved* whole into the staging area first (see
-//! step 5) and stored from there. A write before the move is in what moved;
-//! after it the region has no page there, so an access faults as missing
-//! and waits (`Evicting`). A page the store refuses is copied back from
-//! its slot under the state lock, unless the program discarded it
-//! meanwhile (`evict_given_back`). This saves the write-protect ioctl and
-//! its TLB flush, and the copy: skewed pass 208–235 → 242–282 MB/s
-//! (keep-clean off), 194–203 → 225–227 MB/s (on). The other victims:
 //! 2. `UFFDIO_WRITEPROTECT` the page. When the ioctl returns the TLB is
 //!    flushed and no CPU can write it; a write now faults with the WP flag,
 //!    and the handler marks the page `EvictAborted` and parks the writer.
@@ -119,25 +109,12 @@
 //!    → drop the stored copy, unprotect (which wakes the writer), `Dirty`;
 //!    anything else (the program discarded the page meanwhile) → drop the
 //!    stored copy.
-//! 5. drop the mapping. A run of at most 4 victims is *moved*
-//!    (`UFFDIO_MOVE`) into a staging area registered with a second
-//!    userfaultfd that has no events (`sys::Staging`), and the staging
-//!    pages are dropped together after the batch: no remove event reaches
-//!    the handler. On the skewed pattern, where victims are scattered, this
-//!    took the pass from 161–178 to 225–227 MB/s and p99 from 0.74–1.0 ms to
-//!    0.39 ms; with keep-clean on (clean victims move too) from 184–201 to
-//!    256–257 MB/s. Longer runs (a move flushes the TLB per page), pages a
-//!    move refuses (EBUSY: shared with a forked child) and kernels without
-//!    `UFFDIO_MOVE` get `MADV_DONTNEED` on the region.
-//!    Because EVENT_REMOVE is on, that raises a remove event; the evictor
-//!    records the address in `self_discards` first so the handler knows
-//!    that event is ours and keeps the entry. If the program discards the
-//!    same page at the same moment, the two events are counted, whichever
-//!    is seen first, and the page ends `Absent` either way. A page that
-//!    leaves by a move is never in `self_discards`, so a program discard
-//!    racing with it is always seen as the program's.
-//!    From commit until the drop returned the page is `zapping`: a missing
-//!    fault on it waits (see the fault protocol).
+//! 5. `MADV_DONTNEED` the page. Because EVENT_REMOVE is on, this raises a
+//!    remove event; the evictor records the address in `self_discards`
+//!    first so the handler knows that event is ours and keeps the entry.
+//!    If the program discards the same page at the same moment, the two
+//!    events are counted, whichever is seen first, and the page ends
+//!    `Absent` either way.
 //! 6. *settle* (state lock): `Discarding` → `Stored`; wake parked faults,
 //!    which retry and fault as missing, now loading the page.
 //!

@@ -30,8 +30,6 @@ use uzswap_cache::spawn_helper;
 /// Tries of a load that must succeed before the access gets SIGBUS (pauses
 /// of 1 and 4 ms between them).
 const LOAD_ATTEMPTS: usize = 3;
-/// Longest run of victims dropped by a move rather than `MADV_DONTNEED`.
-const MOVE_MAX_RUN: usize = 4;
 
 /// How victims are chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -66,10 +64,6 @@ pub struct PagerConfig {
     pub keep_clean: bool,
     /// Bring every evicted page back before `fork()` (see `crate` docs).
     pub fork_prefault: bool,
-    /// Drop short runs of evicted pages by moving them to a staging area
-    /// (`UFFDIO_MOVE`), which raises no remove event, instead of
-    /// `MADV_DONTNEED` on the region (used where the kernel has it).
-    pub evict_by_move: bool,
     /// Called first on each helper thread the pager starts (the handler
     /// and the evictor), e.g. to mark them as the runtime's own threads.
     pub thread_start: Option<fn()>,
@@ -89,7 +83,6 @@ impl PagerConfig {
             spin: Duration::from_micros(50),
             evict_batch: 64,
             fork_prefault: true,
-            evict_by_move: true,
             keep_clean: true,
             thread_start: None,
             inject_open_errno: None,
@@ -262,10 +255,6 @@ pub(crate) struct Shared {
     /// The handler holds faults back (budget full): wake it after a batch.
     throttled: AtomicBool,
     wake: sys::EventFd,
-    /// Where short victim runs are moved to be dropped (see `sys::Staging`);
-    /// None without `UFFDIO_MOVE` or with `evict_by_move` off. Used under
-    /// `gate`.
-    staging: Option<sys::Staging>,
     pid: i32,
     start_threshold: usize,
     stop_threshold: usize,
@@ -396,14 +385,8 @@ impl Pager {
         let uffd = Uffd::open(feature::POISON, cfg.inject_open_errno)?;
         let wake = sys::EventFd::new().map_err(PagerError::Start)?;
         let margin = (cfg.budget_pages / 32).clamp(2, 256);
-        let staging = if cfg.evict_by_move {
-            sys::Staging::new(cfg.evict_batch)
-        } else {
-            None
-        };
         let sh = Arc::new(Shared {
             uffd,
-            staging,
             store,
             start_threshold: cfg.budget_pages - margin,
             stop_threshold: cfg.budget_pages - 2 * margin,
@@ -577,14 +560,9 @@ struct Victim {
     clean: bool,
     /// Stored successfully (dirty victims).
     stored: bool,
-    /// The page leaves memory (dropped, or moved out already).
+    /// `MADV_DONTNEED` is to be (or was) issued.
     discard: bool,
     unprotect: bool,
-    /// Moved out whole before it was stored: its bytes are in this slot of
-    /// the staging area, the region has no page there.
-    slot: Option<u32>,
-    /// Moved out but not stored (refused): the bytes go back.
-    give_back: bool,
 }
 
 /// Index ranges of `victims` (sorted by address) whose members all pass
@@ -1136,45 +1114,6 @@ impl Shared {
         }
     }
 
-    /// Maps a victim that was moved out but not stored back at its address
-    /// from its staging slot, unless the program discarded the page
-    /// meanwhile (it then reads as zeros, as discarded memory does). The
-    /// state is checked and the copy made under the state lock, so that a
-    /// remove event cannot slip in between; a copy refused because an
-    /// event is pending (EAGAIN) is retried after letting the handler read
-    /// it.
-    fn give_back(&self, st: &sys::Staging, v: &Victim) {
-        let (area, page) = (v.area, v.page as u64);
-        let slot = v.slot.expect("a moved victim") as usize;
-        loop {
-            let mut g = self.state.lock();
-            let s = &mut *g;
-            if s.meta(area, page).st != PageState::Evicting {
-                return;
-            }
-            // SAFETY: the slot holds the moved page until the batch ends.
-            match unsafe {
-                self.uffd
-                    .copy(v.addr, st.addr(slot) as *const u8, PAGE_SIZE, false)
-            } {
-                Err(e) if e.errno == libc::EAGAIN => {
-                    drop(g);
-                    std::thread::yield_now();
-                    continue;
-                }
-                // Mapped again (EEXIST cannot happen while faults wait) or
-                // the range is gone (ENOENT): nothing else to restore.
-                _ => {}
-            }
-            let m = s.meta(area, page);
-            m.st = PageState::Dirty;
-            m.parked = false; // the copy woke them
-            s.enqueue(area, page, false);
-            s.stats.evict_given_back += 1;
-            return;
-        }
-    }
-
     /// The program discarded `[start, end)` (remove or unmap event): what
     /// the store held for it goes, the pages read as zeros afterwards.
     /// With `own_check`, a remove we caused ourselves is recognised and
@@ -1325,11 +1264,7 @@ impl Shared {
                 PageState::Clean => {
                     m.st = PageState::Discarding;
                     m.zapping = true;
-                    // As for dirty victims at commit: a page that may leave
-                    // by a move expects no event (see `evict`, step 4).
-                    if self.staging.is_none() {
-                        *s.self_discards.entry(addr).or_insert(0) += 1;
-                    }
+                    *s.self_discards.entry(addr).or_insert(0) += 1;
                     true
                 }
                 _ => continue,
@@ -1344,8 +1279,6 @@ impl Shared {
                 stored: false,
                 discard: clean,
                 unprotect: false,
-                slot: None,
-                give_back: false,
             });
         }
         out
@@ -1381,43 +1314,10 @@ impl Shared {
         // handler's copies fail with EAGAIN.
         victims.sort_unstable_by_key(|v| v.addr);
         let mut buf = Vec::new();
-        // Staging slots used so far in this batch (see `sys::Staging`).
-        let mut staged = 0;
+        // 1. Write-protect dirty victims. After this no CPU can write them:
+        //    a write faults (WP) and the handler parks or aborts.
+        // 2. Copy each out and store it.
         for run in runs(&victims, |v| !v.clean) {
-            let mut run = run;
-            // 0. A short run is moved out whole first and stored from the
-            //    staging area: no write protection, no copy, no drop later.
-            //    A write after the move faults (missing) and waits, the
-            //    page being `Evicting`; one before it is in what moved.
-            if let Some(st) = &self.staging {
-                if run.len() <= MOVE_MAX_RUN && staged + run.len() <= st.pages() {
-                    let addr = victims[run.start].addr;
-                    // Without holes: every moved slot holds a page.
-                    let moved = match st.take(staged, addr, run.len(), false) {
-                        Ok(()) => run.len(),
-                        Err(done) => done,
-                    };
-                    for (k, v) in victims[run.start..run.start + moved].iter_mut().enumerate() {
-                        let slot = staged + k;
-                        v.slot = Some(slot as u32);
-                        // SAFETY: the slot was just filled by a move
-                        // without holes and is cleared only after the batch.
-                        let page = unsafe { st.page(slot) };
-                        match self.store.store(v.area, v.page as u64, page) {
-                            Ok(_) => v.stored = true,
-                            Err(_) => refused += 1,
-                        }
-                    }
-                    staged += moved;
-                    run.start += moved;
-                    if run.is_empty() {
-                        continue;
-                    }
-                }
-            }
-            // 1. Write-protect the others. After this no CPU can write
-            //    them: a write faults (WP) and the handler parks or aborts.
-            // 2. Copy each out and store it.
             let (addr, len) = (victims[run.start].addr, run.len() * PAGE_SIZE);
             let wp = loop {
                 match self.uffd.writeprotect(addr, len, true) {
@@ -1457,21 +1357,8 @@ impl Shared {
                         let m = s.meta(area, page);
                         m.st = PageState::Discarding;
                         m.zapping = true;
-                        // Expect our own remove event, unless the page may
-                        // leave by a move (step 4 registers it if it does
-                        // not after all).
-                        if self.staging.is_none() {
-                            *s.self_discards.entry(v.addr).or_insert(0) += 1;
-                        }
+                        *s.self_discards.entry(v.addr).or_insert(0) += 1;
                         v.discard = true;
-                    }
-                    PageState::Evicting | PageState::EvictAborted if v.slot.is_some() => {
-                        // Moved out, not stored: the bytes go back below
-                        // (the page stays `Evicting`, faults on it wait).
-                        if v.stored {
-                            self.store.invalidate(area, page);
-                        }
-                        v.give_back = true;
                     }
                     PageState::Evicting | PageState::EvictAborted => {
                         if v.stored {
@@ -1503,41 +1390,10 @@ impl Shared {
         for v in victims.iter().filter(|v| v.unprotect) {
             self.unprotect_retry(v.addr);
         }
-        if let Some(st) = &self.staging {
-            for v in victims.iter().filter(|v| v.give_back) {
-                self.give_back(st, v);
-            }
-        }
-        // 4. Discard. Short runs are moved to the staging area (no remove
-        //    event: see `sys::Staging`); the rest get `MADV_DONTNEED`, whose
-        //    remove event the handler recognises through `self_discards`
-        //    (registered here, just before, when a staging area exists).
-        //    Moving costs a TLB flush per page where a run's `MADV_DONTNEED`
-        //    flushes once, so long runs are not moved.
+        // 4. Discard. The remove event this raises is recognised by the
+        //    handler through `self_discards`.
         let mut failed = Vec::new();
-        let moved_first = staged;
-        // Pages moved out already have nothing left to drop.
-        for run in runs(&victims, |v| v.discard && v.slot.is_none()) {
-            let mut run = run;
-            if let Some(st) = &self.staging {
-                if run.len() <= MOVE_MAX_RUN && staged + run.len() <= st.pages() {
-                    let addr = victims[run.start].addr;
-                    let moved = match st.take(staged, addr, run.len(), true) {
-                        Ok(()) => run.len(),
-                        Err(done) => done,
-                    };
-                    staged += moved;
-                    self.state.lock().stats.evict_moved_pages += moved as u64;
-                    run.start += moved;
-                    if run.is_empty() {
-                        continue;
-                    }
-                }
-                let mut s = self.state.lock();
-                for v in &victims[run.clone()] {
-                    *s.self_discards.entry(v.addr).or_insert(0) += 1;
-                }
-            }
+        for run in runs(&victims, |v| v.discard) {
             let (addr, len) = (victims[run.start].addr, run.len() * PAGE_SIZE);
             // SAFETY: every page of the run is held by the store and
             // `Discarding` (or clean): its contents may go. The addresses
@@ -1546,10 +1402,6 @@ impl Shared {
             if unsafe { sys::dontneed(addr, len) }.is_err() {
                 failed.extend(victims[run].iter().map(|v| v.addr));
             }
-        }
-        if let Some(st) = &self.staging {
-            st.clear(staged);
-            self.state.lock().stats.evict_moved_pages += moved_first as u64;
         }
         // 5. Settle: `Discarding` → `Stored`, wake parked faults.
         let mut wake = Vec::new();

@@ -123,11 +123,6 @@ pub struct PagerStats {
     pub faults_rezeroed: u64,
     /// Faults on addresses no region owns (served with zeros).
     pub faults_foreign: u64,
-    /// Evicted pages dropped by moving them to the staging area (no remove
-    /// event) rather than with `MADV_DONTNEED`.
-    pub evict_moved_pages: u64,
-    /// Pages moved out to be stored that the store refused, mapped back.
-    pub evict_given_back: u64,
     /// Pages brought back with a faulting neighbour (readahead).
     pub readahead_pages: u64,
     /// Refaults: missing faults on pages that had been evicted.

@@ -82,9 +82,6 @@ const REGISTER_MODE_WP: u64 = 1 << 1;
 const COPY_MODE_WP: u64 = 1 << 1;
 /// `UFFDIO_WRITEPROTECT_MODE_WP`: set (1) or clear (0) protection.
 const WRITEPROTECT_MODE_WP: u64 = 1 << 0;
-/// `UFFDIO_MOVE_MODE_DONTWAKE`, `UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES`.
-const MOVE_MODE_DONTWAKE: u64 = 1 << 0;
-const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 1 << 1;
 
 const EVENT_PAGEFAULT: u8 = 0x12;
 const EVENT_FORK: u8 = 0x13;
@@ -552,24 +549,17 @@ impl Uffd {
         })
     }
 
-    /// `UFFDIO_MOVE`: moves the pages mapped at `src` to `dst` (registered
-    /// with this descriptor, unmapped); nobody is woken at `dst`. With
-    /// `holes`, unmapped pages of `src` are skipped (and count as moved);
-    /// without, the first one stops the move with ENOENT. EBUSY on pages
-    /// shared with a forked child; EEXIST if the destination is mapped. The
-    /// staging area uses it.
-    pub fn move_pages(
-        &self,
-        dst: usize,
-        src: usize,
-        len: usize,
-        holes: bool,
-    ) -> Result<(), UffdError> {
+    /// `UFFDIO_MOVE`: moves mapped pages from `src` to `dst` (a registered,
+    /// unmapped destination). EBUSY on pages shared with a forked child;
+    /// EEXIST if the destination is mapped. Not used by the pager today (it
+    /// evicts with write protection + copy, which also works on pages shared
+    /// after fork) but kept for experiments.
+    pub fn move_pages(&self, dst: usize, src: usize, len: usize) -> Result<(), UffdError> {
         let mut m = UffdioMove {
             dst: dst as u64,
             src: src as u64,
             len: len as u64,
-            mode: MOVE_MODE_DONTWAKE | if holes { MOVE_MODE_ALLOW_SRC_HOLES } else { 0 },
+            mode: 0,
             moved: 0,
         };
         self.ioctl(UFFDIO_MOVE, &mut m).map_err(|e| UffdError {
@@ -665,100 +655,6 @@ impl EventFd {
     /// The descriptor, for poll.
     pub fn raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
-    }
-}
-
-/// Where the evictor drops pages without a remove event: `pages` pages of
-/// anonymous memory registered with a userfaultfd of their own that has
-/// `UFFDIO_MOVE` and no events. A page moved here from a region leaves the
-/// region with no `MADV_DONTNEED` on it, so the region's descriptor reports
-/// nothing (each remove event is a round trip through the handler, and
-/// while one is pending the handler's copies fail with EAGAIN); the staging
-/// pages are then dropped together, which reports nothing either.
-#[derive(Debug)]
-pub struct Staging {
-    uffd: Uffd,
-    base: usize,
-    pages: usize,
-}
-
-impl Staging {
-    /// None if the kernel lacks `UFFDIO_MOVE` or the area cannot be set up.
-    pub fn new(pages: usize) -> Option<Staging> {
-        let fd = open_raw(None).ok()?;
-        let got = api(&fd, feature::MOVE).ok()?;
-        if got & feature::MOVE == 0 {
-            return None;
-        }
-        let uffd = Uffd {
-            fd,
-            features: feature::MOVE,
-        };
-        let len = pages * PAGE_SIZE;
-        let base = map_anon(len).ok()?;
-        let mut r = UffdioRegister {
-            range: UffdioRange {
-                start: base as u64,
-                len: len as u64,
-            },
-            mode: REGISTER_MODE_MISSING,
-            ioctls: 0,
-        };
-        if uffd.ioctl(UFFDIO_REGISTER, &mut r).is_err() {
-            // SAFETY: our own fresh mapping, never handed out.
-            unsafe { unmap(base, len) };
-            return None;
-        }
-        Some(Staging { uffd, base, pages })
-    }
-
-    /// Pages the area holds.
-    pub fn pages(&self) -> usize {
-        self.pages
-    }
-
-    /// Moves the `n` pages at `src` into the area from page `slot` on.
-    /// Returns how many leading pages left `src` on error. With `holes`,
-    /// pages missing at `src` are skipped and count as moved (their slots
-    /// stay empty: never read them); without, the first stops the move.
-    pub fn take(&self, slot: usize, src: usize, n: usize, holes: bool) -> Result<(), usize> {
-        assert!(slot + n <= self.pages, "staging holds {} pages", self.pages);
-        self.uffd
-            .move_pages(self.addr(slot), src, n * PAGE_SIZE, holes)
-            .map_err(|e| e.done / PAGE_SIZE)
-    }
-
-    /// The address of page `slot` of the area.
-    pub fn addr(&self, slot: usize) -> usize {
-        self.base + slot * PAGE_SIZE
-    }
-
-    /// Page `slot`, which a move without holes filled.
-    ///
-    /// # Safety
-    /// The slot must hold a page moved in by [`Staging::take`] without
-    /// `holes` and not yet cleared: reading an empty slot would fault to a
-    /// descriptor nobody reads, for ever.
-    pub unsafe fn page(&self, slot: usize) -> &[u8] {
-        // SAFETY: per the contract the page is mapped and ours alone.
-        unsafe { std::slice::from_raw_parts(self.addr(slot) as *const u8, PAGE_SIZE) }
-    }
-
-    /// Drops the first `n` pages of the area (no event: the area's
-    /// descriptor has none).
-    pub fn clear(&self, n: usize) {
-        if n > 0 {
-            // SAFETY: staging memory is ours alone; its contents are
-            // pages already stored.
-            let _ = unsafe { dontneed(self.base, n * PAGE_SIZE) };
-        }
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        // SAFETY: the area is ours and nothing refers to it any more.
-        unsafe { unmap(self.base, self.pages * PAGE_SIZE) };
     }
 }
 

@@ -51,27 +51,3 @@ pub fn eventually(mut cond: impl FnMut() -> bool) -> bool {
     }
     cond()
 }
-
-/// Aborts the test process if dropped later than `secs` from now: a thread
-/// stuck in a page fault cannot be interrupted, so a fault that is never
-/// resolved would otherwise hang the test run instead of failing it.
-pub struct Watchdog(std::sync::Arc<std::sync::atomic::AtomicBool>);
-
-pub fn watchdog(what: &'static str, secs: u64) -> Watchdog {
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let d = done.clone();
-    std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_secs(secs));
-        if !d.load(std::sync::atomic::Ordering::Relaxed) {
-            eprintln!("{what}: still running after {secs} s (a fault is never resolved)");
-            std::process::abort();
-        }
-    });
-    Watchdog(done)
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-}

@@ -14,23 +14,6 @@ pub const BUDGET: usize = 128;
 fn threads_on_a_region_eight_times_the_budget() {
     let (pager, store) = pager(BUDGET);
     hammer(&pager);
-    // Scattered victims leave by a move to the staging area (this kernel
-    // has UFFDIO_MOVE).
-    assert!(pager.stats().evict_moved_pages > 0, "{:?}", pager.stats());
-    assert_eq!(store.len(), 0);
-}
-
-/// The same with evicted pages dropped by `MADV_DONTNEED` only (no moves to
-/// the staging area): the path kernels without `UFFDIO_MOVE` take, and the
-/// one long runs take everywhere. With moves on (the default) the test
-/// above checks that pages really leave by moving.
-#[test]
-fn threads_on_a_region_dropping_pages_without_moves() {
-    let mut cfg = uzswap_region::PagerConfig::new(BUDGET);
-    cfg.evict_by_move = false;
-    let (pager, store) = pager_with(cfg);
-    hammer(&pager);
-    assert_eq!(pager.stats().evict_moved_pages, 0);
     assert_eq!(store.len(), 0);
 }
 
