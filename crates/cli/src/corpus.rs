@@ -64,7 +64,11 @@ impl Pages {
             return self;
         }
         let orig = std::mem::take(&mut self.bytes);
-        self.bytes = orig.iter().copied().cycle().take(count * PAGE).collect();
+        self.bytes.reserve_exact(count * PAGE);
+        while self.bytes.len() < count * PAGE {
+            let n = (count * PAGE - self.bytes.len()).min(orig.len());
+            self.bytes.extend_from_slice(&orig[..n]);
+        }
         self.source = format!(
             "{} ({distinct} distinct pages repeated in order to {count}, each about {:.1} times)",
             self.source,

@@ -449,26 +449,11 @@ pub fn usemem_child(
     // Page-aligned, as a uzswap region is: the workload's pages are the
     // kernel's pages, so its first read of each is the one that faults.
     let len = mib << 20;
-    // SAFETY: a fresh private anonymous mapping, unmapped below.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if addr == libc::MAP_FAILED {
-        bail!(
-            "mmap of {mib} MiB failed: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    // SAFETY: the mapping is `len` bytes of readable, writable memory that
-    // only this slice refers to until the munmap below.
-    let mem = unsafe { std::slice::from_raw_parts_mut(addr.cast::<u8>(), len) };
+    let addr = uzswap_region::sys::map_anon(len)
+        .with_context(|| format!("mapping {mib} MiB for the workload: ask for fewer MiB"))?;
+    // SAFETY: the fresh mapping is `len` bytes of readable, writable memory
+    // that only this slice refers to until the unmap below.
+    let mem = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
     let report = crate::usemem::run(mem, &pages, pattern, passes);
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", serde_json::to_string(&report)?)?;
@@ -477,6 +462,6 @@ pub fn usemem_child(
     let mut sink = String::new();
     let _ = std::io::stdin().read_line(&mut sink);
     // SAFETY: `mem` is not used after this point.
-    unsafe { libc::munmap(addr, len) };
+    unsafe { uzswap_region::sys::unmap(addr, len) };
     Ok(())
 }

@@ -467,11 +467,8 @@ fn run(cli: Cli) -> Result<()> {
             distinct_mib,
             json,
         }) => {
-            if distinct_mib.is_some_and(|d| d > mib) {
-                anyhow::bail!(
-                    "--distinct-mib {} is larger than --mib {mib}: give at most {mib}",
-                    distinct_mib.unwrap_or_default()
-                );
+            if let Some(d) = distinct_mib.filter(|&d| d > mib) {
+                anyhow::bail!("--distinct-mib {d} is larger than --mib {mib}: give at most {mib}");
             }
             let v = bench_pool::run(&bench_pool::Args {
                 data,

@@ -1420,30 +1420,26 @@ impl Shared {
             for v in &victims {
                 let (area, page) = (v.area, v.page as u64);
                 if v.discard {
-                    // The drop returned: faults held back by `zapping` may
-                    // go (if the page left `Discarding` meanwhile, they were
-                    // not woken by whoever moved it; see `discard_range`).
-                    let m = s.meta(area, page);
-                    m.zapping = false;
-                    if m.st != PageState::Discarding && std::mem::replace(&mut m.parked, false) {
-                        wake.push(v.addr);
+                    s.meta(area, page).zapping = false;
+                    if s.meta(area, page).st == PageState::Discarding {
+                        s.leave(area, page);
+                        let clock = s.evict_clock;
+                        s.evict_clock = clock.wrapping_add(1);
+                        let m = s.meta(area, page);
+                        m.st = PageState::Stored;
+                        m.evicted_at = clock;
+                        gone += 1;
+                        if v.clean {
+                            s.stats.clean_drops += 1;
+                        } else {
+                            s.stats.evictions += 1;
+                        }
                     }
-                }
-                if v.discard && s.meta(area, page).st == PageState::Discarding {
-                    s.leave(area, page);
-                    let clock = s.evict_clock;
-                    s.evict_clock = clock.wrapping_add(1);
-                    let m = s.meta(area, page);
-                    m.st = PageState::Stored;
-                    m.evicted_at = clock;
-                    if std::mem::replace(&mut m.parked, false) {
+                    // The drop returned: parked faults may go, whatever the
+                    // page became meanwhile (`discard_range` leaves faults
+                    // on a `zapping` page parked for us to wake).
+                    if std::mem::replace(&mut s.meta(area, page).parked, false) {
                         wake.push(v.addr);
-                    }
-                    gone += 1;
-                    if v.clean {
-                        s.stats.clean_drops += 1;
-                    } else {
-                        s.stats.evictions += 1;
                     }
                 }
                 s.meta(area, page).claimed = false;
