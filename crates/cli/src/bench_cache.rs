@@ -62,31 +62,55 @@ pub fn per_s(n: usize, t: std::time::Duration) -> f64 {
     n as f64 / t.as_secs_f64().max(1e-9)
 }
 
-/// The raw codec on every page: (compress pages/s, decompress pages/s,
-/// sum of compressed sizes).
-fn raw_codec(pages: &crate::corpus::Pages, c: uzswap_cache::Compressor) -> Result<(f64, f64, u64)> {
-    use uzswap_cache::codec::COMPRESS_BOUND;
-    let n = pages.count();
-    let mut out = vec![0u8; n * COMPRESS_BOUND];
-    let mut sizes = vec![0usize; n];
-    let t = std::time::Instant::now();
-    for (i, size) in sizes.iter_mut().enumerate() {
-        let dst = &mut out[i * COMPRESS_BOUND..(i + 1) * COMPRESS_BOUND];
-        *size = c
-            .compress(pages.page(i), dst)
-            .ok_or_else(|| anyhow::anyhow!("{c} failed on page {i}"))?;
+/// Pages per chunk of the interleaved timing in [`run`].
+const CHUNK_PAGES: usize = 1024;
+
+/// Timings of one operation done by the raw codec and by the cache on the
+/// same chunks of pages, the two taking turns chunk by chunk (the order
+/// alternating), so that the machine's drifts (frequency, a noisy
+/// neighbour) hit both alike.
+#[derive(Default)]
+struct SideBySide {
+    codec: std::time::Duration,
+    cache: std::time::Duration,
+    /// Per chunk: the cache's throughput over the codec's.
+    ratios: Vec<f64>,
+}
+
+impl SideBySide {
+    /// Times `codec(range)` and `cache(range)` on each chunk of `0..n`.
+    fn run(
+        n: usize,
+        mut codec: impl FnMut(std::ops::Range<usize>) -> Result<()>,
+        mut cache: impl FnMut(std::ops::Range<usize>) -> Result<()>,
+    ) -> Result<SideBySide> {
+        let mut r = SideBySide::default();
+        for (k, start) in (0..n).step_by(CHUNK_PAGES).enumerate() {
+            let range = start..(start + CHUNK_PAGES).min(n);
+            let mut times = [std::time::Duration::ZERO; 2];
+            for turn in 0..2 {
+                // Even chunks: codec first; odd chunks: cache first.
+                let side = turn ^ (k & 1);
+                let t = std::time::Instant::now();
+                if side == 0 {
+                    codec(range.clone())?;
+                } else {
+                    cache(range.clone())?;
+                }
+                times[side] = t.elapsed();
+            }
+            r.codec += times[0];
+            r.cache += times[1];
+            r.ratios
+                .push(times[0].as_secs_f64() / times[1].as_secs_f64().max(1e-9));
+        }
+        Ok(r)
     }
-    let compress = per_s(n, t.elapsed());
-    let mut page = vec![0u8; uzswap_cache::PAGE_SIZE];
-    let t = std::time::Instant::now();
-    for (i, &size) in sizes.iter().enumerate() {
-        let src = &out[i * COMPRESS_BOUND..i * COMPRESS_BOUND + size];
-        c.codec()
-            .decompress(src, &mut page)
-            .map_err(|_| anyhow::anyhow!("{c} did not round-trip page {i}"))?;
+
+    /// The median of the per-chunk ratios.
+    fn ratio(&self) -> f64 {
+        median(self.ratios.clone())
     }
-    let decompress = per_s(n, t.elapsed());
-    Ok((compress, decompress, sizes.iter().map(|&s| s as u64).sum()))
 }
 
 /// `uzswap bench cache --allocator both`: the benchmark below once per
@@ -142,7 +166,6 @@ pub fn run(a: &Args) -> Result<serde_json::Value> {
         a.data
     ));
     let n = pages.count();
-    let (codec_c, codec_d, raw_sum) = raw_codec(&pages, a.compressor)?;
     let cache = Cache::new(CacheConfig {
         compressor: a.compressor,
         allocator: a.allocator,
@@ -151,30 +174,85 @@ pub fn run(a: &Args) -> Result<serde_json::Value> {
         ..CacheConfig::default()
     })?;
     cache.open_area(0)?;
-    let t = std::time::Instant::now();
-    for i in 0..n {
-        cache.store(0, i as u64, pages.page(i))?;
-    }
-    let store = per_s(n, t.elapsed());
+    // The raw codec's output, one slot of COMPRESS_BOUND bytes per page.
+    use uzswap_cache::codec::COMPRESS_BOUND;
+    let c = a.compressor;
+    let mut out = vec![0u8; n * COMPRESS_BOUND];
+    let mut sizes = vec![0usize; n];
+    let store = SideBySide::run(
+        n,
+        |r| {
+            for i in r {
+                let dst = &mut out[i * COMPRESS_BOUND..(i + 1) * COMPRESS_BOUND];
+                sizes[i] = c
+                    .compress(pages.page(i), dst)
+                    .ok_or_else(|| anyhow::anyhow!("{c} failed on page {i}"))?;
+            }
+            Ok(())
+        },
+        |r| {
+            for i in r {
+                cache.store(0, i as u64, pages.page(i))?;
+            }
+            Ok(())
+        },
+    )?;
+    let raw_sum: u64 = sizes.iter().map(|&s| s as u64).sum();
     let st = cache.stats();
     let pool_bytes = st.pool_total_size;
+    let mut page = vec![0u8; PAGE_SIZE];
     let mut buf = vec![0u8; PAGE_SIZE];
-    let t = std::time::Instant::now();
-    for i in 0..n {
-        cache.load(0, i as u64, &mut buf, LoadMode::Keep)?;
-    }
-    let load_keep = per_s(n, t.elapsed());
+    let mut decompress = |r: std::ops::Range<usize>| -> Result<()> {
+        for i in r {
+            let src = &out[i * COMPRESS_BOUND..i * COMPRESS_BOUND + sizes[i]];
+            c.codec()
+                .decompress(src, &mut page)
+                .map_err(|_| anyhow::anyhow!("{c} did not round-trip page {i}"))?;
+        }
+        Ok(())
+    };
+    let load_keep = SideBySide::run(n, &mut decompress, |r| {
+        for i in r {
+            cache.load(0, i as u64, &mut buf, LoadMode::Keep)?;
+        }
+        Ok(())
+    })?;
     // Untimed: every page comes back exactly.
     let mut corrupt = 0u64;
     for i in 0..n {
         cache.load(0, i as u64, &mut buf, LoadMode::Keep)?;
         corrupt += u64::from(buf != pages.page(i));
     }
-    let t = std::time::Instant::now();
-    for i in 0..n {
-        cache.load(0, i as u64, &mut buf, LoadMode::Exclusive)?;
-    }
-    let load = per_s(n, t.elapsed());
+    let load = SideBySide::run(n, &mut decompress, |r| {
+        for i in r {
+            cache.load(0, i as u64, &mut buf, LoadMode::Exclusive)?;
+        }
+        Ok(())
+    })?;
+    // What the allocator did behind the loads: background compactions and
+    // batches of emptied pages given back to the kernel.
+    let ps = cache.pool_stats();
+    let extra = |name: &str| {
+        ps.extra
+            .iter()
+            .find(|(k, _)| k == name)
+            .map_or(0, |&(_, v)| v)
+    };
+    let pool_after_loads = json!({
+        "compactions": ps.compactions,
+        "objects_moved": ps.objects_moved,
+        "release_batches": extra("release_batches"),
+        "releasing_pages": extra("releasing_pages"),
+        "pool_bytes": ps.pool_bytes,
+    });
+    let codec_c = per_s(n, store.codec);
+    let codec_d = per_s(2 * n, load_keep.codec + load.codec);
+    let (store_r, load_r, load_keep_r) = (store.ratio(), load.ratio(), load_keep.ratio());
+    let (store, load, load_keep) = (
+        per_s(n, store.cache),
+        per_s(n, load.cache),
+        per_s(n, load_keep.cache),
+    );
     anyhow::ensure!(corrupt == 0, "{corrupt} pages came back wrong");
     let stored = st.stored_pages.max(1) as f64 * PAGE_SIZE as f64;
     // The kernel's zswap keeps no zero pages (the swap layer does): compare
@@ -207,18 +285,22 @@ pub fn run(a: &Args) -> Result<serde_json::Value> {
         "load_keep_pages_per_s": load_keep,
         "codec_compress_pages_per_s": codec_c,
         "codec_decompress_pages_per_s": codec_d,
-        "store_vs_codec": store / codec_c,
-        "load_vs_codec": load / codec_d,
-        "load_keep_vs_codec": load_keep / codec_d,
+        // Medians of the per-chunk ratios (codec and cache taking turns on
+        // each chunk of CHUNK_PAGES pages): drifts of the machine cancel.
+        "store_vs_codec": store_r,
+        "load_vs_codec": load_r,
+        "load_keep_vs_codec": load_keep_r,
+        "ratio_chunk_pages": CHUNK_PAGES,
         "corrupt_pages": corrupt,
+        "pool_after_loads": pool_after_loads,
     });
     note(&format!(
         "cache {}: store {:.0} pages/s ({:.2}x codec), load {:.0} pages/s ({:.2}x codec), effective_ratio {:.3} (non-zero pages {:.3})",
         a.compressor,
         store,
-        store / codec_c,
+        store_r,
         load,
-        load / codec_d,
+        load_r,
         pool_bytes as f64 / stored,
         pool_bytes as f64 / nonzero
     ));

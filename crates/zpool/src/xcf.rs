@@ -30,7 +30,8 @@
 //!   does malloc chain as many scattered blocks as it takes; compaction
 //!   does too (it fills holes). Leftovers that malloc skipped are what
 //!   compaction packs away.
-//! - A page whose blocks all become free is given back to the OS at once.
+//! - A page whose blocks all become free is given back to the OS (in
+//!   batches of 64 pages, one system call each: see `sys.rs`).
 //!   Freed object bytes are zeroed if the object was ever written (an
 //!   object never written still reads as zeros), so a later object never
 //!   shows old data.
@@ -247,7 +248,9 @@ impl Shared {
     unsafe fn give_page(&self, addr: usize) {
         let p = NonNull::new(addr as *mut u8).expect("page address is non-null");
         // SAFETY: per this function's contract.
-        unsafe { self.arena.free_run(p, 1, true) };
+        if let Some(b) = unsafe { self.arena.free_run(p, 1, true) } {
+            self.arena.release(b);
+        }
         self.pages_held.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -1112,6 +1115,7 @@ impl Zpool for XcfPool {
             r.objects_moved += moved;
             r.pages_freed += freed;
         }
+        self.shared.arena.flush();
         self.compactions.fetch_add(1, Ordering::Relaxed);
         self.objects_moved
             .fetch_add(r.objects_moved, Ordering::Relaxed);
@@ -1123,6 +1127,7 @@ impl Zpool for XcfPool {
     fn stats(&self) -> PoolStats {
         let (mut objects, mut payload, mut meta, mut descs, mut blocks) = (0, 0, 0, 0, 0);
         let (mut free_bytes, mut free_blocks, mut largest, mut chained) = (0, 0, 0, 0);
+        let (releasing, batches) = self.shared.arena.releasing_pages();
         for s in self.shards.iter() {
             let g = s.lock();
             objects += g.objects;
@@ -1155,6 +1160,8 @@ impl Zpool for XcfPool {
             pages_compacted: self.pages_compacted.load(Ordering::Relaxed),
             extra: vec![
                 ("shards".into(), self.shards.len() as u64),
+                ("releasing_pages".into(), releasing),
+                ("release_batches".into(), batches),
                 ("descriptors".into(), descs),
                 ("blocks".into(), blocks),
                 ("free_blocks".into(), free_blocks),

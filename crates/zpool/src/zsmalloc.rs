@@ -32,7 +32,8 @@
 //! Lock order, outer to inner:
 //! 1. `Class::inner` (one `RwLock` per class; never two classes at once);
 //! 2. `PageArena::inner` (taken only to get or give back page runs);
-//! 3. `Compactor::state` (only to post a class for background compaction).
+//! 3. `Compactor::state` (only to post a class for background compaction
+//!    or a batch of pages to release; never held with the arena lock).
 //!
 //! Reads (`read`, `map_read`, `object_size`) take the class lock shared;
 //! everything that changes the class, including writing object bytes, takes
@@ -55,7 +56,7 @@
 
 use crate::stats::FULLNESS_BUCKETS;
 use crate::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, RwLock};
-use crate::sys::{PageArena, MAX_RUN_PAGES, PAGE_SIZE};
+use crate::sys::{PageArena, ReleaseBatch, MAX_RUN_PAGES, PAGE_SIZE};
 use crate::{check_size, ClassStats, CompactReport, Error, Handle, PoolStats, Zpool};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -260,8 +261,14 @@ struct Compactor {
 
 struct CompactorState {
     pending: Vec<u16>,
+    /// Batches of freed pages to give back to the kernel, by shard.
+    releases: Vec<(usize, ReleaseBatch)>,
     stop: bool,
 }
+
+/// Batches the compactor may have waiting before freeing threads release
+/// their own batches (so a busy compactor delays at most this many).
+const MAX_QUEUED_RELEASES: usize = 4;
 
 /// The zsmalloc-class pool. See the module documentation.
 pub struct ZsPool {
@@ -387,6 +394,7 @@ impl ZsPool {
             compactor: Compactor {
                 state: Mutex::new(CompactorState {
                     pending: Vec::new(),
+                    releases: Vec::new(),
                     stop: false,
                 }),
                 wake: Condvar::new(),
@@ -495,23 +503,35 @@ impl Drop for ZsPool {
 }
 
 fn compactor_main(weak: Weak<Shared>) {
+    enum Job {
+        Release(usize, ReleaseBatch),
+        Compact(u16),
+    }
     loop {
         let Some(shared) = weak.upgrade() else { return };
-        let class = {
+        let job = {
             let mut st = shared.compactor.state.lock();
             loop {
                 if st.stop {
                     return;
                 }
+                if let Some((shard, b)) = st.releases.pop() {
+                    break Job::Release(shard, b);
+                }
                 if let Some(c) = st.pending.pop() {
-                    break c;
+                    break Job::Compact(c);
                 }
                 st = sync::wait(&shared.compactor.wake, st);
             }
         };
-        let c = &shared.classes[class as usize];
-        c.compact_pending.store(false, Ordering::Relaxed);
-        shared.compact_class(c);
+        match job {
+            Job::Release(shard, b) => shared.shard_state[shard].arena.release(b),
+            Job::Compact(class) => {
+                let c = &shared.classes[class as usize];
+                c.compact_pending.store(false, Ordering::Relaxed);
+                shared.compact_class(c);
+            }
+        }
         drop(shared);
     }
 }
@@ -793,17 +813,30 @@ impl Shared {
         None
     }
 
+    /// Returns an emptied zspage's run to its arena. When that completes a
+    /// batch of pages to release, the compactor thread releases it, off the
+    /// freeing thread's path; without that thread (or with it behind), the
+    /// freeing thread does.
     fn give_back(&self, class: &Class, run: Option<EmptyRun>) {
-        if let Some(r) = run {
-            // SAFETY: the run came from this arena with this length, its
-            // zspage was removed from the class under the class lock, and no
-            // slot points into it any more.
-            unsafe {
-                self.shard(class)
-                    .arena
-                    .free_run(r.base, class.pages_per_zspage, r.touched)
-            };
+        let Some(r) = run else { return };
+        let shard = class.index as usize / self.per_shard;
+        let arena = &self.shard_state[shard].arena;
+        // SAFETY: the run came from this arena with this length, its zspage
+        // was removed from the class under the class lock, and no slot points
+        // into it any more.
+        let Some(b) = (unsafe { arena.free_run(r.base, class.pages_per_zspage, r.touched) }) else {
+            return;
+        };
+        if self.watermark_percent.is_some() {
+            let mut st = self.compactor.state.lock();
+            if !st.stop && st.releases.len() < MAX_QUEUED_RELEASES {
+                st.releases.push((shard, b));
+                drop(st);
+                self.compactor.wake.notify_one();
+                return;
+            }
         }
+        arena.release(b);
     }
 
     /// Pages compaction could give back: pages committed minus the pages
@@ -1101,6 +1134,10 @@ impl Zpool for ZsPool {
             total.objects_moved += r.objects_moved;
             total.pages_freed += r.pages_freed;
         }
+        // Give back what emptied zspages still hold resident.
+        for s in self.shared.shard_state.iter() {
+            s.arena.flush();
+        }
         total
     }
 
@@ -1168,6 +1205,14 @@ impl Zpool for ZsPool {
         st.compactions = sh.compactions.load(Ordering::Relaxed);
         st.objects_moved = sh.objects_moved.load(Ordering::Relaxed);
         st.pages_compacted = sh.pages_compacted.load(Ordering::Relaxed);
+        let (releasing, batches) = sh.shard_state.iter().fold((0, 0), |(p, b), s| {
+            let (sp, sb) = s.arena.releasing_pages();
+            (p + sp, b + sb)
+        });
+        st.extra = vec![
+            ("releasing_pages".into(), releasing),
+            ("release_batches".into(), batches),
+        ];
         st
     }
 
