@@ -3,8 +3,9 @@
 //! and invalidate paths, and writeback.
 //!
 //! # Locking
-//! The index is split into [`SHARDS`] shards, each a mutex over a hash map
-//! and that shard's LRU queue. A shard lock is held only to look up, insert
+//! The index is split into [`SHARDS`] shards, each a mutex over a dense
+//! index (`index.rs`: leaves of 16 neighbouring offsets, one shard per
+//! leaf) and that shard's LRU queue. A shard lock is held only to look up, insert
 //! or change an entry: never across compression, decompression or I/O.
 //!
 //! # Versions
@@ -38,7 +39,7 @@ use crate::PAGE_SIZE;
 use crossbeam_utils::CachePadded;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::Hasher;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -96,7 +97,10 @@ pub enum LoadMode {
     Keep,
 }
 
-type Key = (u32, u64);
+use crate::index::{leaf_of, DenseIndex, Key};
+
+// A leaf slot costs what an entry does.
+const _: () = assert!(std::mem::size_of::<Option<Entry>>() == std::mem::size_of::<Entry>());
 
 #[derive(Clone, Copy, Debug)]
 struct Obj {
@@ -159,7 +163,7 @@ impl Hasher for KeyHasher {
 
 #[derive(Default)]
 struct Shard {
-    map: HashMap<Key, Entry, BuildHasherDefault<KeyHasher>>,
+    map: DenseIndex<Entry>,
     lru: VecDeque<LruItem>,
     next_gen: u32,
 }
@@ -182,7 +186,10 @@ impl Shard {
     }
 }
 
+/// The shard of a key: all keys of one index leaf (neighbouring offsets)
+/// share it.
 fn shard_of(key: Key) -> usize {
+    let key = leaf_of(key);
     let h = (u64::from(key.0).wrapping_mul(0xff51_afd7_ed55_8ccd))
         ^ key.1.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     (h >> 56) as usize % SHARDS
@@ -896,11 +903,14 @@ impl Inner {
             self.detach(area, e.place);
         } else {
             let mut s = self.shard(key).lock();
-            if let std::collections::hash_map::Entry::Vacant(v) = s.map.entry(key) {
-                v.insert(Entry {
-                    writeback: false,
-                    ..e
-                });
+            if !s.map.contains_key(&key) {
+                s.map.insert(
+                    key,
+                    Entry {
+                        writeback: false,
+                        ..e
+                    },
+                );
             } else {
                 drop(s);
                 self.detach(area, e.place);
@@ -996,50 +1006,74 @@ impl Inner {
 
     /// Picks up to `max` victims from the LRU queues (second chance), or
     /// only entries older than `min_age` seconds.
+    ///
+    /// As with one global list: first every entry not used since it was
+    /// queued, from the front of each shard's queue (`per_shard` at a time,
+    /// so a batch spreads over shards), while used ones lose their mark and
+    /// go to the back; only when no shard has such an entry left, the ones
+    /// passed over. (Neighbouring offsets share a shard, so taking a shard's
+    /// quota of passed-over entries before other shards ran out of unused
+    /// ones would write back the hot half of a working set.)
     fn pick_victims(&self, max: usize, min_age: Option<u32>) -> Vec<Victim> {
         let mut victims = Vec::with_capacity(max);
         let per_shard = max.div_ceil(8).max(1);
         let start = self.cursor.fetch_add(1, RELAXED);
         let now = self.now();
-        // Two rounds: entries passed over in the first (second chance) have
-        // lost their mark and can go in the second.
-        for i in 0..2 * SHARDS {
-            if victims.len() >= max {
-                break;
-            }
-            let mut s = self.shards[(start + i) % SHARDS].lock();
-            let mut budget = s.lru.len();
-            let mut taken = 0;
-            while taken < per_shard && victims.len() < max && budget > 0 {
-                budget -= 1;
-                let Some(it) = s.lru.pop_front() else { break };
-                let Some(e) = s.map.get_mut(&it.key) else {
-                    continue;
-                };
-                let Place::Pool(obj) = e.place else { continue };
-                if e.gen != it.gen || e.writeback {
-                    continue;
-                }
-                if let Some(age) = min_age {
-                    if now.saturating_sub(e.born) < age {
-                        s.lru.push_front(it);
+        // Per shard, entries sent to the back of its queue by this pick.
+        let mut passed = vec![0usize; SHARDS];
+        for second_round in [false, true] {
+            loop {
+                let before = victims.len();
+                for i in 0..SHARDS {
+                    if victims.len() >= max {
                         break;
                     }
+                    let idx = (start + i) % SHARDS;
+                    let mut s = self.shards[idx].lock();
+                    // The first round looks only at what it has not passed
+                    // over (the front of the queue).
+                    let mut budget = if second_round {
+                        s.lru.len()
+                    } else {
+                        s.lru.len().saturating_sub(passed[idx])
+                    };
+                    let mut taken = 0;
+                    while taken < per_shard && victims.len() < max && budget > 0 {
+                        budget -= 1;
+                        let Some(it) = s.lru.pop_front() else { break };
+                        let Some(e) = s.map.get_mut(&it.key) else {
+                            continue;
+                        };
+                        let Place::Pool(obj) = e.place else { continue };
+                        if e.gen != it.gen || e.writeback {
+                            continue;
+                        }
+                        if let Some(age) = min_age {
+                            if now.saturating_sub(e.born) < age {
+                                s.lru.push_front(it);
+                                break;
+                            }
+                        }
+                        if e.referenced {
+                            e.referenced = false;
+                            s.lru.push_back(it);
+                            passed[idx] += 1;
+                            self.counters.writeback_second_chance.fetch_add(1, RELAXED);
+                            continue;
+                        }
+                        e.writeback = true;
+                        taken += 1;
+                        victims.push(Victim {
+                            key: it.key,
+                            gen: it.gen,
+                            obj,
+                            sealed: None,
+                        });
+                    }
                 }
-                if e.referenced {
-                    e.referenced = false;
-                    s.lru.push_back(it);
-                    self.counters.writeback_second_chance.fetch_add(1, RELAXED);
-                    continue;
+                if victims.len() == before || victims.len() >= max {
+                    break;
                 }
-                e.writeback = true;
-                taken += 1;
-                victims.push(Victim {
-                    key: it.key,
-                    gen: it.gen,
-                    obj,
-                    sealed: None,
-                });
             }
         }
         victims
@@ -1243,14 +1277,13 @@ impl Inner {
     }
 
     fn index_bytes(&self) -> u64 {
-        let entry = std::mem::size_of::<(Key, Entry)>() + 1;
         let item = std::mem::size_of::<LruItem>();
         let index: usize = self
             .shards
             .iter()
             .map(|s| {
                 let s = s.lock();
-                s.map.capacity() * entry + s.lru.capacity() * item
+                s.map.heap_bytes() + s.lru.capacity() * item
             })
             .sum();
         index as u64 + self.dedup.metadata_bytes()
@@ -1266,8 +1299,9 @@ impl Inner {
         let slots = self.slots.lock();
         for (i, shard) in self.shards.iter().enumerate() {
             let s = shard.lock();
-            for (key, e) in &s.map {
-                if shard_of(*key) != i {
+            s.map.check().map_err(|e| format!("shard {i}: {e}"))?;
+            for (key, e) in s.map.iter() {
+                if shard_of(key) != i {
                     return Err(format!("{key:?} in shard {i}"));
                 }
                 if e.writeback {

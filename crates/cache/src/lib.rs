@@ -28,6 +28,7 @@ mod cache;
 pub mod codec;
 mod config;
 pub mod dedup;
+mod index;
 mod seal;
 mod stats;
 
