@@ -391,3 +391,44 @@ fn stress_many_threads_with_compaction() {
         assert_eq!(p.stats().objects, live as u64);
     }
 }
+
+/// Freed pages leave the pool's hands without a `compact()`: batches go to
+/// the background thread (zsmalloc) or are released by the freeing thread
+/// (xcf), and at most one batch per arena waits.
+#[test]
+fn freed_pages_are_released_without_compaction() {
+    const BATCH: u64 = 64;
+    for kind in kinds() {
+        let p = pool(kind);
+        let obj = pattern(5, 3000);
+        let handles: Vec<_> = (0..20_000).map(|_| p.malloc_write(&obj).unwrap()).collect();
+        for h in handles {
+            p.free(h).unwrap();
+        }
+        let releasing = |p: &dyn Zpool| {
+            let st = p.stats();
+            let get = |name: &str| st.extra.iter().find(|(k, _)| k == name).unwrap().1;
+            (get("releasing_pages"), get("release_batches"))
+        };
+        let t = std::time::Instant::now();
+        // The shard count bounds the pending lists (one arena per shard).
+        let arenas = match kind {
+            AllocatorKind::Zsmalloc => 4,
+            AllocatorKind::Xcf => 1,
+        };
+        loop {
+            let (pending, batches) = releasing(&*p);
+            if pending < arenas * BATCH {
+                assert!(batches > 0, "{kind:?}: no batch released");
+                break;
+            }
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(10),
+                "{kind:?}: {pending} pages still waiting for release"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(p.pool_bytes(), 0);
+        p.check_invariants().unwrap();
+    }
+}
