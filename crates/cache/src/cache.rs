@@ -99,7 +99,8 @@ pub enum LoadMode {
 
 use crate::index::{leaf_of, DenseIndex, Key};
 
-// A leaf slot costs what an entry does.
+// A leaf slot costs what an entry does; a queue item is 16 bytes.
+const _: () = assert!(std::mem::size_of::<LruItem>() == 16);
 const _: () = assert!(std::mem::size_of::<Option<Entry>>() == std::mem::size_of::<Entry>());
 
 #[derive(Clone, Copy, Debug)]
@@ -130,10 +131,27 @@ struct Entry {
     place: Place,
 }
 
+/// A queued entry: its key and the `gen` it had when queued. Fields laid
+/// out by hand in 16 bytes (a `(Key, u32)` takes 24).
 #[derive(Clone, Copy, Debug)]
 struct LruItem {
-    key: Key,
+    offset: u64,
+    area: u32,
     gen: u32,
+}
+
+impl LruItem {
+    fn new(key: Key, gen: u32) -> LruItem {
+        LruItem {
+            offset: key.1,
+            area: key.0,
+            gen,
+        }
+    }
+
+    fn key(&self) -> Key {
+        (self.area, self.offset)
+    }
 }
 
 /// A hasher for `(u32, u64)` keys: multiply and fold. Keys are page
@@ -179,7 +197,7 @@ impl Shard {
         if self.lru.len() > 2 * self.map.len() + 64 {
             let map = &self.map;
             self.lru.retain(|it| {
-                map.get(&it.key)
+                map.get(&it.key())
                     .is_some_and(|e| e.gen == it.gen && matches!(e.place, Place::Pool(_)))
             });
         }
@@ -786,7 +804,7 @@ impl Inner {
             let mut s = self.shard(key).lock();
             let gen = s.bump();
             if matches!(place, Place::Pool(_)) {
-                s.lru.push_back(LruItem { key, gen });
+                s.lru.push_back(LruItem::new(key, gen));
             }
             let old = s.map.insert(
                 key,
@@ -1041,7 +1059,7 @@ impl Inner {
                     while taken < per_shard && victims.len() < max && budget > 0 {
                         budget -= 1;
                         let Some(it) = s.lru.pop_front() else { break };
-                        let Some(e) = s.map.get_mut(&it.key) else {
+                        let Some(e) = s.map.get_mut(&it.key()) else {
                             continue;
                         };
                         let Place::Pool(obj) = e.place else { continue };
@@ -1064,7 +1082,7 @@ impl Inner {
                         e.writeback = true;
                         taken += 1;
                         victims.push(Victim {
-                            key: it.key,
+                            key: it.key(),
                             gen: it.gen,
                             obj,
                             sealed: None,
@@ -1176,10 +1194,7 @@ impl Inner {
                     failed |= sealed.is_some();
                     let e = s.map.get_mut(&v.key).expect("checked above");
                     e.writeback = false;
-                    s.lru.push_back(LruItem {
-                        key: v.key,
-                        gen: v.gen,
-                    });
+                    s.lru.push_back(LruItem::new(v.key, v.gen));
                     drop(s);
                     if let Some((slot, _, _)) = sealed {
                         self.free_slot(slot);

@@ -36,6 +36,9 @@ struct Leaf<V> {
 pub(crate) struct DenseIndex<V> {
     leaves: HashMap<Key, Box<Leaf<V>>, BuildHasherDefault<KeyHasher>>,
     len: usize,
+    /// The last leaf that emptied, kept for the next new one (a sequential
+    /// pass empties and fills leaves in turn).
+    spare: Option<Box<Leaf<V>>>,
 }
 
 impl<V> Default for DenseIndex<V> {
@@ -43,6 +46,7 @@ impl<V> Default for DenseIndex<V> {
         DenseIndex {
             leaves: HashMap::default(),
             len: 0,
+            spare: None,
         }
     }
 }
@@ -81,10 +85,13 @@ impl<V> DenseIndex<V> {
     /// Sets the entry of `key`, returning the one it replaces.
     pub(crate) fn insert(&mut self, key: Key, v: V) -> Option<V> {
         let (leaf, i) = split(&key);
+        let spare = &mut self.spare;
         let l = self.leaves.entry(leaf).or_insert_with(|| {
-            Box::new(Leaf {
-                used: 0,
-                slots: std::array::from_fn(|_| None),
+            spare.take().unwrap_or_else(|| {
+                Box::new(Leaf {
+                    used: 0,
+                    slots: std::array::from_fn(|_| None),
+                })
             })
         });
         let old = l.slots[i].replace(v);
@@ -103,7 +110,8 @@ impl<V> DenseIndex<V> {
         l.used -= 1;
         self.len -= 1;
         if l.used == 0 {
-            self.leaves.remove(&leaf);
+            // Every slot is None again.
+            self.spare = self.leaves.remove(&leaf);
         }
         Some(old)
     }
@@ -122,6 +130,7 @@ impl<V> DenseIndex<V> {
             }
             l.used > 0
         });
+        self.spare = None;
         self.len -= gone;
     }
 
@@ -138,7 +147,8 @@ impl<V> DenseIndex<V> {
     /// Heap bytes: the map's table (with its spare capacity) and the leaves.
     pub(crate) fn heap_bytes(&self) -> usize {
         let slot = std::mem::size_of::<(Key, Box<Leaf<V>>)>() + 1;
-        self.leaves.capacity() * slot + self.leaves.len() * std::mem::size_of::<Leaf<V>>()
+        let leaves = self.leaves.len() + usize::from(self.spare.is_some());
+        self.leaves.capacity() * slot + leaves * std::mem::size_of::<Leaf<V>>()
     }
 
     /// Checks that the counts agree with the slots.

@@ -172,7 +172,7 @@ impl PageArena {
         let pages = std::mem::take(&mut a.pending_pages);
         a.in_flight_pages += pages;
         ReleaseBatch {
-            runs: std::mem::take(&mut a.pending),
+            runs: std::mem::replace(&mut a.pending, Vec::with_capacity(RELEASE_BATCH_PAGES)),
             pages,
         }
     }

@@ -46,7 +46,8 @@
 //!   `inuse + |free| + (objs_per_zspage - fresh) == objs_per_zspage`, and
 //!   `committed == ceil(fresh × size / 4096)`;
 //! - free object memory reads as zeros (freed objects are wiped, pages past
-//!   `committed` are untouched or were given back);
+//!   `committed` are untouched or were given back), and so does all of a
+//!   zspage not `touched`;
 //! - a zspage sits in exactly one fullness group, the one its `inuse` gives;
 //!   a zspage with `inuse == 0` does not exist (it is freed at once);
 //! - per class: `obj_used == Σ inuse == live handle slots`, `payload ==
@@ -279,11 +280,12 @@ struct CompactorState {
 /// After a release, the background thread keeps looking for more every
 /// `LINGER_TICK` for `LINGER`, so that a thread emptying the pool posts its
 /// batches without waking it each time (a wake-up costs the poster about
-/// 20 µs here, as much as releasing the batch itself). No lingering under
-/// the model checker, whose schedules must not depend on time.
+/// 20 µs here, as much as releasing the batch itself); it is woken when
+/// batches pile up. No lingering under the model checker, whose schedules
+/// must not depend on time.
 const LINGER: std::time::Duration =
     std::time::Duration::from_millis(if cfg!(feature = "shuttle") { 0 } else { 10 });
-const LINGER_TICK: std::time::Duration = std::time::Duration::from_millis(1);
+const LINGER_TICK: std::time::Duration = std::time::Duration::from_micros(250);
 
 /// Batches the compactor may have waiting before freeing threads release
 /// their own batches (so a busy compactor delays at most this many).
@@ -705,6 +707,10 @@ impl Shared {
                     obj: 0,
                     size: 0,
                 });
+                // Room for every slot on the free list, taken now (doubling)
+                // rather than by growing it on the free path.
+                let n = inner.slots.len();
+                inner.free_slots.reserve(n);
                 s as u32
             }
         };
@@ -748,6 +754,8 @@ impl Shared {
             }
             None => {
                 inner.zspages.push(Some(zp));
+                let n = inner.zspages.len();
+                inner.free_zspage_ids.reserve(n);
                 (inner.zspages.len() - 1) as u32
             }
         };
@@ -876,7 +884,8 @@ impl Shared {
             let mut st = self.compactor.state.lock();
             if !st.stop && st.releases.len() < MAX_QUEUED_RELEASES {
                 st.releases.push((shard, b));
-                let wake = st.idle;
+                // Asleep, or batches coming faster than it looks: wake it.
+                let wake = st.idle || st.releases.len() >= MAX_QUEUED_RELEASES / 2;
                 drop(st);
                 if wake {
                     self.compactor.wake.notify_one();
@@ -1307,6 +1316,19 @@ impl Zpool for ZsPool {
                     ));
                 }
                 committed += u64::from(zp.committed);
+                if !zp.touched {
+                    // SAFETY: the committed pages of a live zspage's run;
+                    // every class lock is held, so nobody writes them.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts(
+                            zp.base.as_ptr(),
+                            zp.committed as usize * PAGE_SIZE,
+                        )
+                    };
+                    if bytes.iter().any(|&b| b != 0) {
+                        return Err(format!("{name}: zspage {zid} was written but not marked"));
+                    }
+                }
                 if zp.inuse as usize + zp.free.len() + (objs - zp.fresh as usize) != objs {
                     return Err(format!("{name}: zspage {zid} object counts do not add up"));
                 }
