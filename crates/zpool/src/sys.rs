@@ -308,7 +308,12 @@ unsafe fn release_runs(runs: &[(usize, usize)]) {
     }
     for chunk in merged.chunks(1024) {
         let total: usize = chunk.iter().map(|v| v.iov_len).sum();
-        let done = match self_pidfd() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        // Cleared when the kernel (before 6.13) or a seccomp filter refuses
+        // the call, so that it is not tried for every batch.
+        static SUPPORTED: AtomicBool = AtomicBool::new(true);
+        let fd = self_pidfd().filter(|_| SUPPORTED.load(Ordering::Relaxed));
+        let done = match fd {
             // SAFETY: the ranges are ours per the contract; the pidfd names
             // this very process (see `self_pidfd`).
             Some(fd) => unsafe {
@@ -325,6 +330,10 @@ unsafe fn release_runs(runs: &[(usize, usize)]) {
         };
         if usize::try_from(done).ok() == Some(total) {
             continue;
+        }
+        if fd.is_some() && done < 0 && matches!(errno(), libc::EINVAL | libc::ENOSYS | libc::EPERM)
+        {
+            SUPPORTED.store(false, Ordering::Relaxed);
         }
         // Not supported here, or stopped part way: madvise the ranges one by
         // one (advising a range twice is harmless).

@@ -1191,7 +1191,13 @@ impl Zpool for ZsPool {
             total.objects_moved += r.objects_moved;
             total.pages_freed += r.pages_freed;
         }
-        // Give back what emptied zspages still hold resident.
+        // Give back what emptied zspages still hold resident: the batches
+        // queued for the background thread (released here, so the wait
+        // below is for at most the one it is releasing), then the pending.
+        let queued = std::mem::take(&mut self.shared.compactor.state.lock().releases);
+        for (shard, b) in queued {
+            self.shared.shard_state[shard].arena.release(b);
+        }
         for s in self.shared.shard_state.iter() {
             s.arena.flush();
         }
