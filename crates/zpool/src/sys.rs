@@ -179,11 +179,11 @@ impl PageArena {
 
     /// Gives a batch's pages back to the kernel and makes its runs
     /// reusable.
-    pub(crate) fn release(&self, b: ReleaseBatch) {
+    pub(crate) fn release(&self, mut b: ReleaseBatch) {
         // SAFETY: every run of the batch was freed through `free_run` (whose
         // contract says nobody uses it any more) and is not handed out again
         // before the loop below puts it back on a free list.
-        unsafe { release_runs(&b.runs) };
+        unsafe { release_runs(&mut b.runs) };
         let mut a = self.inner.lock();
         for &(addr, n) in &b.runs {
             a.free[n].push(addr);
@@ -286,66 +286,89 @@ unsafe fn release(addr: NonNull<u8>, len: usize) {
 }
 
 /// Gives the pages of every run back to the kernel, runs adjacent in memory
-/// merged, in one `process_madvise` call per 1,024 ranges where the kernel
+/// merged, in one `process_madvise` call per 64 ranges where the kernel
 /// allows it for the calling process (Linux 6.13 and later), else in one
-/// `madvise` per range.
+/// `madvise` per range. Sorts `runs` by address. Allocates nothing, so a
+/// forked child may call it whatever the parent's threads held.
 ///
 /// # Safety
 /// Every run must be page-aligned memory of a private anonymous mapping that
 /// nobody reads or writes concurrently.
-unsafe fn release_runs(runs: &[(usize, usize)]) {
-    let mut ranges: Vec<(usize, usize)> = runs.iter().map(|&(a, n)| (a, n * PAGE_SIZE)).collect();
-    ranges.sort_unstable();
-    let mut merged: Vec<libc::iovec> = Vec::with_capacity(ranges.len());
-    for (addr, len) in ranges {
-        match merged.last_mut() {
-            Some(l) if l.iov_base as usize + l.iov_len == addr => l.iov_len += len,
-            _ => merged.push(libc::iovec {
-                iov_base: addr as *mut libc::c_void,
-                iov_len: len,
-            }),
-        }
-    }
-    for chunk in merged.chunks(1024) {
-        let total: usize = chunk.iter().map(|v| v.iov_len).sum();
-        use std::sync::atomic::{AtomicBool, Ordering};
-        // Cleared when the kernel (before 6.13) or a seccomp filter refuses
-        // the call, so that it is not tried for every batch.
-        static SUPPORTED: AtomicBool = AtomicBool::new(true);
-        let fd = self_pidfd().filter(|_| SUPPORTED.load(Ordering::Relaxed));
-        let done = match fd {
-            // SAFETY: the ranges are ours per the contract; the pidfd names
-            // this very process (see `self_pidfd`).
-            Some(fd) => unsafe {
-                libc::syscall(
-                    libc::SYS_process_madvise,
-                    fd,
-                    chunk.as_ptr(),
-                    chunk.len(),
-                    libc::MADV_DONTNEED,
-                    0u32,
-                )
-            },
-            None => -1,
-        };
-        if usize::try_from(done).ok() == Some(total) {
+unsafe fn release_runs(runs: &mut [(usize, usize)]) {
+    const IOVECS: usize = 64;
+    runs.sort_unstable();
+    let empty = libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    };
+    let mut iov = [empty; IOVECS];
+    let mut n = 0;
+    for &(addr, pages) in runs.iter() {
+        let len = pages * PAGE_SIZE;
+        if n > 0 && iov[n - 1].iov_base as usize + iov[n - 1].iov_len == addr {
+            iov[n - 1].iov_len += len;
             continue;
         }
-        if fd.is_some() && done < 0 && matches!(errno(), libc::EINVAL | libc::ENOSYS | libc::EPERM)
-        {
-            SUPPORTED.store(false, Ordering::Relaxed);
+        if n == IOVECS {
+            // SAFETY: forwarded from this function's contract.
+            unsafe { advise_dontneed(&iov) };
+            n = 0;
         }
-        // Not supported here, or stopped part way: madvise the ranges one by
-        // one (advising a range twice is harmless).
-        for v in chunk {
-            // SAFETY: per this function's contract.
-            unsafe {
-                release(
-                    NonNull::new(v.iov_base.cast()).expect("non-null"),
-                    v.iov_len,
-                )
-            };
-        }
+        iov[n] = libc::iovec {
+            iov_base: addr as *mut libc::c_void,
+            iov_len: len,
+        };
+        n += 1;
+    }
+    // SAFETY: forwarded from this function's contract.
+    unsafe { advise_dontneed(&iov[..n]) };
+}
+
+/// `MADV_DONTNEED` on every range: one `process_madvise` call, or one
+/// `madvise` per range where that is refused or stops part way.
+///
+/// # Safety
+/// As for [`release_runs`].
+unsafe fn advise_dontneed(iov: &[libc::iovec]) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // Cleared when the kernel (before 6.13) or a seccomp filter refuses the
+    // call, so that it is not tried for every batch.
+    static SUPPORTED: AtomicBool = AtomicBool::new(true);
+    if iov.is_empty() {
+        return;
+    }
+    let total: usize = iov.iter().map(|v| v.iov_len).sum();
+    let fd = self_pidfd().filter(|_| SUPPORTED.load(Ordering::Relaxed));
+    let done = match fd {
+        // SAFETY: the ranges are ours per the contract; the pidfd names this
+        // very process (see `self_pidfd`).
+        Some(fd) => unsafe {
+            libc::syscall(
+                libc::SYS_process_madvise,
+                fd,
+                iov.as_ptr(),
+                iov.len(),
+                libc::MADV_DONTNEED,
+                0u32,
+            )
+        },
+        None => -1,
+    };
+    if usize::try_from(done).ok() == Some(total) {
+        return;
+    }
+    if fd.is_some() && done < 0 && matches!(errno(), libc::EINVAL | libc::ENOSYS | libc::EPERM) {
+        SUPPORTED.store(false, Ordering::Relaxed);
+    }
+    // Advising a range twice is harmless.
+    for v in iov {
+        // SAFETY: per this function's contract.
+        unsafe {
+            release(
+                NonNull::new(v.iov_base.cast()).expect("non-null"),
+                v.iov_len,
+            )
+        };
     }
 }
 
@@ -447,6 +470,40 @@ mod tests {
         }
     }
 
+    /// More scattered ranges than one call takes, among pages that stay:
+    /// exactly the given ones leave memory.
+    #[test]
+    fn scattered_runs_are_released_and_their_neighbours_kept() {
+        let arena = PageArena::new();
+        let base = arena.alloc_run(16).unwrap().as_ptr() as usize;
+        let mut pages = vec![base];
+        for _ in 0..20 {
+            pages.push(arena.alloc_run(16).unwrap().as_ptr() as usize);
+        }
+        for &p in &pages {
+            // SAFETY: runs of ours, 16 pages each.
+            unsafe { std::ptr::write_bytes(p as *mut u8, 7, 16 * PAGE_SIZE) };
+        }
+        // Every other page of every run: 160 separate ranges, plus one
+        // whole run given as two adjacent halves (merged into one range).
+        let mut runs: Vec<(usize, usize)> = pages[..20]
+            .iter()
+            .flat_map(|&p| (0..16).step_by(2).map(move |i| (p + i * PAGE_SIZE, 1)))
+            .collect();
+        runs.push((pages[20] + 8 * PAGE_SIZE, 8));
+        runs.push((pages[20], 8));
+        runs.reverse();
+        // SAFETY: the runs are ours and nobody touches them meanwhile.
+        unsafe { release_runs(&mut runs) };
+        for &p in &pages[..20] {
+            let want: Vec<bool> = (0..16).map(|i| i % 2 == 1).collect();
+            assert_eq!(resident(p, 16), want);
+            // SAFETY: a kept page of ours.
+            assert_eq!(unsafe { *((p + PAGE_SIZE) as *const u8) }, 7);
+        }
+        assert_eq!(resident(pages[20], 16), [false; 16]);
+    }
+
     #[test]
     fn flush_releases_a_partial_batch() {
         let arena = PageArena::new();
@@ -474,13 +531,14 @@ mod tests {
         // SAFETY: a fresh page of ours.
         unsafe { std::ptr::write_bytes(r.as_ptr(), 0xAA, PAGE_SIZE) };
         assert!(self_pidfd().is_some(), "pidfd_open is available here");
-        // SAFETY: the child only makes system calls and reads its own copy of
-        // the page, then leaves with _exit.
+        // SAFETY: the child only makes system calls (release_runs allocates
+        // nothing) and reads its own copy of the page, then leaves with
+        // _exit.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork: errno {}", errno());
         if pid == 0 {
             // SAFETY: the child's copy of the page, used by nobody else.
-            unsafe { release_runs(&[(page, 1)]) };
+            unsafe { release_runs(&mut [(page, 1)]) };
             // SAFETY: as above; the page is still mapped.
             let first = unsafe { *(page as *const u8) };
             // SAFETY: _exit ends the child without running the parent's
