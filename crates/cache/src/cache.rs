@@ -5,8 +5,9 @@
 //! # Locking
 //! The index is split into [`SHARDS`] shards, each a mutex over a dense
 //! index (`index.rs`: leaves of 16 neighbouring offsets, one shard per
-//! leaf) and that shard's LRU queue. A shard lock is held only to look up, insert
-//! or change an entry: never across compression, decompression or I/O.
+//! leaf) and that shard's LRU queue. A shard lock is held only to look up,
+//! insert or change an entry: never across compression, decompression or
+//! I/O.
 //!
 //! # Versions
 //! Every change of an entry's place gives it a new `gen`. A reader copies
@@ -33,6 +34,7 @@ use crate::config::{
     Proactive, Reject, StoreError, MAX_AREAS,
 };
 use crate::dedup::DedupIndex;
+use crate::index::{leaf_of, DenseIndex, Key};
 use crate::seal::{SealId, Sealer};
 use crate::stats::{CacheStats, Counters};
 use crate::PAGE_SIZE;
@@ -96,8 +98,6 @@ pub enum LoadMode {
     /// The entry stays, marked recently used.
     Keep,
 }
-
-use crate::index::{leaf_of, DenseIndex, Key};
 
 // A leaf slot costs what an entry does; a queue item is 16 bytes.
 const _: () = assert!(std::mem::size_of::<LruItem>() == 16);

@@ -56,8 +56,13 @@ fn split(key: &Key) -> (Key, usize) {
     ((key.0, key.1 >> LEAF_BITS), (key.1 as usize) & (LEAF - 1))
 }
 
-/// The first offset of all keys in the same leaf as `key`: what decides a
-/// key's shard, so that a leaf lives in exactly one shard.
+/// The key in slot `i` of `leaf` (the inverse of [`split`]).
+fn join(leaf: &Key, i: usize) -> Key {
+    (leaf.0, (leaf.1 << LEAF_BITS) | i as u64)
+}
+
+/// The key of the leaf that holds `key`: what decides a key's shard, so
+/// that a leaf lives in exactly one shard.
 pub(crate) fn leaf_of(key: Key) -> Key {
     split(&key).0
 }
@@ -121,8 +126,7 @@ impl<V> DenseIndex<V> {
         let mut gone = 0;
         self.leaves.retain(|leaf, l| {
             for (i, slot) in l.slots.iter_mut().enumerate() {
-                let key = (leaf.0, (leaf.1 << LEAF_BITS) | i as u64);
-                if slot.as_mut().is_some_and(|v| !f(&key, v)) {
+                if slot.as_mut().is_some_and(|v| !f(&join(leaf, i), v)) {
                     *slot = None;
                     l.used -= 1;
                     gone += 1;
@@ -137,10 +141,10 @@ impl<V> DenseIndex<V> {
     /// Every entry with its key, in no particular order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (Key, &V)> + '_ {
         self.leaves.iter().flat_map(|(leaf, l)| {
-            l.slots.iter().enumerate().filter_map(move |(i, s)| {
-                s.as_ref()
-                    .map(|v| ((leaf.0, (leaf.1 << LEAF_BITS) | i as u64), v))
-            })
+            l.slots
+                .iter()
+                .enumerate()
+                .filter_map(move |(i, s)| s.as_ref().map(|v| (join(leaf, i), v)))
         })
     }
 

@@ -156,6 +156,7 @@ pub fn run_allocators(
 /// every page back (kept, then exclusively), one thread, side by side with
 /// the raw codec on the same pages.
 pub fn run(a: &Args) -> Result<serde_json::Value> {
+    use uzswap_cache::codec::COMPRESS_BOUND;
     use uzswap_cache::{Cache, CacheConfig, LoadMode, PoolLimit, PAGE_SIZE};
     let count = a.mib << 8;
     let pages = crate::corpus::load(a.data, count)?;
@@ -175,7 +176,6 @@ pub fn run(a: &Args) -> Result<serde_json::Value> {
     })?;
     cache.open_area(0)?;
     // The raw codec's output, one slot of COMPRESS_BOUND bytes per page.
-    use uzswap_cache::codec::COMPRESS_BOUND;
     let c = a.compressor;
     let mut out = vec![0u8; n * COMPRESS_BOUND];
     let mut sizes = vec![0usize; n];
@@ -232,17 +232,11 @@ pub fn run(a: &Args) -> Result<serde_json::Value> {
     // What the allocator did behind the loads: background compactions and
     // batches of emptied pages given back to the kernel.
     let ps = cache.pool_stats();
-    let extra = |name: &str| {
-        ps.extra
-            .iter()
-            .find(|(k, _)| k == name)
-            .map_or(0, |&(_, v)| v)
-    };
     let pool_after_loads = json!({
         "compactions": ps.compactions,
         "objects_moved": ps.objects_moved,
-        "release_batches": extra("release_batches"),
-        "releasing_pages": extra("releasing_pages"),
+        "release_batches": ps.extra("release_batches"),
+        "releasing_pages": ps.extra("releasing_pages"),
         "pool_bytes": ps.pool_bytes,
     });
     let codec_c = per_s(n, store.codec);

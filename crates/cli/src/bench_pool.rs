@@ -220,11 +220,7 @@ fn run_one(args: &Args, kind: AllocatorKind, objs: &[Vec<u8>]) -> Result<serde_j
     ));
     let pages_stored = count as u64;
     let pool_pages = st.pages_held;
-    let descriptors = st
-        .extra
-        .iter()
-        .find(|(k, _)| k == "descriptors")
-        .map(|&(_, v)| v);
+    let descriptors = st.extra("descriptors");
 
     // Load: every object read once, in an order fixed by a seed (the same
     // for every allocator), as a cache's loads come.
@@ -337,10 +333,8 @@ fn run_one(args: &Args, kind: AllocatorKind, objs: &[Vec<u8>]) -> Result<serde_j
     if let Some(d) = descriptors {
         row["descriptors"] = json!(d);
         row["blocks_per_object"] = json!(st
-            .extra
-            .iter()
-            .find(|(k, _)| k == "blocks")
-            .map_or(f64::NAN, |&(_, b)| b as f64 / count as f64));
+            .extra("blocks")
+            .map_or(f64::NAN, |b| b as f64 / count as f64));
     }
     Ok(row)
 }

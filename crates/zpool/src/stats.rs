@@ -70,6 +70,11 @@ pub struct CompactReport {
 }
 
 impl PoolStats {
+    /// The allocator-specific counter `name`, if this allocator has one.
+    pub fn extra(&self, name: &str) -> Option<u64> {
+        self.extra.iter().find(|(k, _)| k == name).map(|&(_, v)| v)
+    }
+
     /// pool_bytes / payload_bytes − 1, or 0 for an empty pool.
     pub fn overhead(&self) -> f64 {
         if self.payload_bytes == 0 {

@@ -229,7 +229,7 @@ impl PageArena {
     pub(crate) fn metadata_bytes(&self) -> usize {
         let a = self.inner.lock();
         a.free.iter().map(|v| v.capacity() * 8).sum::<usize>()
-            + a.pending.capacity() * 16
+            + a.pending.capacity() * std::mem::size_of::<(usize, usize)>()
             + a.chunks.capacity() * std::mem::size_of::<Chunk>()
     }
 }

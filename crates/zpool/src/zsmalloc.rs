@@ -605,7 +605,11 @@ impl Shared {
     }
 
     fn shard(&self, class: &Class) -> &ShardState {
-        &self.shard_state[class.index as usize / self.per_shard]
+        &self.shard_state[self.shard_index(class)]
+    }
+
+    fn shard_index(&self, class: &Class) -> usize {
+        class.index as usize / self.per_shard
     }
 
     /// Pages held by the whole pool.
@@ -842,13 +846,12 @@ impl Shared {
             );
             let committed = u64::from(zp.committed);
             Self::unlink(inner, g, pos);
-            if let Some(zp) = inner.zspages[zid as usize].take() {
-                if inner.spare.len() < SPARE_VECS {
-                    // Empty: `owner` is all FREE again; `free` is cleared.
-                    let mut free = zp.free;
-                    free.clear();
-                    inner.spare.push((free, zp.owner));
-                }
+            let zp = inner.zspages[zid as usize].take().expect("live zspage");
+            if inner.spare.len() < SPARE_VECS {
+                // Empty: `owner` is all FREE again; `free` is cleared.
+                let mut free = zp.free;
+                free.clear();
+                inner.spare.push((free, zp.owner));
             }
             inner.free_zspage_ids.push(zid);
             inner.live_zspages -= 1;
@@ -872,7 +875,7 @@ impl Shared {
     /// freeing thread does.
     fn give_back(&self, class: &Class, run: Option<EmptyRun>) {
         let Some(r) = run else { return };
-        let shard = class.index as usize / self.per_shard;
+        let shard = self.shard_index(class);
         let arena = &self.shard_state[shard].arena;
         // SAFETY: the run came from this arena with this length, its zspage
         // was removed from the class under the class lock, and no slot points
@@ -880,6 +883,7 @@ impl Shared {
         let Some(b) = (unsafe { arena.free_run(r.base, class.pages_per_zspage, r.touched) }) else {
             return;
         };
+        // The background thread runs exactly when a watermark is set.
         if self.watermark_percent.is_some() {
             let mut st = self.compactor.state.lock();
             if !st.stop && st.releases.len() < MAX_QUEUED_RELEASES {

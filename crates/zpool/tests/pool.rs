@@ -407,8 +407,10 @@ fn freed_pages_are_released_without_compaction() {
         }
         let releasing = |p: &dyn Zpool| {
             let st = p.stats();
-            let get = |name: &str| st.extra.iter().find(|(k, _)| k == name).unwrap().1;
-            (get("releasing_pages"), get("release_batches"))
+            (
+                st.extra("releasing_pages").unwrap(),
+                st.extra("release_batches").unwrap(),
+            )
         };
         let t = std::time::Instant::now();
         // The shard count bounds the pending lists (one arena per shard).

@@ -15,7 +15,7 @@ fn pool() -> XcfPool {
 }
 
 fn extra(p: &XcfPool, k: &str) -> u64 {
-    p.stats().extra.iter().find(|(n, _)| n == k).unwrap().1
+    p.stats().extra(k).unwrap()
 }
 
 fn fill_bytes(seed: u64, len: usize) -> Vec<u8> {
