@@ -229,6 +229,15 @@ pub fn same_filled_word(page: &[u8]) -> Option<u64> {
         .then_some(first)
 }
 
+/// The outcome of reading a pool object: it was there and decompressed.
+fn pool_read(ok: bool) -> Result<Loaded, LoadError> {
+    if ok {
+        Ok(Loaded::Pool)
+    } else {
+        Err(LoadError::Corrupt { where_: "pool" })
+    }
+}
+
 fn fill_word(page: &mut [u8], w: u64) {
     for c in page.chunks_exact_mut(8) {
         c.copy_from_slice(&w.to_ne_bytes());
@@ -916,10 +925,24 @@ impl Inner {
         let Some(e) = self.shard(key).lock().map.remove(&key) else {
             return Err(self.miss(page));
         };
-        let res = self.read_place(area, offset, e.place, page);
-        if res.is_ok() {
-            self.detach(area, e.place);
-        } else {
+        let res = match e.place {
+            // Not shared through dedup: read and free in one pool call.
+            Place::Pool(obj) if obj.dedup.is_none() => {
+                let res = self.take_pool(obj, page);
+                if res.is_ok() {
+                    self.account(&e.place, false);
+                }
+                res
+            }
+            place => {
+                let res = self.read_place(area, offset, place, page);
+                if res.is_ok() {
+                    self.detach(area, place);
+                }
+                res
+            }
+        };
+        if res.is_err() {
             let mut s = self.shard(key).lock();
             if !s.map.contains_key(&key) {
                 s.map.insert(
@@ -960,11 +983,7 @@ impl Inner {
                 let r = self.pool.map_read(obj.handle, &mut |src| {
                     ok = obj.codec.decompress(src, page).is_ok();
                 });
-                if r.is_ok() && ok {
-                    Ok(Loaded::Pool)
-                } else {
-                    Err(LoadError::Corrupt { where_: "pool" })
-                }
+                pool_read(r.is_ok() && ok)
             }
             Place::Backing { slot, seq, tag } => self.read_backing(
                 SealId {
@@ -977,6 +996,15 @@ impl Inner {
                 page,
             ),
         }
+    }
+
+    /// Decompresses a pool object into `page` and frees it, or leaves it
+    /// (and says so) if it does not decompress.
+    fn take_pool(&self, obj: Obj, page: &mut [u8]) -> Result<Loaded, LoadError> {
+        let r = self.pool.map_read_free(obj.handle, &mut |src| {
+            obj.codec.decompress(src, page).is_ok()
+        });
+        pool_read(r == Ok(true))
     }
 
     fn count_load(
@@ -1409,5 +1437,76 @@ impl Inner {
         }
         drop(slots);
         self.pool.check_invariants()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CacheConfig, PoolLimit};
+
+    /// Overwrites the pool object behind `(area, offset)` with bytes no
+    /// codec accepts.
+    fn damage(cache: &Cache, area: u32, offset: u64) {
+        let key = (area, offset);
+        let place = cache.inner.shard(key).lock().map.get(&key).map(|e| e.place);
+        let Some(Place::Pool(obj)) = place else {
+            panic!("({area}, {offset}) is not in the pool: {place:?}");
+        };
+        let junk = vec![0xff; obj.size as usize];
+        cache.inner.pool.write(obj.handle, &junk).unwrap();
+    }
+
+    /// A pool object that no longer decompresses is an error on every load,
+    /// exclusive ones included, and the entry survives it: it is neither
+    /// freed (the allocator's invariants hold, the page still counts) nor
+    /// dropped from the index, until invalidated or stored anew. With dedup
+    /// on, the exclusive load takes another path (the object may be shared).
+    #[test]
+    fn a_damaged_pool_object_fails_loads_and_keeps_its_entry() {
+        for dedup in [false, true] {
+            let cache = Cache::new(CacheConfig {
+                pool_limit: PoolLimit::Unlimited,
+                dedup,
+                ..CacheConfig::default()
+            })
+            .unwrap();
+            cache.open_area(0).unwrap();
+            let page: Vec<u8> = (0..PAGE_SIZE).map(|i| (i / 7 % 251) as u8).collect();
+            cache.store(0, 1, &page).unwrap();
+            cache.store(0, 2, &page).unwrap();
+            damage(&cache, 0, 1);
+            let mut buf = vec![1u8; PAGE_SIZE];
+            for mode in [LoadMode::Exclusive, LoadMode::Keep, LoadMode::Exclusive] {
+                let r = cache.load(0, 1, &mut buf, mode);
+                assert!(
+                    matches!(r, Err(LoadError::Corrupt { where_: "pool" })),
+                    "dedup {dedup}, {mode:?}: {r:?}"
+                );
+                assert!(
+                    buf.iter().all(|&b| b == 0),
+                    "a failed load zeroes the buffer"
+                );
+                cache.check_invariants().unwrap();
+            }
+            let st = cache.stats();
+            assert_eq!(st.decompress_fail, 3);
+            assert_eq!(
+                st.stored_pages, 2,
+                "dedup {dedup}: the damaged entry still counts"
+            );
+            // With dedup the two offsets share the damaged object.
+            if !dedup {
+                cache.load(0, 2, &mut buf, LoadMode::Exclusive).unwrap();
+                assert_eq!(buf, page);
+            }
+            cache.store(0, 1, &page).unwrap();
+            cache.load(0, 1, &mut buf, LoadMode::Exclusive).unwrap();
+            assert_eq!(
+                buf, page,
+                "a page stored anew over a damaged one reads back"
+            );
+            cache.check_invariants().unwrap();
+        }
     }
 }

@@ -130,6 +130,23 @@ pub trait Zpool: Send + Sync {
     /// back into the pool.
     fn map_read(&self, handle: Handle, f: &mut dyn FnMut(&[u8])) -> Result<(), Error>;
 
+    /// [`Self::map_read`], then frees the object if `f` returned true (an
+    /// exclusive load: read it, and let it go unless the read failed).
+    /// Returns whether it was freed. An allocator may do both under one
+    /// lock, which then stays held while `f` runs.
+    fn map_read_free(
+        &self,
+        handle: Handle,
+        f: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> Result<bool, Error> {
+        let mut free = false;
+        self.map_read(handle, &mut |obj| free = f(obj))?;
+        if free {
+            self.free(handle)?;
+        }
+        Ok(free)
+    }
+
     /// Allocates an object holding a copy of `data`.
     fn malloc_write(&self, data: &[u8]) -> Result<Handle, Error> {
         let handle = self.malloc(data.len())?;

@@ -56,6 +56,9 @@ pub(crate) struct ReleaseBatch {
     pages: usize,
 }
 
+/// Run lists of released batches an arena keeps for reuse.
+const SPARE_LISTS: usize = 4;
+
 struct Chunk {
     base: NonNull<u8>,
     len: usize,
@@ -74,6 +77,9 @@ struct ArenaInner {
     /// Freed runs (address, pages) not yet released to the kernel.
     pending: Vec<(usize, usize)>,
     pending_pages: usize,
+    /// Emptied run lists of released batches, reused for the next pending
+    /// lists (so neither freeing nor releasing allocates).
+    spare_lists: Vec<Vec<(usize, usize)>>,
     /// Pages of batches handed out by `free_run` and not yet released.
     in_flight_pages: usize,
     /// Batches released, for the statistics.
@@ -94,6 +100,7 @@ impl PageArena {
                 free: (0..=MAX_RUN_PAGES).map(|_| Vec::new()).collect(),
                 pending: Vec::new(),
                 pending_pages: 0,
+                spare_lists: Vec::new(),
                 in_flight_pages: 0,
                 batches: 0,
             }),
@@ -171,8 +178,12 @@ impl PageArena {
     fn take_pending(a: &mut ArenaInner) -> ReleaseBatch {
         let pages = std::mem::take(&mut a.pending_pages);
         a.in_flight_pages += pages;
+        let next = a
+            .spare_lists
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(RELEASE_BATCH_PAGES));
         ReleaseBatch {
-            runs: std::mem::replace(&mut a.pending, Vec::with_capacity(RELEASE_BATCH_PAGES)),
+            runs: std::mem::replace(&mut a.pending, next),
             pages,
         }
     }
@@ -190,6 +201,11 @@ impl PageArena {
         }
         a.in_flight_pages -= b.pages;
         a.batches += 1;
+        // At most one list per batch that can be in flight at once.
+        if a.spare_lists.len() < SPARE_LISTS {
+            b.runs.clear();
+            a.spare_lists.push(b.runs);
+        }
     }
 
     /// Releases the pending runs now, and waits for batches other threads
@@ -229,7 +245,8 @@ impl PageArena {
     pub(crate) fn metadata_bytes(&self) -> usize {
         let a = self.inner.lock();
         a.free.iter().map(|v| v.capacity() * 8).sum::<usize>()
-            + a.pending.capacity() * std::mem::size_of::<(usize, usize)>()
+            + (a.pending.capacity() + a.spare_lists.iter().map(Vec::capacity).sum::<usize>())
+                * std::mem::size_of::<(usize, usize)>()
             + a.chunks.capacity() * std::mem::size_of::<Chunk>()
     }
 }

@@ -42,9 +42,11 @@
 //! page counter is an atomic updated only when a zspage is made or freed.
 //!
 //! # Invariants (checked by [`Zpool::check_invariants`])
-//! - per zspage: `inuse == |{obj: owner[obj] != FREE}|`,
-//!   `inuse + |free| + (objs_per_zspage - fresh) == objs_per_zspage`, and
-//!   `committed == ceil(fresh × size / 4096)`;
+//! - per zspage: `inuse == |{obj: owner[obj] has no FREE_BIT}|`,
+//!   `inuse + |freed stack| + (objs_per_zspage - fresh) == objs_per_zspage`
+//!   (the stack links freed objects below `fresh` through `owner`; objects
+//!   from `fresh` on are `FREE`), and `committed == ceil(fresh × size /
+//!   4096)`;
 //! - free object memory reads as zeros (freed objects are wiped, pages past
 //!   `committed` are untouched or were given back), and so does all of a
 //!   zspage not `touched`;
@@ -81,8 +83,17 @@ const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
 /// knows whether there is anything to wipe). Outside GEN_MASK.
 const WRITTEN: u32 = 1 << 31;
 
-/// Marks a free handle slot (`Slot::zspage`) or a free object (`owner`).
+/// Marks a free handle slot (`Slot::zspage`), and an object never handed
+/// out (`Zspage::owner`).
 const FREE: u32 = u32::MAX;
+
+/// In `Zspage::owner`, set on every object not in use (handle slots stay
+/// below it); the other bits of a freed object link the zspage's stack of
+/// freed objects, ended by `NO_OBJ`. So `FREE == FREE_BIT | NO_OBJ`, and the
+/// free stack costs no memory of its own (nor a cache miss of its own on
+/// every malloc and free).
+const FREE_BIT: u32 = 1 << 31;
+const NO_OBJ: u32 = FREE & !FREE_BIT;
 
 /// Partial zspages sit in groups 0..=9 by use ((0,10%], …, (90%,100%));
 /// full ones in group 10.
@@ -153,13 +164,46 @@ struct Zspage {
     committed: u32,
     /// Some byte of the run was written since it was taken from the arena.
     touched: bool,
-    /// Objects freed since and not reused (a stack).
-    free: Vec<u16>,
-    /// Handle slot of each object, `FREE` when the object is not in use.
+    /// Top of the stack of objects freed and not reused (linked through
+    /// `owner`), or `NO_OBJ`.
+    free_head: u32,
+    /// Handle slot of each object in use; `FREE_BIT` plus the next freed
+    /// object for a freed one; `FREE` for one never handed out.
     owner: Vec<u32>,
     /// Fullness group and position in it (for O(1) removal).
     group: u8,
     group_pos: u32,
+}
+
+impl Zspage {
+    fn pop_free(&mut self) -> Option<u16> {
+        if self.free_head == NO_OBJ {
+            return None;
+        }
+        let obj = self.free_head;
+        self.free_head = self.owner[obj as usize] & !FREE_BIT;
+        Some(obj as u16)
+    }
+
+    fn push_free(&mut self, obj: u16) {
+        self.owner[obj as usize] = FREE_BIT | self.free_head;
+        self.free_head = u32::from(obj);
+    }
+
+    /// The freed objects, top of the stack first (at most
+    /// `owner.len()`, even if the links were damaged).
+    fn freed(&self) -> impl Iterator<Item = u32> + '_ {
+        let first = (self.free_head != NO_OBJ).then_some(self.free_head);
+        std::iter::successors(first, |&o| {
+            let next = self.owner.get(o as usize)? & !FREE_BIT;
+            (next != NO_OBJ).then_some(next)
+        })
+        .take(self.owner.len())
+    }
+}
+
+fn is_free(owner: u32) -> bool {
+    owner & FREE_BIT != 0
 }
 
 struct ClassInner {
@@ -177,10 +221,10 @@ struct ClassInner {
     live_zspages: u64,
     /// Σ committed over the class's zspages.
     pages_committed: u64,
-    /// The `free` and `owner` vectors of zspages that emptied, kept (up to
-    /// `SPARE_VECS`) for the next zspage: emptying a pool in order would
-    /// otherwise allocate and free both, and grow `free`, per zspage.
-    spare: Vec<(Vec<u16>, Vec<u32>)>,
+    /// The `owner` vectors of zspages that emptied (all `FREE` again),
+    /// kept (up to `SPARE_VECS`) for the next zspage: emptying a pool in
+    /// order would otherwise allocate and free one per zspage.
+    spare: Vec<Vec<u32>>,
 }
 
 /// Zspage vectors a class keeps for reuse.
@@ -648,7 +692,7 @@ impl Shared {
         let zp = inner.zspages[zid as usize]
             .as_mut()
             .expect("caller picked a live zspage");
-        let obj = match zp.free.pop() {
+        let obj = match zp.pop_free() {
             Some(o) => o,
             None => {
                 let o = zp.fresh;
@@ -668,7 +712,7 @@ impl Shared {
 
     /// Pages that taking one more object in `zid` would commit.
     fn growth(class: &Class, zp: &Zspage) -> u64 {
-        if zp.free.is_empty() {
+        if zp.free_head == NO_OBJ {
             (class.pages_for(zp.fresh as usize + 1) - zp.committed as usize) as u64
         } else {
             0
@@ -733,20 +777,18 @@ impl Shared {
     /// Makes an empty zspage (no page committed yet) in group 0.
     fn new_zspage(&self, class: &Class, inner: &mut ClassInner) -> Result<u32, Error> {
         let base = self.shard(class).arena.alloc_run(class.pages_per_zspage)?;
-        let (free, owner) = inner.spare.pop().unwrap_or_else(|| {
-            (
-                Vec::with_capacity(class.objs_per_zspage),
-                vec![FREE; class.objs_per_zspage],
-            )
-        });
-        debug_assert!(free.is_empty() && owner.iter().all(|&o| o == FREE));
+        let owner = inner
+            .spare
+            .pop()
+            .unwrap_or_else(|| vec![FREE; class.objs_per_zspage]);
+        debug_assert!(owner.iter().all(|&o| o == FREE));
         let zp = Zspage {
             base,
             inuse: 0,
             fresh: 0,
             committed: 0,
             touched: false,
-            free,
+            free_head: NO_OBJ,
             owner,
             group: 0,
             group_pos: inner.groups[0].len() as u32,
@@ -823,6 +865,21 @@ impl Shared {
         self.release_obj(class, inner, loc.zspage, loc.obj)
     }
 
+    /// Frees the located object, posts the class to the compactor if it
+    /// crossed the watermark, drops the class lock and gives back the
+    /// zspage if it emptied.
+    fn free_and_unlock(
+        &self,
+        class: &Class,
+        mut inner: impl std::ops::DerefMut<Target = ClassInner>,
+        loc: &Located,
+    ) {
+        let run = self.free_locked(class, &mut inner, loc);
+        self.maybe_post(class, &inner);
+        drop(inner);
+        self.give_back(class, run);
+    }
+
     /// Marks object `obj` of zspage `zid` free; frees the zspage if it
     /// became empty, returning its run.
     fn release_obj(
@@ -833,8 +890,7 @@ impl Shared {
         obj: u16,
     ) -> Option<EmptyRun> {
         let zp = inner.zspages[zid as usize].as_mut().expect("live zspage");
-        zp.owner[obj as usize] = FREE;
-        zp.free.push(obj);
+        zp.push_free(obj);
         zp.inuse -= 1;
         let inuse = zp.inuse as usize;
         if inuse == 0 {
@@ -848,10 +904,11 @@ impl Shared {
             Self::unlink(inner, g, pos);
             let zp = inner.zspages[zid as usize].take().expect("live zspage");
             if inner.spare.len() < SPARE_VECS {
-                // Empty: `owner` is all FREE again; `free` is cleared.
-                let mut free = zp.free;
-                free.clear();
-                inner.spare.push((free, zp.owner));
+                // Empty: unlink the free stack (objects past `fresh` are
+                // FREE already).
+                let mut owner = zp.owner;
+                owner[..zp.fresh as usize].fill(FREE);
+                inner.spare.push(owner);
             }
             inner.free_zspage_ids.push(zid);
             inner.live_zspages -= 1;
@@ -888,8 +945,12 @@ impl Shared {
             let mut st = self.compactor.state.lock();
             if !st.stop && st.releases.len() < MAX_QUEUED_RELEASES {
                 st.releases.push((shard, b));
-                // Asleep, or batches coming faster than it looks: wake it.
-                let wake = st.idle || st.releases.len() >= MAX_QUEUED_RELEASES / 2;
+                // Asleep, or batches coming faster than it looks (one slot
+                // left before freeing threads release their own): wake it.
+                // A lingering thread finds the others within a tick, and a
+                // wake-up costs the freeing thread more than a batch's worth
+                // of loads (futex, and an IPI to the other CPU).
+                let wake = st.idle || st.releases.len() >= MAX_QUEUED_RELEASES - 1;
                 drop(st);
                 if wake {
                     self.compactor.wake.notify_one();
@@ -976,13 +1037,12 @@ impl Shared {
             return 0;
         }
         let mut holes: Vec<u16> = zp
-            .free
-            .iter()
-            .copied()
+            .freed()
             .filter(|&o| (o as usize) < inuse)
+            .map(|o| o as u16)
             .collect();
         let movers: Vec<u16> = (inuse..zp.fresh as usize)
-            .filter(|&o| zp.owner[o] != FREE)
+            .filter(|&o| !is_free(zp.owner[o]))
             .map(|o| o as u16)
             .collect();
         debug_assert_eq!(holes.len(), movers.len());
@@ -1008,7 +1068,9 @@ impl Shared {
             }
         }
         let zp = inner.zspages[zid as usize].as_mut().expect("live zspage");
-        zp.free.clear();
+        // Objects below `inuse` are all in use now; the rest become fresh.
+        zp.owner[inuse..zp.fresh as usize].fill(FREE);
+        zp.free_head = NO_OBJ;
         zp.fresh = inuse as u32;
         let released = zp.committed as usize - keep;
         // SAFETY: pages keep..committed of the run hold no object any more
@@ -1052,7 +1114,7 @@ impl Shared {
                 let obj = src_zp
                     .owner
                     .iter()
-                    .rposition(|&o| o != FREE)
+                    .rposition(|&o| !is_free(o))
                     .expect("a live zspage holds an object") as u16;
                 run = self.move_obj(class, &mut inner, src, obj, dst);
                 report.objects_moved += 1;
@@ -1119,13 +1181,34 @@ impl Zpool for ZsPool {
     fn free(&self, handle: Handle) -> Result<usize, Error> {
         let sh = &*self.shared;
         let (class, gen, slot) = sh.class_of(handle)?;
-        let mut inner = class.inner.write();
+        let inner = class.inner.write();
         let loc = Shared::locate(&inner, handle, gen, slot)?;
-        let run = sh.free_locked(class, &mut inner, &loc);
-        sh.maybe_post(class, &inner);
-        drop(inner);
-        sh.give_back(class, run);
+        sh.free_and_unlock(class, inner, &loc);
         Ok(loc.size)
+    }
+
+    /// One exclusive lock round for the read and the free: `f` runs under
+    /// the class lock held exclusively (so other objects of the class in
+    /// this shard wait for it, as they would for a free), and the metadata
+    /// it found stays in the CPU's cache for the free.
+    fn map_read_free(
+        &self,
+        handle: Handle,
+        f: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> Result<bool, Error> {
+        let sh = &*self.shared;
+        let (class, gen, slot) = sh.class_of(handle)?;
+        let inner = class.inner.write();
+        let loc = Shared::locate(&inner, handle, gen, slot)?;
+        let ptr = Shared::obj_ptr(class, &inner, loc.zspage, loc.obj);
+        // SAFETY: the object's loc.size bytes lie in a live zspage, and the
+        // exclusive class lock keeps them unchanged until `f` returns.
+        let obj = unsafe { std::slice::from_raw_parts(ptr, loc.size) };
+        if !f(obj) {
+            return Ok(false);
+        }
+        sh.free_and_unlock(class, inner, &loc);
+        Ok(true)
     }
 
     fn object_size(&self, handle: Handle) -> Result<usize, Error> {
@@ -1258,13 +1341,10 @@ impl Zpool for ZsPool {
                 + inner.free_zspage_ids.capacity() * 4
                 + inner.zspages.capacity() * std::mem::size_of::<Option<Zspage>>()
                 + inner.groups.iter().map(|g| g.capacity() * 4).sum::<usize>()
-                + inner
-                    .spare
-                    .iter()
-                    .map(|(f, o)| f.capacity() * 2 + o.capacity() * 4)
-                    .sum::<usize>()) as u64;
+                + inner.spare.iter().map(|o| o.capacity() * 4).sum::<usize>())
+                as u64;
             for zp in inner.zspages.iter().flatten() {
-                meta += (zp.owner.capacity() * 4 + zp.free.capacity() * 2) as u64;
+                meta += (zp.owner.capacity() * 4) as u64;
             }
         }
         st.classes = rows.into_iter().filter(|r| r.pages_used > 0).collect();
@@ -1312,7 +1392,7 @@ impl Zpool for ZsPool {
             for (zid, zp) in inner.zspages.iter().enumerate() {
                 let Some(zp) = zp else { continue };
                 live += 1;
-                let owned = zp.owner.iter().filter(|&&o| o != FREE).count();
+                let owned = zp.owner.iter().filter(|&&o| !is_free(o)).count();
                 if owned != zp.inuse as usize || zp.inuse == 0 {
                     return Err(format!(
                         "{name}: zspage {zid} inuse {} but {owned} owned objects",
@@ -1339,11 +1419,17 @@ impl Zpool for ZsPool {
                         return Err(format!("{name}: zspage {zid} was written but not marked"));
                     }
                 }
-                if zp.inuse as usize + zp.free.len() + (objs - zp.fresh as usize) != objs {
+                let freed = zp.freed().count();
+                if zp.inuse as usize + freed + (objs - zp.fresh as usize) != objs {
                     return Err(format!("{name}: zspage {zid} object counts do not add up"));
                 }
-                for &f in &zp.free {
-                    if zp.owner[f as usize] != FREE || u32::from(f) >= zp.fresh {
+                if zp.owner[zp.fresh as usize..].iter().any(|&o| o != FREE) {
+                    return Err(format!(
+                        "{name}: zspage {zid} has an object past fresh that is not FREE"
+                    ));
+                }
+                for f in zp.freed() {
+                    if f >= zp.fresh || !is_free(zp.owner[f as usize]) {
                         return Err(format!("{name}: zspage {zid} free object {f} is in use"));
                     }
                     // SAFETY: f < fresh, so the slot lies in committed memory
@@ -1367,7 +1453,7 @@ impl Zpool for ZsPool {
                     return Err(format!("{name}: zspage {zid} is not in fullness group {g}"));
                 }
                 for (o, &slot) in zp.owner.iter().enumerate() {
-                    if slot == FREE {
+                    if is_free(slot) {
                         continue;
                     }
                     let s = inner

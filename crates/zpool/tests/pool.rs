@@ -49,6 +49,8 @@ enum Op {
     Free(usize),
     Write(usize, u64),
     Read(usize),
+    /// `map_read_free`, its reader saying to free the object or not.
+    ReadFree(usize, bool),
     UseStale,
     Compact,
 }
@@ -69,6 +71,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => any::<usize>().prop_map(Op::Free),
         1 => (any::<usize>(), any::<u64>()).prop_map(|(i, s)| Op::Write(i, s)),
         1 => any::<usize>().prop_map(Op::Read),
+        2 => (any::<usize>(), any::<bool>()).prop_map(|(i, free)| Op::ReadFree(i, free)),
         1 => Just(Op::UseStale),
         1 => Just(Op::Compact),
     ]
@@ -100,6 +103,23 @@ fn run_model(kind: AllocatorKind, ops: &[Op]) {
                 let (h, data) = &live[i % live.len()];
                 check_object(&*p, *h, data);
             }
+            Op::ReadFree(i, free) if !live.is_empty() => {
+                let i = i % live.len();
+                let mut seen = Vec::new();
+                let freed = p
+                    .map_read_free(live[i].0, &mut |b| {
+                        seen.extend_from_slice(b);
+                        free
+                    })
+                    .unwrap();
+                assert_eq!(seen, live[i].1, "map_read_free() showed other bytes");
+                assert_eq!(freed, free, "freed exactly when the reader said so");
+                if free {
+                    stale.push(live.swap_remove(i).0);
+                } else {
+                    check_object(&*p, live[i].0, &live[i].1);
+                }
+            }
             Op::UseStale => {
                 // A freed handle is refused, unless its slot was reused by a
                 // live object with the same bits (impossible: gen bumps).
@@ -107,6 +127,15 @@ fn run_model(kind: AllocatorKind, ops: &[Op]) {
                     if !live.iter().any(|(l, _)| l == h) {
                         assert!(matches!(p.object_size(*h), Err(Error::StaleHandle(_))));
                         assert!(matches!(p.free(*h), Err(Error::StaleHandle(_))));
+                        let mut called = false;
+                        assert!(matches!(
+                            p.map_read_free(*h, &mut |_| {
+                                called = true;
+                                true
+                            }),
+                            Err(Error::StaleHandle(_))
+                        ));
+                        assert!(!called, "a stale handle's reader never runs");
                     }
                 }
             }
