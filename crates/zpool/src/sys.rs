@@ -13,7 +13,11 @@
 //!   back in one `process_madvise` call (runs adjacent in memory merged).
 //!   Measured here, `madvise` of a 4-page run costs about 4 µs, most of it
 //!   per call (entry, TLB flush); one call per batch of 16 such runs costs
-//!   about half per run. `free_run` hands the full batch to its caller,
+//!   about half per run. And a release made by another thread than the one
+//!   using the pool costs that thread a TLB-shootdown interrupt per call (a
+//!   VM exit here): batches of 256 pages rather than 64 raised exclusive
+//!   loads on machine code from 0.89 to 0.91 of the raw decompressor
+//!   (docs/BENCHMARKS.md). `free_run` hands the full batch to its caller,
 //!   which releases it at once ([`PageArena::release`]) or has a background
 //!   thread do it (zsmalloc's compactor), off the path that freed the
 //!   object. So at most `RELEASE_BATCH_PAGES` pages per arena, plus the
@@ -43,8 +47,10 @@ const CHUNK_BYTES: usize = 256 << 20;
 
 /// Freed pages an arena collects before releasing them in one call (two
 /// under the model checker, so that its small scenarios hand batches to the
-/// background thread too).
-pub const RELEASE_BATCH_PAGES: usize = if cfg!(feature = "shuttle") { 2 } else { 64 };
+/// background thread too). At most this many pages (1 MiB) per arena stay
+/// resident after their objects were freed, until the batch fills or
+/// `flush` runs; see the module documentation for why not fewer.
+pub const RELEASE_BATCH_PAGES: usize = if cfg!(feature = "shuttle") { 2 } else { 256 };
 
 /// Freed runs waiting to be given back to the kernel together. Obtained
 /// from [`PageArena::free_run`], and must be passed to
@@ -303,7 +309,7 @@ unsafe fn release(addr: NonNull<u8>, len: usize) {
 }
 
 /// Gives the pages of every run back to the kernel, runs adjacent in memory
-/// merged, in one `process_madvise` call per 64 ranges where the kernel
+/// merged, in one `process_madvise` call per 256 ranges (a batch) where the kernel
 /// allows it for the calling process (Linux 6.13 and later), else in one
 /// `madvise` per range. Sorts `runs` by address. Allocates nothing, so a
 /// forked child may call it whatever the parent's threads held.
@@ -312,7 +318,7 @@ unsafe fn release(addr: NonNull<u8>, len: usize) {
 /// Every run must be page-aligned memory of a private anonymous mapping that
 /// nobody reads or writes concurrently.
 unsafe fn release_runs(runs: &mut [(usize, usize)]) {
-    const IOVECS: usize = 64;
+    const IOVECS: usize = 256;
     runs.sort_unstable();
     let empty = libc::iovec {
         iov_base: std::ptr::null_mut(),

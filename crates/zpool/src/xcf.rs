@@ -31,7 +31,7 @@
 //!   does too (it fills holes). Leftovers that malloc skipped are what
 //!   compaction packs away.
 //! - A page whose blocks all become free is given back to the OS (in
-//!   batches of 64 pages, one system call each: see `sys.rs`).
+//!   batches of 256 pages, one system call each: see `sys.rs`).
 //!   Freed object bytes are zeroed if the object was ever written (an
 //!   object never written still reads as zeros), so a later object never
 //!   shows old data.
