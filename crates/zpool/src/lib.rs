@@ -33,7 +33,7 @@ pub mod xcf;
 pub mod zsmalloc;
 
 pub use stats::{ClassStats, CompactReport, PoolStats};
-pub use sys::{rss_bytes, PAGE_SIZE};
+pub use sys::{rss_bytes, PAGE_SIZE, RELEASE_BATCH_PAGES};
 pub use zsmalloc::{ZsConfig, ZsPool};
 
 use std::num::NonZeroU64;

@@ -426,7 +426,7 @@ fn stress_many_threads_with_compaction() {
 /// (xcf), and at most one batch per arena waits.
 #[test]
 fn freed_pages_are_released_without_compaction() {
-    const BATCH: u64 = 64;
+    const BATCH: u64 = uzswap_zpool::RELEASE_BATCH_PAGES as u64;
     for kind in kinds() {
         let p = pool(kind);
         let obj = pattern(5, 3000);
