@@ -48,8 +48,9 @@ const CHUNK_BYTES: usize = 256 << 20;
 /// Freed pages an arena collects before releasing them in one call (two
 /// under the model checker, so that its small scenarios hand batches to the
 /// background thread too). At most this many pages (1 MiB) per arena stay
-/// resident after their objects were freed, until the batch fills or
-/// `flush` runs; see the module documentation for why not fewer.
+/// resident after their objects were freed, until the batch fills or the
+/// pool is compacted. Fewer would cost more: each release call interrupts
+/// the CPUs running the pool's threads (a TLB shootdown).
 pub const RELEASE_BATCH_PAGES: usize = if cfg!(feature = "shuttle") { 2 } else { 256 };
 
 /// Freed runs waiting to be given back to the kernel together. Obtained

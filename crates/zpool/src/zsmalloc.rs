@@ -661,6 +661,18 @@ impl Shared {
         unsafe { zp.base.as_ptr().add(obj as usize * class.size) }
     }
 
+    /// The located object's bytes, borrowed from the class state: the
+    /// class lock (shared or exclusive) that gave `inner` stays held while
+    /// the slice lives, and everything that changes object bytes (write,
+    /// free, compaction) needs `&mut ClassInner`.
+    fn obj_bytes<'a>(class: &Class, inner: &'a ClassInner, loc: &Located) -> &'a [u8] {
+        let ptr = Self::obj_ptr(class, inner, loc.zspage, loc.obj);
+        // SAFETY: the object's loc.size bytes lie in committed memory of a
+        // live zspage, and the borrow of `inner` keeps them unchanged (see
+        // above) for the slice's lifetime.
+        unsafe { std::slice::from_raw_parts(ptr, loc.size) }
+    }
+
     fn shard(&self, class: &Class) -> &ShardState {
         &self.shard_state[self.shard_index(class)]
     }
@@ -1239,12 +1251,8 @@ impl Zpool for ZsPool {
         let (class, gen, slot) = sh.class_of(handle)?;
         let inner = class.inner.write();
         let loc = Shared::locate(&inner, handle, gen, slot)?;
-        let ptr = Shared::obj_ptr(class, &inner, loc.zspage, loc.obj);
-        // SAFETY: the object's loc.size bytes lie in a live zspage, and the
-        // exclusive class lock keeps them unchanged until `f` returns.
-        let obj = unsafe { std::slice::from_raw_parts(ptr, loc.size) };
         Shared::prefetch_free(class, &inner, &loc);
-        if !f(obj) {
+        if !f(Shared::obj_bytes(class, &inner, &loc)) {
             return Ok(false);
         }
         sh.free_and_unlock(class, inner, &loc);
@@ -1291,10 +1299,7 @@ impl Zpool for ZsPool {
                 what: "read() needs a buffer at least the object's size",
             });
         }
-        let ptr = Shared::obj_ptr(class, &inner, loc.zspage, loc.obj);
-        // SAFETY: ptr is this object's slot in a live zspage; the shared
-        // class lock excludes writers and compaction while we copy.
-        unsafe { std::ptr::copy_nonoverlapping(ptr, buf.as_mut_ptr(), loc.size) };
+        buf[..loc.size].copy_from_slice(Shared::obj_bytes(class, &inner, &loc));
         Ok(loc.size)
     }
 
@@ -1302,12 +1307,7 @@ impl Zpool for ZsPool {
         let (class, gen, slot) = self.shared.class_of(handle)?;
         let inner = class.inner.read();
         let loc = Shared::locate(&inner, handle, gen, slot)?;
-        let ptr = Shared::obj_ptr(class, &inner, loc.zspage, loc.obj);
-        // SAFETY: the object's loc.size bytes lie in a live zspage and stay
-        // unchanged while the shared class lock is held (writers, free and
-        // compaction take it exclusively), which lasts until `f` returns.
-        let obj = unsafe { std::slice::from_raw_parts(ptr, loc.size) };
-        f(obj);
+        f(Shared::obj_bytes(class, &inner, &loc));
         Ok(())
     }
 
