@@ -23,6 +23,12 @@ pub struct Args {
     /// compression; off: exclusive loads, as the kernel.
     #[arg(long, default_value = "on", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub keep_clean: bool,
+    /// Pay for the cache's index out of the budget (`PagerConfig::charge`),
+    /// as `uzswap run` pays for its heap: resident region pages plus the
+    /// index stay within the budget, the pool is outside it as the
+    /// kernel's zswap pool is outside a v1 memory cgroup's limit.
+    #[arg(long, default_value = "on", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
+    pub charge_index: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -48,6 +54,7 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         "passes": args.passes,
         "compressor": args.w.compressor,
         "keep_clean": args.keep_clean,
+        "charge_index": args.charge_index,
     });
     let ours = uzswap_run(args)?;
     let pass_kbps = ours["pass_kbps"].as_f64().unwrap_or(0.0);
@@ -117,10 +124,15 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
         backing: uzswap_cache::Backing::File(std::env::temp_dir()),
         ..uzswap_cache::CacheConfig::default()
     })?);
+    let charge = args.charge_index.then(|| {
+        let cache = cache.clone();
+        uzswap_region::Charge(Arc::new(move || cache.stats().index_bytes))
+    });
     let pager = Arc::new(uzswap_region::Pager::new(
         cache.clone(),
         uzswap_region::PagerConfig {
             keep_clean: args.keep_clean,
+            charge,
             ..uzswap_region::PagerConfig::new(args.w.budget_mib() << 8)
         },
     )?);

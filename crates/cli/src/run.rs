@@ -23,8 +23,9 @@ const PRELOAD_NAME: &str = "libuzswap_preload.so";
 /// What `uzswap run` was asked to do.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Resident budget of the program's heap and anonymous memory
-    /// (bytes, or with K, M, G).
+    /// Resident budget of the program's heap and anonymous memory plus
+    /// uzswap's own bookkeeping (its index and tables), bytes or with K, M,
+    /// G. The compressed pool is not in it: --pool-max caps that.
     #[arg(long, value_parser = parse_size)]
     pub memory_max: u64,
     /// Largest size of the compressed pool (default 20% of RAM); when
@@ -227,10 +228,14 @@ fn find_preload(explicit: Option<&Path>) -> Result<PathBuf> {
     }
     let exe = std::env::current_exe().context("cannot find this executable")?;
     let dir = exe.parent().unwrap_or(Path::new("/"));
-    for c in [dir.join(PRELOAD_NAME), dir.join("deps").join(PRELOAD_NAME)] {
-        if c.is_file() {
-            return Ok(c);
-        }
+    // Both exist after a workspace build; a build of the `uzswap` package
+    // alone refreshes only deps/, so the newer one is the current one.
+    let newest = [dir.join(PRELOAD_NAME), dir.join("deps").join(PRELOAD_NAME)]
+        .into_iter()
+        .filter_map(|c| Some((std::fs::metadata(&c).ok()?.modified().ok()?, c)))
+        .max_by_key(|(t, _)| *t);
+    if let Some((_, c)) = newest {
+        return Ok(c);
     }
     bail!(
         "{PRELOAD_NAME} not found next to {} or in its deps/: {remedy}",

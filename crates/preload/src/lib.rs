@@ -622,6 +622,12 @@ fn start() -> Result<(), String> {
     let cache = Arc::new(Cache::new(cache_cfg).map_err(|e| e.to_string())?);
     let mut pcfg = PagerConfig::new(budget_pages);
     pcfg.thread_start = Some(mark_thread_internal);
+    // The budget pays for the runtime's own heap (the cache index, the
+    // pager's tables), as a memory cgroup pays for the kernel's
+    // allocations on a task's behalf; the pool is capped apart.
+    pcfg.charge = Some(uzswap_region::Charge(Arc::new(|| {
+        stats::runtime_heap_bytes().1
+    })));
     let keep_clean = match std::env::var("UZSWAP_KEEP_CLEAN").as_deref() {
         Ok("1") => true,
         Err(_) | Ok("0") => false,

@@ -30,12 +30,20 @@ pub fn socket_name(pid: u32) -> String {
 /// pager's tables and every other allocation of the runtime): bytes in use
 /// and bytes glibc holds from the OS for it.
 fn runtime_heap() -> Value {
+    let (in_use, held) = runtime_heap_bytes();
+    json!({
+        "in_use_bytes": in_use,
+        "held_bytes": held,
+    })
+}
+
+/// `(in use, held)` bytes of the runtime's heap. What glibc holds is what
+/// the budget pays for (`PagerConfig::charge`): the pool's pages are mapped
+/// apart and capped by `--pool-max` instead.
+pub fn runtime_heap_bytes() -> (u64, u64) {
     // SAFETY: mallinfo2 only reads the allocator's counters.
     let m = unsafe { libc::mallinfo2() };
-    json!({
-        "in_use_bytes": m.uordblks + m.hblkhd,
-        "held_bytes": m.arena + m.hblkhd,
-    })
+    ((m.uordblks + m.hblkhd) as u64, (m.arena + m.hblkhd) as u64)
 }
 
 /// Everything the runtime can report, as one JSON object.

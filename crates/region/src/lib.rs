@@ -8,7 +8,13 @@
 //! - **area**: a region's id; the store's keys are `(area, page index)`.
 //! - **resident**: a page that may be mapped (states `Dirty`, `Clean`,
 //!   `Evicting`, `EvictAborted`, `Discarding` of [`PageState`]). The pager
-//!   keeps `resident ≤ budget` for all its regions together.
+//!   keeps `resident ≤ limit` for all its regions together.
+//! - **limit**: the budget less the *charge*, memory outside the regions
+//!   that the budget pays for (`PagerConfig::charge`: `uzswap run` charges
+//!   its own heap, as a memory cgroup charges the kernel's allocations for
+//!   a task); never below a quarter of the budget. Without a charge the
+//!   limit is the budget. The evictor reads the charge every 10 ms
+//!   (`CHARGE_PERIOD`), also while nothing faults.
 //! - **store**: where evicted pages go ([`PageStore`]; the real one is
 //!   `uzswap_cache::Cache`, [`MemStore`] serves tests).
 //! - **parked fault**: a fault on a page the evictor is working on; the
@@ -67,7 +73,7 @@
 //!   retried after the next read. Events can be read after faults that
 //!   follow them causally; the page states make each step idempotent.
 //! - **budget full**: a fault that would map a page with `resident ≥
-//!   budget` is deferred (the thread stays blocked) until the evictor has
+//!   limit` is deferred (the thread stays blocked) until the evictor has
 //!   made room; it signals the handler's eventfd. One exception: a page
 //!   claimed by the eviction batch in flight that the program discarded
 //!   meanwhile is served at once, because the faulting thread is then the
@@ -90,8 +96,8 @@
 //! rather than `UFFD_FEATURE_SIGBUS` mode, which fails them with EFAULT.
 //!
 //! # Eviction: write-protect before copy (evictor thread)
-//! The evictor sleeps until `resident > budget − margin` and then evicts in
-//! batches until `resident ≤ budget − 2·margin` (margin = budget/32, 2..256),
+//! The evictor sleeps until `resident > limit − margin` and then evicts in
+//! batches until `resident ≤ limit − 2·margin` (margin = budget/32, 2..256),
 //! so faults rarely find the budget full. A batch (64 pages) is sorted by
 //! address, and steps 2, 3 and 5 act on runs of adjacent victims with one
 //! call per run: each `MADV_DONTNEED` is a round trip through the handler
@@ -172,7 +178,9 @@ pub mod stats;
 pub mod store;
 pub mod sys;
 
-pub use pager::{PageState, Pager, PagerConfig, PagerError, RegionError, VictimPolicy};
+pub use pager::{
+    Charge, PageState, Pager, PagerConfig, PagerError, RegionError, VictimPolicy, CHARGE_PERIOD,
+};
 pub use region::Region;
 pub use stats::{LatencySummary, PagerStats};
 pub use store::{LoadError, LoadMode, Loaded, MemStore, PageStore, StoreError, StoreStats, Stored};

@@ -67,6 +67,14 @@ pub struct PagerConfig {
     /// Called first on each helper thread the pager starts (the handler
     /// and the evictor), e.g. to mark them as the runtime's own threads.
     pub thread_start: Option<fn()>,
+    /// Memory outside the regions that the budget pays for, in bytes (the
+    /// store's index, the host's own heap, ...), read by the evictor about
+    /// every [`CHARGE_PERIOD`]: the pages resident in regions are then kept
+    /// within `budget_pages` minus that, as a memory cgroup charges the
+    /// kernel's own allocations for a task to its limit. The regions keep
+    /// at least a quarter of the budget whatever the charge. `None`: the
+    /// budget is for region pages alone.
+    pub charge: Option<Charge>,
     /// Test hook: pretend userfaultfd(2) failed with this errno and
     /// /dev/userfaultfd with EACCES.
     #[doc(hidden)]
@@ -85,8 +93,24 @@ impl PagerConfig {
             fork_prefault: true,
             keep_clean: true,
             thread_start: None,
+            charge: None,
             inject_open_errno: None,
         }
+    }
+}
+
+/// How often the evictor reads [`PagerConfig::charge`].
+pub const CHARGE_PERIOD: Duration = Duration::from_millis(10);
+
+/// A reading of memory the budget pays for (see [`PagerConfig::charge`]).
+/// It runs on the evictor thread with no pager lock held, and must not
+/// touch region memory.
+#[derive(Clone)]
+pub struct Charge(pub Arc<dyn Fn() -> u64 + Send + Sync>);
+
+impl std::fmt::Debug for Charge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Charge(..)")
     }
 }
 
@@ -238,6 +262,9 @@ struct State {
     /// The store refused the last whole batch: faults are not held back by
     /// the budget until a store succeeds (holding them would wait forever).
     store_full: bool,
+    /// Pages resident in regions may reach this: the budget less what
+    /// `PagerConfig::charge` reported (never below a quarter of it).
+    limit: usize,
 }
 
 pub(crate) struct Shared {
@@ -256,8 +283,8 @@ pub(crate) struct Shared {
     throttled: AtomicBool,
     wake: sys::EventFd,
     pid: i32,
-    start_threshold: usize,
-    stop_threshold: usize,
+    /// Eviction starts at `limit - margin` and stops at `limit - 2·margin`.
+    margin: usize,
 }
 
 /// Owns the helper threads; the last `Pager` or `Region` handle stops them.
@@ -384,12 +411,10 @@ impl Pager {
         }
         let uffd = Uffd::open(feature::POISON, cfg.inject_open_errno)?;
         let wake = sys::EventFd::new().map_err(PagerError::Start)?;
-        let margin = (cfg.budget_pages / 32).clamp(2, 256);
         let sh = Arc::new(Shared {
             uffd,
             store,
-            start_threshold: cfg.budget_pages - margin,
-            stop_threshold: cfg.budget_pages - 2 * margin,
+            margin: (cfg.budget_pages / 32).clamp(2, 256),
             state: Mutex::new(State {
                 areas: HashMap::new(),
                 segs: BTreeMap::new(),
@@ -402,12 +427,14 @@ impl Pager {
                 next_area: 1,
                 stats: PagerStats {
                     budget_pages: cfg.budget_pages as u64,
+                    limit_pages: cfg.budget_pages as u64,
                     ..PagerStats::default()
                 },
                 lat_store: Histogram::default(),
                 lat_zero: Histogram::default(),
                 lat_copy: Histogram::default(),
                 store_full: false,
+                limit: cfg.budget_pages,
             }),
             cfg,
             work_cv: Condvar::new(),
@@ -418,6 +445,9 @@ impl Pager {
             wake,
             pid: sys::getpid(),
         });
+        // The first reading before any region exists, so that no fault is
+        // served against the whole budget.
+        sh.recharge();
         let owner = Arc::new(Owner {
             sh: sh.clone(),
             threads: Mutex::new(Vec::new()),
@@ -892,7 +922,7 @@ impl Shared {
                 Outcome::Done
             }
             PageState::Absent => {
-                if s.resident >= self.cfg.budget_pages && !m.claimed && !s.store_full {
+                if s.resident >= s.limit && !m.claimed && !s.store_full {
                     if !f.retried {
                         s.stats.faults_throttled += 1;
                     }
@@ -963,7 +993,7 @@ impl Shared {
         page: u64,
         buf: &mut PageBuf,
     ) -> Outcome {
-        let mut free = self.cfg.budget_pages.saturating_sub(s.resident);
+        let mut free = s.limit.saturating_sub(s.resident);
         if s.store_full {
             free = free.max(1); // the budget is soft (see `store_full`)
         }
@@ -1052,8 +1082,7 @@ impl Shared {
         }
         // Account for what was mapped.
         let distance = s.evict_clock.wrapping_sub(s.meta(area, page).evicted_at) as usize;
-        let activate =
-            self.cfg.policy == VictimPolicy::Workingset && distance <= self.cfg.budget_pages;
+        let activate = self.cfg.policy == VictimPolicy::Workingset && distance <= s.limit;
         s.stats.refaults += 1;
         if activate {
             s.stats.refaults_activated += 1;
@@ -1088,9 +1117,34 @@ impl Shared {
 
     /// Wakes the evictor when the resident set nears the budget.
     fn kick(&self, s: &State) {
-        if s.resident > self.start_threshold {
+        if s.resident > self.start_threshold(s) {
             self.work_cv.notify_one();
         }
+    }
+
+    /// Resident pages at which eviction starts.
+    fn start_threshold(&self, s: &State) -> usize {
+        s.limit.saturating_sub(self.margin)
+    }
+
+    /// Resident pages at which eviction stops.
+    fn stop_threshold(&self, s: &State) -> usize {
+        s.limit.saturating_sub(2 * self.margin)
+    }
+
+    /// Reads the charge (if any) and moves the limit. Called by the
+    /// evictor without the state lock.
+    fn recharge(&self) {
+        let Some(Charge(f)) = &self.cfg.charge else {
+            return;
+        };
+        let bytes = f();
+        let budget = self.cfg.budget_pages;
+        let charged = (bytes.div_ceil(PAGE_SIZE as u64) as usize).min(budget - budget / 4);
+        let mut s = self.state.lock();
+        s.limit = budget - charged;
+        s.stats.charged_bytes = bytes;
+        s.stats.limit_pages = s.limit as u64;
     }
 
     /// Clears write protection from the handler. EAGAIN (an event is
@@ -1188,14 +1242,29 @@ impl Shared {
     // ---- evictor ----------------------------------------------------------
 
     fn evictor_loop(self: Arc<Self>) {
+        let charging = self.cfg.charge.is_some();
+        let mut charged_at = Instant::now();
         loop {
-            {
-                let mut s = self.state.lock();
-                while !self.shutdown.load(Ordering::Relaxed) && s.resident <= self.start_threshold {
-                    self.work_cv.wait(&mut s);
+            loop {
+                {
+                    let mut s = self.state.lock();
+                    if self.shutdown.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    if s.resident > self.start_threshold(&s) {
+                        break;
+                    }
+                    if !charging {
+                        self.work_cv.wait(&mut s);
+                        continue;
+                    }
+                    // A charge can grow while nothing faults: look again
+                    // at the next reading.
+                    self.work_cv.wait_until(&mut s, charged_at + CHARGE_PERIOD);
                 }
-                if self.shutdown.load(Ordering::Relaxed) {
-                    return;
+                if charged_at.elapsed() >= CHARGE_PERIOD {
+                    self.recharge();
+                    charged_at = Instant::now();
                 }
             }
             {
@@ -1217,11 +1286,15 @@ impl Shared {
                 }
             }
             loop {
+                if charging && charged_at.elapsed() >= CHARGE_PERIOD {
+                    self.recharge();
+                    charged_at = Instant::now();
+                }
                 self.gate.lock();
                 let n = {
                     let s = self.state.lock();
                     s.resident
-                        .saturating_sub(self.stop_threshold)
+                        .saturating_sub(self.stop_threshold(&s))
                         .min(self.cfg.evict_batch)
                 };
                 let gone = if n > 0 {

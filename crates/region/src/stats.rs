@@ -164,6 +164,12 @@ pub struct PagerStats {
     pub stored_pages: u64,
     /// The budget in pages.
     pub budget_pages: u64,
+    /// What `PagerConfig::charge` last reported (bytes the budget pays
+    /// for outside the regions); 0 without a charge.
+    pub charged_bytes: u64,
+    /// Pages the regions may hold now: the budget less the charge (at
+    /// least a quarter of the budget).
+    pub limit_pages: u64,
     /// Handler service time of missing faults served from the store: from
     /// reading the message to the faulting page being mapped (its
     /// readahead followers are mapped after that). The faulting thread

@@ -3,6 +3,7 @@
 //! brings back the pages of every pager in the process.
 
 mod basic;
+mod charge;
 mod common;
 mod discard;
 mod full;

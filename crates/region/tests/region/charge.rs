@@ -1,0 +1,57 @@
+use crate::common::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use uzswap_region::{Charge, PagerConfig};
+
+/// Memory the host reports through `PagerConfig::charge` comes out of the
+/// budget: region pages are kept within what is left, the limit follows
+/// the charge while nothing faults, and never falls below a quarter of the
+/// budget. Every page keeps its contents throughout.
+#[test]
+fn charged_memory_comes_out_of_the_budget() {
+    let charged = Arc::new(AtomicU64::new(96 * PAGE as u64));
+    let reading = charged.clone();
+    let (pager, _store) = pager_with(PagerConfig {
+        charge: Some(Charge(Arc::new(move || reading.load(Ordering::Relaxed)))),
+        ..PagerConfig::new(256)
+    });
+    let r = pager.region(1024 * PAGE).unwrap();
+    let base = r.as_ptr();
+    for p in 0..1024 {
+        fill(page_mut(base, p), p, 1);
+    }
+    let st = pager.stats();
+    assert_eq!((st.charged_bytes, st.limit_pages), (96 * PAGE as u64, 160));
+    assert!(st.peak_resident_pages <= 160, "{st:?}");
+    assert!(r.mincore_resident().unwrap() <= 160);
+
+    // The charge grows while the program is idle: the evictor notices it
+    // without a fault to wake it.
+    charged.store(150 * PAGE as u64, Ordering::Relaxed);
+    let settled = |limit: u64| {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < end {
+            let st = pager.stats();
+            if st.limit_pages == limit && st.resident_pages <= limit {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        false
+    };
+    assert!(settled(106), "{:?}", pager.stats());
+    assert!(r.mincore_resident().unwrap() <= 106);
+
+    // A charge above three quarters of the budget leaves the regions a
+    // quarter of it.
+    charged.store(1 << 30, Ordering::Relaxed);
+    assert!(settled(64), "{:?}", pager.stats());
+    let mut want = vec![0u8; PAGE];
+    for p in (0..1024).rev() {
+        fill(&mut want, p, 1);
+        assert_eq!(page_mut(base, p), &want[..], "page {p}");
+    }
+    assert!(pager.stats().peak_resident_pages <= 160);
+    assert!(r.mincore_resident().unwrap() <= 64);
+    pager.check_invariants().unwrap();
+}
