@@ -9,6 +9,7 @@
 //! charged to the cgroup). The corpus the program checks against is a
 //! read-only file mapping on both sides, charged to neither.
 
+use crate::bench_cache::median;
 use crate::corpus::DataKind;
 use crate::kernel::{measure_in_cgroup, note, KernelSwap};
 use crate::run::TempDir;
@@ -33,6 +34,12 @@ pub struct Args {
     /// Only the uzswap side (no root needed).
     #[arg(long)]
     pub skip_kernel: bool,
+    /// Rounds of both sides, the order alternating (uzswap first in odd
+    /// rounds, the kernel in even ones); the ratios reported are the
+    /// medians of the rounds' ratios, with their range. One round moves
+    /// by ±10 % on a shared VM.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub rounds: u32,
     #[arg(long)]
     pub json: bool,
 }
@@ -210,22 +217,6 @@ fn kernel_side(args: &Args, w: &Workload) -> Result<Value> {
 pub fn run(args: &Args) -> Result<Value> {
     let w = prepare(args.w.data, args.w.mib())?;
     note(&format!("data: {}", w.source));
-    note(&format!(
-        "uzswap run --memory-max {}M -- usemem {} MiB, {} passes, {:?} ...",
-        args.w.budget_mib(),
-        args.w.mib(),
-        args.passes,
-        args.w.pattern
-    ));
-    let ours = uzswap_side(args, &w)?;
-    note(&format!(
-        "uzswap: fill {:.0} KB/s, pass {:.0} KB/s, corrupt {}, peak memory {} B, fault p50 {} us",
-        ours["fill_kbps"].as_f64().unwrap_or(0.0),
-        ours["pass_kbps"].as_f64().unwrap_or(0.0),
-        ours["corrupt_pages"],
-        ours["peak_memory_bytes"],
-        ours["fault_p50_us"]
-    ));
     let mut out = json!({
         "benchmark": "run",
         "workload": "workloads/usemem.c (the same binary on both sides)",
@@ -235,45 +226,171 @@ pub fn run(args: &Args) -> Result<Value> {
         "pattern": args.w.pattern,
         "passes": args.passes,
         "compressor": args.w.compressor,
-        "corrupt_pages": ours["corrupt_pages"],
-        "pass_kbps": ours["pass_kbps"],
-        "peak_memory_bytes": ours["peak_memory_bytes"],
-        "uzswap": ours,
+        "rounds": args.rounds,
     });
-    if args.skip_kernel {
-        return Ok(out);
+    let mut rounds = Vec::new();
+    let mut kernel_error = None;
+    for i in 0..args.rounds {
+        if args.rounds > 1 {
+            note(&format!("round {} of {}", i + 1, args.rounds));
+        }
+        let with_kernel = !args.skip_kernel && kernel_error.is_none();
+        // Alternating the order spreads a drift of the machine over both.
+        let kernel_first = with_kernel && i % 2 == 1;
+        let mut k = None;
+        if kernel_first {
+            k = Some(noted_kernel_side(args, &w));
+        }
+        let ours = noted_uzswap_side(args, &w)?;
+        if with_kernel && !kernel_first {
+            k = Some(noted_kernel_side(args, &w));
+        }
+        let k = match k {
+            Some(Err(e)) => {
+                // Reported, not allowed to discard uzswap's figures; no
+                // further kernel runs on a machine where one failed.
+                kernel_error = Some(format!("{e:#}"));
+                None
+            }
+            Some(Ok(k)) => Some(k),
+            None => None,
+        };
+        rounds.push(round(ours, k));
     }
+    let summary = summarize(rounds);
+    for (key, v) in summary.as_object().expect("an object") {
+        out[key] = v.clone();
+    }
+    if let Some(e) = kernel_error {
+        out["kernel_error"] = json!(e);
+    }
+    Ok(out)
+}
+
+fn noted_uzswap_side(args: &Args, w: &Workload) -> Result<Value> {
+    note(&format!(
+        "uzswap run --memory-max {}M -- usemem {} MiB, {} passes, {:?} ...",
+        args.w.budget_mib(),
+        args.w.mib(),
+        args.passes,
+        args.w.pattern
+    ));
+    let ours = uzswap_side(args, w)?;
+    note(&format!(
+        "uzswap: fill {:.0} KB/s, pass {:.0} KB/s, corrupt {}, peak memory {} B, fault p50 {} us",
+        ours["fill_kbps"].as_f64().unwrap_or(0.0),
+        ours["pass_kbps"].as_f64().unwrap_or(0.0),
+        ours["corrupt_pages"],
+        ours["peak_memory_bytes"],
+        ours["fault_p50_us"]
+    ));
+    Ok(ours)
+}
+
+fn noted_kernel_side(args: &Args, w: &Workload) -> Result<Value> {
     note(&format!(
         "kernel: the same binary in a {} MiB memory cgroup with zswap ...",
         args.w.budget_mib()
     ));
-    let k = match kernel_side(args, &w) {
-        Ok(k) => k,
-        Err(e) => {
-            // Reported, not allowed to discard uzswap's figures.
-            note(&format!("kernel run failed: {e:#}"));
-            out["kernel_error"] = json!(format!("{e:#}"));
-            return Ok(out);
-        }
+    let k = kernel_side(args, w);
+    match &k {
+        Ok(k) => note(&format!(
+            "kernel zswap ({}): fill {:.0} KB/s, pass {:.0} KB/s, corrupt {}, peak memory {} B",
+            k["compressor"],
+            k["fill_kbps"].as_f64().unwrap_or(0.0),
+            k["pass_kbps"].as_f64().unwrap_or(0.0),
+            k["corrupt_pages"],
+            k["peak_memory_bytes"]
+        )),
+        Err(e) => note(&format!("kernel run failed: {e:#}")),
+    }
+    k
+}
+
+fn num(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or(0.0)
+}
+
+/// One round: both sides and their ratios (none without a kernel side).
+fn round(ours: Value, k: Option<Value>) -> Value {
+    let Some(k) = k else {
+        return json!({ "uzswap": ours });
     };
-    note(&format!(
-        "kernel zswap ({}): fill {:.0} KB/s, pass {:.0} KB/s, corrupt {}, peak memory {} B",
-        k["compressor"],
-        k["fill_kbps"].as_f64().unwrap_or(0.0),
-        k["pass_kbps"].as_f64().unwrap_or(0.0),
-        k["corrupt_pages"],
-        k["peak_memory_bytes"]
-    ));
-    let f = |v: &Value, key: &str| v[key].as_f64().unwrap_or(0.0);
-    out["throughput_ratio_vs_kernel"] = json!(f(&out, "pass_kbps") / f(&k, "pass_kbps").max(1e-9));
-    out["fill_ratio_vs_kernel"] =
-        json!(f(&out["uzswap"], "fill_kbps") / f(&k, "fill_kbps").max(1e-9));
-    out["kernel_peak_memory_bytes"] = k["peak_memory_bytes"].clone();
-    out["memory_ratio_vs_kernel"] =
-        json!(f(&out, "peak_memory_bytes") / f(&k, "peak_memory_bytes").max(1.0));
-    out["kernel_corrupt_pages"] = k["corrupt_pages"].clone();
-    out["kernel"] = k;
-    Ok(out)
+    json!({
+        "throughput_ratio_vs_kernel": num(&ours, "pass_kbps") / num(&k, "pass_kbps").max(1e-9),
+        "fill_ratio_vs_kernel": num(&ours, "fill_kbps") / num(&k, "fill_kbps").max(1e-9),
+        "memory_ratio_vs_kernel":
+            num(&ours, "peak_memory_bytes") / num(&k, "peak_memory_bytes").max(1.0),
+        "uzswap": ours,
+        "kernel": k,
+    })
+}
+
+/// The result of all rounds: corrupt pages summed over them; throughput,
+/// memory and their ratios the medians over the rounds, ratios with their
+/// range; `uzswap` and `kernel` in full from the median round (the one of
+/// the median throughput ratio, or of the median throughput without a
+/// kernel side); the rounds themselves without the final statistics.
+fn summarize(rounds: Vec<Value>) -> Value {
+    // The rounds' values at a JSON pointer.
+    let of = |at: &str| -> Vec<f64> {
+        rounds
+            .iter()
+            .filter_map(|r| r.pointer(at).and_then(Value::as_f64))
+            .collect()
+    };
+    let corrupt = |at: &str| -> u64 {
+        rounds
+            .iter()
+            .filter_map(|r| r.pointer(at).and_then(Value::as_u64))
+            .sum()
+    };
+    let with_kernel = rounds.iter().all(|r| r.get("kernel").is_some());
+    let mid = median_index(&of(if with_kernel {
+        "/throughput_ratio_vs_kernel"
+    } else {
+        "/uzswap/pass_kbps"
+    }));
+    let mut out = json!({
+        "corrupt_pages": corrupt("/uzswap/corrupt_pages"),
+        "pass_kbps": median(of("/uzswap/pass_kbps")),
+        "peak_memory_bytes": median(of("/uzswap/peak_memory_bytes")),
+        "median_round": mid,
+        "uzswap": rounds[mid]["uzswap"],
+    });
+    if with_kernel {
+        out["kernel"] = rounds[mid]["kernel"].clone();
+        out["kernel_corrupt_pages"] = json!(corrupt("/kernel/corrupt_pages"));
+        out["kernel_peak_memory_bytes"] = json!(median(of("/kernel/peak_memory_bytes")));
+        for key in [
+            "throughput_ratio_vs_kernel",
+            "fill_ratio_vs_kernel",
+            "memory_ratio_vs_kernel",
+        ] {
+            let v = of(&format!("/{key}"));
+            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            out[key] = json!(median(v));
+            out[format!("{key}_range")] = json!([lo, hi]);
+        }
+    }
+    out["each_round"] = rounds
+        .into_iter()
+        .map(|mut r| {
+            if let Some(o) = r["uzswap"].as_object_mut() {
+                o.remove("stats");
+            }
+            r
+        })
+        .collect();
+    out
+}
+
+/// The index of the median of `v` (the upper middle of an even count).
+fn median_index(v: &[f64]) -> usize {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
+    idx[v.len() / 2]
 }
 
 /// A table of the result, for stderr.
@@ -302,4 +419,69 @@ pub fn table(v: &Value) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn side(pass: f64, fill: f64, mem: f64, corrupt: u64) -> Value {
+        json!({
+            "pass_kbps": pass,
+            "fill_kbps": fill,
+            "peak_memory_bytes": mem,
+            "corrupt_pages": corrupt,
+            "stats": { "big": true },
+        })
+    }
+
+    #[test]
+    fn rounds_give_median_ratios_with_their_range() {
+        let rounds = vec![
+            round(
+                side(90.0, 10.0, 100.0, 0),
+                Some(side(100.0, 20.0, 100.0, 0)),
+            ),
+            round(
+                side(120.0, 10.0, 110.0, 2),
+                Some(side(100.0, 20.0, 100.0, 1)),
+            ),
+            round(
+                side(100.0, 10.0, 105.0, 0),
+                Some(side(100.0, 10.0, 100.0, 0)),
+            ),
+        ];
+        let s = summarize(rounds);
+        let f = |k: &str| s[k].as_f64().unwrap();
+        assert_eq!(f("throughput_ratio_vs_kernel"), 1.0);
+        assert_eq!(s["throughput_ratio_vs_kernel_range"], json!([0.9, 1.2]));
+        assert_eq!(f("memory_ratio_vs_kernel"), 1.05);
+        assert_eq!(s["memory_ratio_vs_kernel_range"], json!([1.0, 1.1]));
+        assert_eq!(f("fill_ratio_vs_kernel"), 0.5);
+        // The median round's sides come in full, the others without stats.
+        assert_eq!(s["median_round"], json!(2));
+        assert_eq!(s["uzswap"]["pass_kbps"], json!(100.0));
+        assert_eq!(s["uzswap"]["stats"]["big"], json!(true));
+        assert_eq!(s["kernel"]["fill_kbps"], json!(10.0));
+        assert_eq!(s["each_round"].as_array().unwrap().len(), 3);
+        assert!(s["each_round"][0]["uzswap"].get("stats").is_none());
+        // Corruption anywhere shows, summed per side.
+        assert_eq!(s["corrupt_pages"], json!(2));
+        assert_eq!(s["kernel_corrupt_pages"], json!(1));
+        assert_eq!(f("pass_kbps"), 100.0);
+        assert_eq!(f("kernel_peak_memory_bytes"), 100.0);
+    }
+
+    #[test]
+    fn without_a_kernel_side_there_are_no_ratios() {
+        let s = summarize(vec![
+            round(side(50.0, 1.0, 7.0, 0), None),
+            round(side(70.0, 1.0, 9.0, 0), None),
+        ]);
+        assert!(s.get("throughput_ratio_vs_kernel").is_none());
+        assert!(s.get("kernel").is_none());
+        // Upper middle of two.
+        assert_eq!(s["median_round"], json!(1));
+        assert_eq!(s["pass_kbps"], json!(70.0));
+    }
 }

@@ -19,8 +19,9 @@ use parking_lot::Mutex;
 use uzswap_region::{Pager, Region, PAGE_SIZE};
 
 /// Chunks are made into regions as the program reaches them: the pager
-/// keeps 16 bytes per page of a region, so a chunk costs 1 MiB of
-/// bookkeeping when first used and nothing before.
+/// keeps 16 bytes per page of a region, in zeroed memory that is resident
+/// only where pages were used, so a chunk's bookkeeping (up to 1 MiB)
+/// grows with its use and costs nothing before.
 pub const CHUNK: usize = 256 << 20;
 
 pub struct Space {

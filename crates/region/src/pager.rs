@@ -150,10 +150,12 @@ pub enum RegionError {
 /// "mapped" means a page may be present at the page's address; the store
 /// "holds" it when an entry equal to the page's contents exists.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[repr(u8)]
 pub enum PageState {
-    /// Not mapped, not held: a fault maps zeros.
+    /// Not mapped, not held: a fault maps zeros. Zero, so that a zeroed
+    /// [`PageMeta`] is a default one (see [`zeroed_meta`]).
     #[default]
-    Absent,
+    Absent = 0,
     /// Not mapped, held: a fault loads it.
     Stored,
     /// Mapped and writable; the store holds nothing for it.
@@ -176,7 +178,7 @@ impl PageState {
     }
 }
 
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct PageMeta {
     st: PageState,
     /// A fault on this page waits for the evictor to settle it; whoever
@@ -209,6 +211,29 @@ struct PageMeta {
     qgen: u32,
     /// Eviction clock when the page was last evicted (valid if `Stored`).
     evicted_at: u32,
+}
+
+/// `n` default page records from zeroed memory: the allocator maps zero
+/// pages, which the kernel backs only once written, so a region's records
+/// cost resident memory where its pages are used, not where they are only
+/// mapped (a program's reservations, a space's chunk not yet reached).
+fn zeroed_meta(n: usize) -> Vec<PageMeta> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let layout =
+        std::alloc::Layout::array::<PageMeta>(n).expect("a region's records fit in memory");
+    // SAFETY: the layout's size is not zero. All-zero bits are a valid
+    // `PageMeta::default()`: `PageState::Absent` is 0 (`repr(u8)`), the
+    // flags false, the counters 0; so the allocation holds `n` initialised
+    // records, and the Vec frees it with the layout it was made with.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout).cast::<PageMeta>();
+        if p.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Vec::from_raw_parts(p, n, n)
+    }
 }
 
 struct Area {
@@ -516,7 +541,7 @@ impl Pager {
             s.areas.insert(
                 area,
                 Area {
-                    meta: vec![PageMeta::default(); len / PAGE_SIZE],
+                    meta: zeroed_meta(len / PAGE_SIZE),
                     dying: false,
                     inflight: 0,
                     ra_next: u64::MAX,
@@ -1752,6 +1777,15 @@ fn split_out(segs: &mut BTreeMap<usize, Seg>, start: usize, end: usize) -> Vec<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zeroed_records_are_default_ones() {
+        assert!(zeroed_meta(0).is_empty());
+        let v = zeroed_meta(3000);
+        assert_eq!(v.len(), 3000);
+        assert!(v.iter().all(|m| *m == PageMeta::default()));
+        assert_eq!(PageState::Absent as u8, 0);
+    }
 
     fn seg(len_pages: usize, first: u64) -> Seg {
         Seg {
