@@ -29,6 +29,10 @@ pub struct Args {
     /// kernel's zswap pool is outside a v1 memory cgroup's limit.
     #[arg(long, default_value = "on", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub charge_index: bool,
+    /// Resolve faults on the faulting thread's CPU (`PagerConfig::
+    /// cpu_handlers`); off: one handler thread serves every fault.
+    #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
+    pub cpu_handlers: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -55,6 +59,7 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         "compressor": args.w.compressor,
         "keep_clean": args.keep_clean,
         "charge_index": args.charge_index,
+        "cpu_handlers": args.cpu_handlers,
     });
     let ours = uzswap_run(args)?;
     let pass_kbps = ours["pass_kbps"].as_f64().unwrap_or(0.0);
@@ -132,6 +137,7 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
         cache.clone(),
         uzswap_region::PagerConfig {
             keep_clean: args.keep_clean,
+            cpu_handlers: args.cpu_handlers,
             charge,
             ..uzswap_region::PagerConfig::new(args.w.budget_mib() << 8)
         },

@@ -95,6 +95,45 @@
 //! through the same handler: this is why the pager runs a handler thread
 //! rather than `UFFD_FEATURE_SIGBUS` mode, which fails them with EFAULT.
 //!
+//! # CPU handlers (`PagerConfig::cpu_handlers`, off by default)
+//! On a virtual machine most of a handled fault is the cross-CPU wake-up:
+//! the faulting thread sleeps on one CPU, the handler wakes it from
+//! another, and the interrupt that takes costs about 10 µs here. With
+//! `cpu_handlers` the pager also runs one handler per CPU (at most
+//! `MAX_CPU_HANDLERS`), bound to it and at the `SCHED_IDLE` policy: it runs
+//! exactly when its CPU has nothing else to do, as right after a thread
+//! there blocked on a fault, and the thread it wakes preempts it at once.
+//! The fault is then resolved and woken on the thread's own CPU. Kernel-mode
+//! accesses keep working: this is the same userfaultfd, read by more
+//! threads.
+//! - **Whose fault is it.** A CPU handler that was just preempted (its
+//!   loop saw a gap of over 3 µs) takes what it reads as its CPU's. One that
+//!   kept spinning on an idle CPU knows the fault came from elsewhere and
+//!   leaves it in a hand-off slot for the handler of that CPU, which runs as
+//!   soon as the faulting thread sleeps; after 20 µs (that CPU is busy) any
+//!   handler takes it.
+//! - **Order.** Messages are handled in the order they were read, one batch
+//!   at a time, as by a single thread: the descriptor is read only under
+//!   the dispatch lock with the hand-off slot empty, and a batch is handled
+//!   (or handed off) before the lock is released. So a fault read after a
+//!   remove event is never resolved before the event is handled (it would
+//!   map the discarded page's old contents).
+//! - **No lock held when preempted by our own wake-up.** A CPU handler
+//!   resolves with `DONTWAKE`, releases every lock, and only then wakes the
+//!   faulting thread (`UFFDIO_WAKE`) and, after it, the evictor.
+//! - **Faults it cannot resolve** (EAGAIN, budget full) go to the main
+//!   handler's retries. The main handler stays: while the CPU handlers spin
+//!   it watches only its eventfd, and the descriptor every millisecond as a
+//!   backstop for when no CPU handler gets a CPU.
+//! - **Spinning.** CPU handlers spin for `cpu_spin` (2 ms) after the last
+//!   message, only on CPUs with nothing else to run, then block in poll.
+//!
+//! Measured here (docs/BENCHMARKS.md): the fault example's random touches
+//! fall from 29 to 9.4–9.6 µs at the median; but on the skewed usemem
+//! benchmark, where the evictor runs all the time, the pass is slower (an
+//! idle-policy handler holding the dispatch lock is preempted by the
+//! evictor it woke by reading its remove event), so it is not the default.
+//!
 //! # Eviction: write-protect before copy (evictor thread)
 //! The evictor sleeps until `resident > limit − margin` and then evicts in
 //! batches until `resident ≤ limit − 2·margin` (margin = budget/32, 2..256),
@@ -167,8 +206,9 @@
 //!   `PagerConfig::fork_prefault = false` if the program only forks to exec.
 //!
 //! # Lock order
-//! `gate` (one eviction batch or fork at a time) → `state` → the store's
-//! locks. `state` is never held across `MADV_DONTNEED` of region memory or a
+//! `gate` (one eviction batch or fork at a time) or `dispatch` (a handler
+//! reading and handling a batch; never with `gate`) → `state` → the
+//! store's locks. `state` is never held across `MADV_DONTNEED` of region memory or a
 //! read of it (both may need the handler, which needs `state`).
 
 mod cache_store;

@@ -5,6 +5,8 @@
 //!
 //! # Lock order
 //! 1. `Shared::gate` (raw mutex: one eviction batch or one fork at a time)
+//!    or `Shared::dispatch` (the handlers, while they read and handle a
+//!    batch); no thread holds both
 //! 2. `Shared::state`
 //! 3. the store's internal locks (taken inside `PageStore` calls)
 //!
@@ -21,7 +23,7 @@ use parking_lot::lock_api::RawMutex as _;
 use parking_lot::{Condvar, Mutex, RawMutex};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -55,6 +57,13 @@ pub struct PagerConfig {
     pub spin: Duration,
     /// Pages evicted per batch.
     pub evict_batch: usize,
+    /// Run a fault handler on each CPU the process may use (at most
+    /// [`MAX_CPU_HANDLERS`]), so that a fault is resolved on the faulting
+    /// thread's own CPU (see the crate documentation, "CPU handlers").
+    pub cpu_handlers: bool,
+    /// How long the CPU handlers keep spinning after the last fault before
+    /// they block (they spin only on CPUs with nothing else to run).
+    pub cpu_spin: Duration,
     /// Keep the store's copy of a page brought back, and map it
     /// write-protected (`Clean`): evicting it again unwritten then needs no
     /// compression, at the cost of pool memory for resident pages. `false`
@@ -90,6 +99,8 @@ impl PagerConfig {
             policy: VictimPolicy::Workingset,
             spin: Duration::from_micros(50),
             evict_batch: 64,
+            cpu_handlers: false,
+            cpu_spin: Duration::from_millis(2),
             fork_prefault: true,
             keep_clean: true,
             thread_start: None,
@@ -101,6 +112,24 @@ impl PagerConfig {
 
 /// How often the evictor reads [`PagerConfig::charge`].
 pub const CHARGE_PERIOD: Duration = Duration::from_millis(10);
+
+/// Most CPU handlers one pager starts.
+pub const MAX_CPU_HANDLERS: usize = 16;
+
+/// A CPU handler that did not run for this long was preempted: a thread of
+/// its CPU ran meanwhile, and may just have faulted.
+const CPU_GAP: Duration = Duration::from_micros(3);
+
+/// How long after such a gap a CPU handler takes faults as its own CPU's.
+const CPU_FRESH: Duration = Duration::from_micros(10);
+
+/// How long faults wait for the handler of the faulting thread's CPU
+/// before any handler takes them (that CPU may be busy with other work).
+const HANDOFF_WAIT: Duration = Duration::from_micros(20);
+
+/// How often the main handler looks at the descriptor while the CPU
+/// handlers spin (a backstop for when none of them gets a CPU).
+const MAIN_BACKSTOP_MS: i32 = 1;
 
 /// A reading of memory the budget pays for (see [`PagerConfig::charge`]).
 /// It runs on the evictor thread with no pager lock held, and must not
@@ -310,6 +339,41 @@ pub(crate) struct Shared {
     pid: i32,
     /// Eviction starts at `limit - margin` and stops at `limit - 2·margin`.
     margin: usize,
+    /// Messages read and not yet handled (see [`Dispatch`]).
+    dispatch: Mutex<Dispatch>,
+    /// When a message was last read, in ns since `epoch`: the CPU handlers
+    /// spin while it is recent.
+    last_read_ns: AtomicU64,
+    epoch: Instant,
+    /// Wakes blocked CPU handlers at shutdown (never drained).
+    stop: sys::EventFd,
+    /// CPU handlers running.
+    cpu_handlers: AtomicUsize,
+    /// Faults a CPU handler resolved on the CPU they came from (as far as
+    /// it can tell), and faults it took over from another CPU.
+    faults_local: AtomicU64,
+    faults_remote: AtomicU64,
+}
+
+/// Messages between reading and handling, shared by the handlers.
+///
+/// Ordering rule: the descriptor is read only with this lock held and
+/// `handoff` empty, and what was read is handled (or put in `handoff`)
+/// before the lock is released; a batch in `handoff` is handled with the
+/// lock held too. So messages are handled
+/// in the order they were read, one batch at a time, as by a single
+/// thread: a fault read after a remove event is never handled before it.
+#[derive(Default)]
+struct Dispatch {
+    /// Faults read by a CPU handler that had been spinning on an idle CPU,
+    /// so they came from another CPU: left for the handler of that CPU,
+    /// which runs as soon as the faulting thread sleeps; after
+    /// [`HANDOFF_WAIT`] any handler takes them.
+    handoff: Vec<RawMsg>,
+    handoff_at: Option<Instant>,
+    /// Faults a CPU handler could not resolve yet (EAGAIN, budget full),
+    /// for the main handler's retries.
+    deferred: Vec<Fault>,
 }
 
 /// Owns the helper threads; the last `Pager` or `Region` handle stops them.
@@ -328,6 +392,7 @@ impl Drop for Owner {
         // and the condvar/eventfd provide the ordering.
         self.sh.shutdown.store(true, Ordering::Relaxed);
         self.sh.wake.signal();
+        self.sh.stop.signal();
         {
             let _g = self.sh.state.lock();
             self.sh.work_cv.notify_all();
@@ -436,6 +501,7 @@ impl Pager {
         }
         let uffd = Uffd::open(feature::POISON, cfg.inject_open_errno)?;
         let wake = sys::EventFd::new().map_err(PagerError::Start)?;
+        let stop = sys::EventFd::new().map_err(PagerError::Start)?;
         let sh = Arc::new(Shared {
             uffd,
             store,
@@ -469,6 +535,13 @@ impl Pager {
             throttled: AtomicBool::new(false),
             wake,
             pid: sys::getpid(),
+            dispatch: Mutex::new(Dispatch::default()),
+            last_read_ns: AtomicU64::new(0),
+            epoch: Instant::now(),
+            stop,
+            cpu_handlers: AtomicUsize::new(0),
+            faults_local: AtomicU64::new(0),
+            faults_remote: AtomicU64::new(0),
         });
         // The first reading before any region exists, so that no fault is
         // served against the whole budget.
@@ -487,6 +560,19 @@ impl Pager {
         })
         .map_err(PagerError::Start)?;
         owner.threads.lock().push(t2);
+        if sh.cfg.cpu_handlers {
+            // Without an affinity mask there are no CPU handlers: the main
+            // handler serves every fault, as it does anyway as a backstop.
+            let cpus = sys::allowed_cpus().unwrap_or_default();
+            for cpu in cpus.into_iter().take(MAX_CPU_HANDLERS) {
+                let c = sh.clone();
+                let t = spawn_helper("uzswap-uffd-cpu", sh.cfg.thread_start, move || {
+                    c.cpu_handler_loop(cpu)
+                })
+                .map_err(PagerError::Start)?;
+                owner.threads.lock().push(t);
+            }
+        }
         REGISTRY.lock().push(Arc::downgrade(&sh));
         ATFORK.call_once(|| {
             sys::atfork(fork_prepare, fork_parent, fork_child).expect("pthread_atfork");
@@ -587,6 +673,85 @@ impl Pager {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.owner.sh.check_invariants()
     }
+}
+
+/// How the ioctls that resolve a fault wake the faulting thread.
+///
+/// The main handler lets each ioctl wake at once (`now`). A CPU handler
+/// runs under `SCHED_IDLE` on the faulting thread's CPU, so the thread it
+/// wakes preempts it at once: it resolves with `DONTWAKE`, records the
+/// ranges here, releases every lock and only then wakes them (`finish`),
+/// or it would be preempted holding the pager's locks. The evictor's
+/// wake-up (`kick`) is deferred the same way, to after the faulting
+/// thread's: woken first on that CPU it would run before the thread.
+struct Wakes {
+    defer: bool,
+    ranges: Vec<(usize, usize)>,
+    kick: bool,
+}
+
+impl Wakes {
+    fn now() -> Wakes {
+        Wakes {
+            defer: false,
+            ranges: Vec::new(),
+            kick: false,
+        }
+    }
+
+    fn deferred() -> Wakes {
+        Wakes {
+            defer: true,
+            ..Wakes::now()
+        }
+    }
+
+    /// After a resolving ioctl on `[addr, addr + len)`: with deferred
+    /// wakes, the part it mapped is to be woken.
+    fn resolved(&mut self, addr: usize, r: &Result<(), sys::UffdError>, len: usize) {
+        if !self.defer {
+            return;
+        }
+        let done = match r {
+            Ok(()) => len,
+            Err(e) => e.done,
+        };
+        if done > 0 {
+            self.ranges.push((addr, done));
+        }
+    }
+
+    /// Wakes the threads waiting on `[addr, addr + len)`, now or in
+    /// `finish`.
+    fn wake(&mut self, sh: &Shared, addr: usize, len: usize) {
+        if self.defer {
+            self.ranges.push((addr, len));
+        } else {
+            let _ = sh.uffd.wake(addr, len);
+        }
+    }
+
+    /// Does the deferred wake-ups. Call with no pager lock held.
+    fn finish(&mut self, sh: &Shared) {
+        for (addr, len) in self.ranges.drain(..) {
+            let _ = sh.uffd.wake(addr, len);
+        }
+        if std::mem::take(&mut self.kick) {
+            // No lock needed: an evictor that saw the old resident count
+            // held the state lock from that check until it slept, so it
+            // sleeps already and this reaches it.
+            sh.work_cv.notify_one();
+        }
+    }
+}
+
+/// What a CPU handler's step came to.
+enum Step {
+    /// Nothing it could do.
+    Idle,
+    /// It resolved or forwarded messages; `woke_at`: just before it woke
+    /// the faulting threads (which preempt it).
+    Worked { woke_at: Instant },
 }
 
 /// What handling a fault came to.
@@ -744,6 +909,9 @@ impl Shared {
             st.copy_latency = s.lat_copy.summary();
             st
         };
+        st.cpu_handlers = self.cpu_handlers.load(Ordering::Relaxed) as u64;
+        st.faults_local = self.faults_local.load(Ordering::Relaxed);
+        st.faults_remote = self.faults_remote.load(Ordering::Relaxed);
         st.store = self.store.stats();
         st.stored_pages = st.store.pages;
         st
@@ -762,18 +930,41 @@ impl Shared {
 
     fn handler_loop(self: Arc<Self>) {
         let mut msgs = vec![RawMsg::default(); 64];
+        let mut batch: Vec<RawMsg> = Vec::with_capacity(64);
         let mut buf = PageBuf::new(self.cfg.readahead_max + 1);
         let mut deferred: Vec<Fault> = Vec::new();
+        let mut w = Wakes::now();
         let mut last = Instant::now();
         let mut spins = 0u32;
         while !self.shutdown.load(Ordering::Relaxed) {
-            let n = match self.uffd.read_msgs(&mut msgs) {
-                Ok(n) => n,
-                Err(e) => panic!("reading userfaultfd failed: {e}"),
+            let n = {
+                let mut d = self.dispatch.lock();
+                deferred.append(&mut d.deferred);
+                batch.clear();
+                if !d.handoff.is_empty() {
+                    // Nobody else took them: the faulting CPUs are busy.
+                    if d.handoff_at.is_none_or(|t| t.elapsed() >= HANDOFF_WAIT) {
+                        batch.append(&mut d.handoff);
+                    }
+                } else {
+                    let n = match self.uffd.read_msgs(&mut msgs) {
+                        Ok(n) => n,
+                        Err(e) => panic!("reading userfaultfd failed: {e}"),
+                    };
+                    if n > 0 {
+                        self.note_read();
+                    }
+                    batch.extend_from_slice(&msgs[..n]);
+                }
+                let t0 = Instant::now();
+                for m in &batch {
+                    self.handle_msg(m, t0, &mut buf, &mut w, &mut deferred);
+                }
+                batch.len()
             };
             if n == 0 {
                 if !deferred.is_empty() {
-                    self.retry(&mut deferred, &mut buf);
+                    self.retry(&mut deferred, &mut buf, &mut w);
                     if !deferred.is_empty() {
                         // What a deferred fault waits for (the evictor to
                         // free room, or a thread in madvise to finish after
@@ -781,6 +972,22 @@ impl Shared {
                         // small machine spinning here would take it.
                         std::thread::yield_now();
                     }
+                }
+                if self.cpu_handlers_spinning() {
+                    // They read the descriptor and send what they cannot
+                    // resolve here through `wake`. Polling the
+                    // descriptor too would have every fault wake this
+                    // thread, on another CPU; a timeout covers the case
+                    // where no CPU handler gets a CPU.
+                    let timeout = if deferred.is_empty() {
+                        MAIN_BACKSTOP_MS
+                    } else {
+                        1
+                    };
+                    sys::poll2(-1, self.wake.raw_fd(), timeout);
+                    self.wake.drain();
+                    last = Instant::now();
+                    continue;
                 }
                 spins += 1;
                 // Check the clock only every 64 spins.
@@ -794,50 +1001,179 @@ impl Shared {
                 last = Instant::now();
                 continue;
             }
-            let t0 = Instant::now();
-            for m in &msgs[..n] {
-                match m.decode() {
-                    Msg::Fault { addr, write, wp } => {
-                        let f = Fault {
-                            addr,
-                            write,
-                            wp,
-                            t0,
-                            retried: false,
-                        };
-                        if let Outcome::Defer = self.fault(f, &mut buf) {
-                            deferred.push(f);
-                        }
-                    }
-                    Msg::Remove { start, end } => self.discard_range(start, end, true),
-                    Msg::Unmap { start, end } => {
-                        self.discard_range(start, end, false);
-                        self.forget_range(start, end);
-                    }
-                    Msg::Remap { from, to, len } => self.remap(from, to, len),
-                    Msg::Fork { fd } => {
-                        // Not negotiated; close it should it ever come.
-                        // SAFETY: the kernel gave us this descriptor.
-                        drop(unsafe {
-                            <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd)
-                        });
-                    }
-                    Msg::Unknown(_) => {}
-                }
-            }
             if !deferred.is_empty() {
-                self.retry(&mut deferred, &mut buf);
+                self.retry(&mut deferred, &mut buf, &mut w);
             }
             last = Instant::now();
             spins = 0;
         }
     }
 
-    fn retry(&self, deferred: &mut Vec<Fault>, buf: &mut PageBuf) {
+    /// Handles one message on the main handler (events) or any handler
+    /// (faults); a fault that must wait goes to `deferred`.
+    fn handle_msg(
+        &self,
+        m: &RawMsg,
+        t0: Instant,
+        buf: &mut PageBuf,
+        w: &mut Wakes,
+        deferred: &mut Vec<Fault>,
+    ) {
+        match m.decode() {
+            Msg::Fault { addr, write, wp } => {
+                let f = Fault {
+                    addr,
+                    write,
+                    wp,
+                    t0,
+                    retried: false,
+                };
+                if let Outcome::Defer = self.fault(f, buf, w) {
+                    deferred.push(f);
+                }
+            }
+            Msg::Remove { start, end } => self.discard_range(start, end, true, w),
+            Msg::Unmap { start, end } => {
+                self.discard_range(start, end, false, w);
+                self.forget_range(start, end);
+            }
+            Msg::Remap { from, to, len } => self.remap(from, to, len),
+            Msg::Fork { fd } => {
+                // Not negotiated; close it should it ever come.
+                // SAFETY: the kernel gave us this descriptor.
+                drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+            }
+            Msg::Unknown(_) => {}
+        }
+    }
+
+    /// Records that messages were just read (the CPU handlers spin on).
+    fn note_read(&self) {
+        let ns = self.epoch.elapsed().as_nanos() as u64;
+        // Relaxed: a hint for when to spin, ordered with nothing else.
+        self.last_read_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Time since messages were last read.
+    fn since_read(&self) -> Duration {
+        let ns = self.epoch.elapsed().as_nanos() as u64;
+        Duration::from_nanos(ns.saturating_sub(self.last_read_ns.load(Ordering::Relaxed)))
+    }
+
+    /// The CPU handlers are spinning on the descriptor.
+    fn cpu_handlers_spinning(&self) -> bool {
+        self.cpu_handlers.load(Ordering::Relaxed) > 0 && self.since_read() < self.cfg.cpu_spin
+    }
+
+    /// A CPU handler: bound to `cpu` at idle priority, so it runs exactly
+    /// when nothing else can run there, as when a thread of that CPU has
+    /// just blocked on a fault. Resolving the fault there wakes the thread
+    /// on its own CPU: no cross-CPU wake-up, which costs more than the
+    /// rest of a fault on a virtual machine. See the crate documentation.
+    fn cpu_handler_loop(self: Arc<Self>, cpu: usize) {
+        if sys::pin_idle(cpu).is_err() {
+            // Not bound, it would be no better than the main handler.
+            return;
+        }
+        self.cpu_handlers.fetch_add(1, Ordering::Relaxed);
+        let mut msgs = vec![RawMsg::default(); 16];
+        let mut buf = PageBuf::new(self.cfg.readahead_max + 1);
+        let mut w = Wakes::deferred();
+        let mut last = Instant::now();
+        let mut fresh_until = last + CPU_FRESH;
+        while !self.shutdown.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            if now.duration_since(last) > CPU_GAP {
+                fresh_until = now + CPU_FRESH;
+            }
+            last = now;
+            if self.since_read() >= self.cfg.cpu_spin {
+                // Nothing for a while: block until a message comes. The
+                // wake-up is cross-CPU for all but one handler; whoever
+                // runs first takes the message.
+                sys::poll2(self.uffd.raw_fd(), self.stop.raw_fd(), -1);
+                self.note_read();
+                last = Instant::now();
+                fresh_until = last + CPU_FRESH;
+                continue;
+            }
+            match self.cpu_step(now < fresh_until, &mut msgs, &mut buf, &mut w) {
+                Step::Idle => std::hint::spin_loop(),
+                Step::Worked { woke_at } => {
+                    // Its own work is no gap, but the thread it woke
+                    // preempts it at once: time after the wake-up is.
+                    last = woke_at;
+                }
+            }
+        }
+    }
+
+    /// One step of a CPU handler; `fresh`: it was just preempted, so the
+    /// faults pending are likely its own CPU's.
+    fn cpu_step(&self, fresh: bool, msgs: &mut [RawMsg], buf: &mut PageBuf, w: &mut Wakes) -> Step {
+        let Some(mut d) = self.dispatch.try_lock() else {
+            return Step::Idle;
+        };
+        let (n, t0) = if !d.handoff.is_empty() {
+            let waited = d.handoff_at.is_none_or(|t| t.elapsed() >= HANDOFF_WAIT);
+            if !fresh && !waited {
+                return Step::Idle;
+            }
+            let n = d.handoff.len();
+            msgs[..n].copy_from_slice(&d.handoff);
+            d.handoff.clear();
+            let counter = if fresh {
+                &self.faults_local
+            } else {
+                &self.faults_remote
+            };
+            counter.fetch_add(n as u64, Ordering::Relaxed);
+            (n, d.handoff_at.unwrap_or_else(Instant::now))
+        } else {
+            let n = self.uffd.read_msgs(msgs).unwrap_or(0);
+            if n == 0 {
+                return Step::Idle;
+            }
+            self.note_read();
+            let t0 = Instant::now();
+            // A batch with an event is handled at once by whoever read it:
+            // the thread that caused the event is not waiting for it (it
+            // went on once the event was read), but every later message is.
+            let events = msgs[..n]
+                .iter()
+                .any(|m| !matches!(m.decode(), Msg::Fault { .. }));
+            if !fresh && !events {
+                d.handoff.extend_from_slice(&msgs[..n]);
+                d.handoff_at = Some(t0);
+                return Step::Idle;
+            }
+            let counter = if fresh {
+                &self.faults_local
+            } else {
+                &self.faults_remote
+            };
+            counter.fetch_add(n as u64, Ordering::Relaxed);
+            (n, t0)
+        };
+        let before = d.deferred.len();
+        for m in &msgs[..n] {
+            self.handle_msg(m, t0, buf, w, &mut d.deferred);
+        }
+        let deferred = d.deferred.len() > before;
+        drop(d);
+        if deferred {
+            self.wake.signal();
+        }
+        let woke_at = Instant::now();
+        w.finish(self);
+        Step::Worked { woke_at }
+    }
+
+    fn retry(&self, deferred: &mut Vec<Fault>, buf: &mut PageBuf, w: &mut Wakes) {
         let old = std::mem::take(deferred);
         for mut f in old {
             f.retried = true;
-            if let Outcome::Defer = self.fault(f, buf) {
+            if let Outcome::Defer = self.fault(f, buf, w) {
                 deferred.push(f);
             }
         }
@@ -848,8 +1184,9 @@ impl Shared {
         }
     }
 
-    /// Resolves one fault. Never blocks on the evictor.
-    fn fault(&self, f: Fault, buf: &mut PageBuf) -> Outcome {
+    /// Resolves one fault. Never blocks on the evictor. Wakes the faulting
+    /// thread as `w` says.
+    fn fault(&self, f: Fault, buf: &mut PageBuf, w: &mut Wakes) -> Outcome {
         let mut g = self.state.lock();
         let s = &mut *g;
         let Some((area, page)) = lookup(&s.segs, f.addr) else {
@@ -858,9 +1195,9 @@ impl Shared {
             s.stats.faults_foreign += 1;
             drop(g);
             let r = if f.wp {
-                self.uffd.writeprotect(f.addr, PAGE_SIZE, false)
+                self.unprotect(w, f.addr)
             } else {
-                self.uffd.zeropage(f.addr, PAGE_SIZE)
+                self.zeropage(w, f.addr)
             };
             return match r {
                 Err(e) if e.errno == libc::EAGAIN => Outcome::Defer,
@@ -878,7 +1215,7 @@ impl Shared {
                     mm.referenced = true;
                     s.stats.faults_wp += 1;
                     drop(g);
-                    return self.unprotect_once(f.addr);
+                    return self.unprotect_once(w, f.addr);
                 }
                 PageState::Evicting => {
                     let mm = s.meta(area, page);
@@ -892,7 +1229,7 @@ impl Shared {
                 }
                 PageState::Dirty => {
                     drop(g);
-                    return self.unprotect_once(f.addr);
+                    return self.unprotect_once(w, f.addr);
                 }
                 PageState::Absent | PageState::Stored => {
                     // A write-protect marker left on a page that is not
@@ -901,7 +1238,7 @@ impl Shared {
                     // marker turns the retry into a missing-page fault,
                     // served from the store (or as zeros).
                     drop(g);
-                    return self.unprotect_once(f.addr);
+                    return self.unprotect_once(w, f.addr);
                 }
             }
             return Outcome::Done;
@@ -922,10 +1259,10 @@ impl Shared {
                 // right. The second fault in a row tells (`woken`).
                 if !std::mem::replace(&mut s.meta(area, page).woken, true) {
                     drop(g);
-                    let _ = self.uffd.wake(f.addr, PAGE_SIZE);
+                    w.wake(self, f.addr, PAGE_SIZE);
                     return Outcome::Done;
                 }
-                match self.uffd.zeropage(f.addr, PAGE_SIZE) {
+                match self.zeropage(w, f.addr) {
                     Ok(()) => {
                         // Mapped again as zeros: no copy may stand for it.
                         s.stats.faults_rezeroed += 1;
@@ -935,9 +1272,7 @@ impl Shared {
                         }
                     }
                     Err(e) if e.errno == libc::EAGAIN => return Outcome::Defer,
-                    Err(_) => {
-                        let _ = self.uffd.wake(f.addr, PAGE_SIZE);
-                    }
+                    Err(_) => w.wake(self, f.addr, PAGE_SIZE),
                 }
                 Outcome::Done
             }
@@ -957,9 +1292,9 @@ impl Shared {
                     // A write would copy the zero page at once: give a page.
                     buf.page(0).fill(0);
                     // SAFETY: buf page 0 is readable memory we own.
-                    unsafe { self.uffd.copy(f.addr, buf.addr(0), PAGE_SIZE, false) }
+                    unsafe { self.copy(w, f.addr, buf.addr(0), PAGE_SIZE, false) }
                 } else {
-                    self.uffd.zeropage(f.addr, PAGE_SIZE)
+                    self.zeropage(w, f.addr)
                 };
                 match r {
                     Ok(()) => {}
@@ -973,10 +1308,10 @@ impl Shared {
                 s.stats.faults_zero += 1;
                 s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.resident as u64);
                 s.lat_zero.record(f.t0.elapsed().as_nanos() as u64);
-                self.kick(s);
+                self.kick(s, w);
                 Outcome::Done
             }
-            PageState::Stored => self.fault_stored(s, f, area, page, buf),
+            PageState::Stored => self.fault_stored(s, f, area, page, buf, w),
         }
     }
 
@@ -1017,6 +1352,7 @@ impl Shared {
         area: u32,
         page: u64,
         buf: &mut PageBuf,
+        w: &mut Wakes,
     ) -> Outcome {
         let mut free = s.limit.saturating_sub(s.resident);
         if s.store_full {
@@ -1060,22 +1396,19 @@ impl Shared {
             Ok(l) => l,
             Err(_) => {
                 s.stats.load_errors += 1;
-                fail_access(self, f.addr);
+                fail_access(self, w, f.addr);
                 return Outcome::Done;
             }
         };
         let tc = Instant::now();
         let keep = self.cfg.keep_clean;
         // SAFETY: buf page 0 holds the loaded bytes.
-        match unsafe {
-            self.uffd
-                .copy(f.addr, buf.addr(0), PAGE_SIZE, keep && !f.write)
-        } {
+        match unsafe { self.copy(w, f.addr, buf.addr(0), PAGE_SIZE, keep && !f.write) } {
             Ok(()) => {}
             Err(e) if e.errno == libc::EAGAIN => return Outcome::Defer,
             Err(e) if e.errno == libc::EEXIST => {
                 // Mapped already: nothing was copied, so nobody was woken.
-                let _ = self.uffd.wake(f.addr, PAGE_SIZE);
+                w.wake(self, f.addr, PAGE_SIZE);
             }
             Err(_) => return Outcome::Done,
         }
@@ -1096,8 +1429,13 @@ impl Shared {
         if got > 1 {
             // SAFETY: buf pages 1..got hold loaded bytes.
             match unsafe {
-                self.uffd
-                    .copy(f.addr + PAGE_SIZE, buf.addr(1), (got - 1) * PAGE_SIZE, keep)
+                self.copy(
+                    w,
+                    f.addr + PAGE_SIZE,
+                    buf.addr(1),
+                    (got - 1) * PAGE_SIZE,
+                    keep,
+                )
             } {
                 Ok(()) => mapped = got,
                 // Partly done (EAGAIN, EEXIST): the rest stay `Stored`,
@@ -1136,15 +1474,53 @@ impl Shared {
             Loaded::SameFilled => s.stats.faults_same_filled += 1,
         }
         s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.resident as u64);
-        self.kick(s);
+        self.kick(s, w);
         Outcome::Done
     }
 
-    /// Wakes the evictor when the resident set nears the budget.
-    fn kick(&self, s: &State) {
+    /// Wakes the evictor when the resident set nears the budget (after the
+    /// faulting thread, with deferred wakes).
+    fn kick(&self, s: &State, w: &mut Wakes) {
         if s.resident > self.start_threshold(s) {
-            self.work_cv.notify_one();
+            if w.defer {
+                w.kick = true;
+            } else {
+                self.work_cv.notify_one();
+            }
         }
+    }
+
+    /// `UFFDIO_COPY` on the fault path, waking as `w` says.
+    ///
+    /// # Safety
+    /// As [`Uffd::copy`].
+    unsafe fn copy(
+        &self,
+        w: &mut Wakes,
+        dst: usize,
+        src: *const u8,
+        len: usize,
+        wp: bool,
+    ) -> Result<(), sys::UffdError> {
+        // SAFETY: the caller's promise, passed on.
+        let r = unsafe { self.uffd.copy(dst, src, len, wp, w.defer) };
+        w.resolved(dst, &r, len);
+        r
+    }
+
+    /// `UFFDIO_ZEROPAGE` of one page on the fault path, waking as `w` says.
+    fn zeropage(&self, w: &mut Wakes, addr: usize) -> Result<(), sys::UffdError> {
+        let r = self.uffd.zeropage(addr, PAGE_SIZE, w.defer);
+        w.resolved(addr, &r, PAGE_SIZE);
+        r
+    }
+
+    /// Clears write protection of one page on the fault path, waking as `w`
+    /// says.
+    fn unprotect(&self, w: &mut Wakes, addr: usize) -> Result<(), sys::UffdError> {
+        let r = self.uffd.writeprotect(addr, PAGE_SIZE, false, w.defer);
+        w.resolved(addr, &r, PAGE_SIZE);
+        r
     }
 
     /// Resident pages at which eviction starts.
@@ -1175,8 +1551,8 @@ impl Shared {
     /// Clears write protection from the handler. EAGAIN (an event is
     /// pending, and only this thread can read it) defers the fault: the
     /// page is `Dirty` by then, so the retry unprotects again.
-    fn unprotect_once(&self, addr: usize) -> Outcome {
-        match self.uffd.writeprotect(addr, PAGE_SIZE, false) {
+    fn unprotect_once(&self, w: &mut Wakes, addr: usize) -> Outcome {
+        match self.unprotect(w, addr) {
             Err(e) if e.errno == libc::EAGAIN => Outcome::Defer,
             _ => Outcome::Done,
         }
@@ -1186,7 +1562,7 @@ impl Shared {
     /// retrying while an event is being delivered.
     fn unprotect_retry(&self, addr: usize) {
         loop {
-            match self.uffd.writeprotect(addr, PAGE_SIZE, false) {
+            match self.uffd.writeprotect(addr, PAGE_SIZE, false, false) {
                 Err(e) if e.errno == libc::EAGAIN => std::thread::yield_now(),
                 _ => return,
             }
@@ -1197,7 +1573,7 @@ impl Shared {
     /// the store held for it goes, the pages read as zeros afterwards.
     /// With `own_check`, a remove we caused ourselves is recognised and
     /// skipped.
-    fn discard_range(&self, start: usize, end: usize, own_check: bool) {
+    fn discard_range(&self, start: usize, end: usize, own_check: bool, w: &mut Wakes) {
         let mut wake = Vec::new();
         {
             let mut g = self.state.lock();
@@ -1242,7 +1618,7 @@ impl Shared {
             }
         }
         for a in wake {
-            let _ = self.uffd.wake(a, PAGE_SIZE);
+            w.wake(self, a, PAGE_SIZE);
         }
     }
 
@@ -1418,7 +1794,7 @@ impl Shared {
         for run in runs(&victims, |v| !v.clean) {
             let (addr, len) = (victims[run.start].addr, run.len() * PAGE_SIZE);
             let wp = loop {
-                match self.uffd.writeprotect(addr, len, true) {
+                match self.uffd.writeprotect(addr, len, true, false) {
                     Err(e) if e.errno == libc::EAGAIN => std::thread::yield_now(),
                     r => break r,
                 }
@@ -1612,7 +1988,7 @@ impl Shared {
                     break;
                 }
                 // SAFETY: buf page 0 holds the loaded bytes.
-                match unsafe { self.uffd.copy(addr, buf.addr(0), PAGE_SIZE, true) } {
+                match unsafe { self.uffd.copy(addr, buf.addr(0), PAGE_SIZE, true, false) } {
                     Err(e) if e.errno == libc::EAGAIN => {
                         // An event is pending: let the handler read it
                         // (it may need the state lock to get there).
@@ -1721,11 +2097,15 @@ impl Shared {
 /// A load failed: the access must not see made-up data. Map a poison
 /// marker (the access gets SIGBUS, as on a swap read error) if the kernel
 /// has it, else zeros.
-fn fail_access(sh: &Shared, addr: usize) {
-    if sh.uffd.features() & feature::POISON != 0 && sh.uffd.poison(addr, PAGE_SIZE).is_ok() {
-        return;
+fn fail_access(sh: &Shared, w: &mut Wakes, addr: usize) {
+    if sh.uffd.features() & feature::POISON != 0 {
+        let r = sh.uffd.poison(addr, PAGE_SIZE, w.defer);
+        w.resolved(addr, &r, PAGE_SIZE);
+        if r.is_ok() {
+            return;
+        }
     }
-    let _ = sh.uffd.zeropage(addr, PAGE_SIZE);
+    let _ = sh.zeropage(w, addr);
 }
 
 /// Removes the parts of segments inside `[start, end)` and returns them

@@ -115,6 +115,14 @@ pub struct PagerStats {
     pub faults_wp: u64,
     /// Faults that had to wait for an eviction in flight on their page.
     pub faults_parked: u64,
+    /// CPU handlers running (0: the main handler serves every fault).
+    pub cpu_handlers: u64,
+    /// Faults a CPU handler resolved on the CPU they came from (as far as
+    /// it can tell: it had just been preempted by a thread of its CPU).
+    pub faults_local: u64,
+    /// Faults a CPU handler took over after they waited for their CPU's
+    /// handler (that CPU was busy).
+    pub faults_remote: u64,
     /// Faults held back because the resident budget was full.
     pub faults_throttled: u64,
     /// Pages the pager believed mapped that a fault found unmapped (the

@@ -82,6 +82,12 @@ const REGISTER_MODE_WP: u64 = 1 << 1;
 const COPY_MODE_WP: u64 = 1 << 1;
 /// `UFFDIO_WRITEPROTECT_MODE_WP`: set (1) or clear (0) protection.
 const WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+/// `UFFDIO_COPY_MODE_DONTWAKE`, `UFFDIO_ZEROPAGE_MODE_DONTWAKE` and
+/// `UFFDIO_POISON_MODE_DONTWAKE`: resolve without waking the waiters (the
+/// caller wakes them later with `UFFDIO_WAKE`).
+const MODE_DONTWAKE: u64 = 1 << 0;
+/// `UFFDIO_WRITEPROTECT_MODE_DONTWAKE`.
+const WRITEPROTECT_MODE_DONTWAKE: u64 = 1 << 1;
 
 const EVENT_PAGEFAULT: u8 = 0x12;
 const EVENT_FORK: u8 = 0x13;
@@ -454,7 +460,7 @@ impl Uffd {
 
     /// `UFFDIO_COPY`: atomically maps copies of `len` bytes at `src` at
     /// `dst` (both page aligned), write-protected if `wp`, and wakes the
-    /// threads waiting there. EEXIST: a page is already mapped at `dst +
+    /// threads waiting there unless `dontwake`. EEXIST: a page is already mapped at `dst +
     /// done` (resolved by someone else). EAGAIN: read pending events first,
     /// then retry from `done`. ENOENT: the range went away.
     ///
@@ -466,12 +472,13 @@ impl Uffd {
         src: *const u8,
         len: usize,
         wp: bool,
+        dontwake: bool,
     ) -> Result<(), UffdError> {
         let mut c = UffdioCopy {
             dst: dst as u64,
             src: src as u64,
             len: len as u64,
-            mode: if wp { COPY_MODE_WP } else { 0 },
+            mode: if wp { COPY_MODE_WP } else { 0 } | if dontwake { MODE_DONTWAKE } else { 0 },
             copy: 0,
         };
         match self.ioctl(UFFDIO_COPY, &mut c) {
@@ -485,14 +492,14 @@ impl Uffd {
 
     /// `UFFDIO_ZEROPAGE`: maps the shared zero page (a later write
     /// copies it on write in the kernel, without a fault to us). Same
-    /// EEXIST/EAGAIN/ENOENT handling as [`Uffd::copy`].
-    pub fn zeropage(&self, addr: usize, len: usize) -> Result<(), UffdError> {
+    /// EEXIST/EAGAIN/ENOENT and `dontwake` handling as [`Uffd::copy`].
+    pub fn zeropage(&self, addr: usize, len: usize, dontwake: bool) -> Result<(), UffdError> {
         let mut z = UffdioZeropage {
             range: UffdioRange {
                 start: addr as u64,
                 len: len as u64,
             },
-            mode: 0,
+            mode: if dontwake { MODE_DONTWAKE } else { 0 },
             zeropage: 0,
         };
         match self.ioctl(UFFDIO_ZEROPAGE, &mut z) {
@@ -507,15 +514,27 @@ impl Uffd {
     /// `UFFDIO_WRITEPROTECT`: sets (`wp`) or clears write protection on
     /// mapped pages of the range (unmapped pages are skipped). On return
     /// with `wp`, no CPU can write the pages any more (the TLB is flushed).
-    /// Clearing wakes the writers blocked on the range. EAGAIN: an event is
-    /// being delivered, retry after the handler reads it.
-    pub fn writeprotect(&self, addr: usize, len: usize, wp: bool) -> Result<(), UffdError> {
+    /// Clearing wakes the writers blocked on the range, unless `dontwake`.
+    /// EAGAIN: an event is being delivered, retry after the handler reads
+    /// it.
+    pub fn writeprotect(
+        &self,
+        addr: usize,
+        len: usize,
+        wp: bool,
+        dontwake: bool,
+    ) -> Result<(), UffdError> {
         let mut w = UffdioWriteprotect {
             range: UffdioRange {
                 start: addr as u64,
                 len: len as u64,
             },
-            mode: if wp { WRITEPROTECT_MODE_WP } else { 0 },
+            mode: if wp { WRITEPROTECT_MODE_WP } else { 0 }
+                | if dontwake {
+                    WRITEPROTECT_MODE_DONTWAKE
+                } else {
+                    0
+                },
         };
         self.ioctl(UFFDIO_WRITEPROTECT, &mut w)
             .map_err(|e| UffdError { errno: e, done: 0 })
@@ -533,14 +552,15 @@ impl Uffd {
     }
 
     /// `UFFDIO_POISON`: maps a poison marker, so the access raises SIGBUS
-    /// (as a swap read error does). Needs `feature::POISON`.
-    pub fn poison(&self, addr: usize, len: usize) -> Result<(), UffdError> {
+    /// (as a swap read error does). Needs `feature::POISON`. `dontwake` as
+    /// for [`Uffd::copy`].
+    pub fn poison(&self, addr: usize, len: usize, dontwake: bool) -> Result<(), UffdError> {
         let mut p = UffdioPoison {
             range: UffdioRange {
                 start: addr as u64,
                 len: len as u64,
             },
-            mode: 0,
+            mode: if dontwake { MODE_DONTWAKE } else { 0 },
             updated: 0,
         };
         self.ioctl(UFFDIO_POISON, &mut p).map_err(|e| UffdError {
@@ -786,6 +806,43 @@ pub fn rss_bytes() -> io::Result<u64> {
         .and_then(|f| f.parse().ok())
         .ok_or_else(|| io::Error::other("unexpected /proc/self/statm format"))?;
     Ok(resident * PAGE_SIZE as u64)
+}
+
+/// The CPUs this thread may run on (its affinity mask), in order.
+pub fn allowed_cpus() -> io::Result<Vec<usize>> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is this
+    // thread.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `c` is below CPU_SETSIZE, inside the set.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect())
+}
+
+/// Binds the calling thread to `cpu` and gives it the `SCHED_IDLE` policy:
+/// it then runs only when its CPU has nothing else to run, and any other
+/// thread woken there preempts it at once.
+pub fn pin_idle(cpu: usize) -> io::Result<()> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t; CPU_SET ignores CPUs past its size.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; 0 is this thread.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid sched_param; SCHED_IDLE takes priority 0;
+    // 0 is this thread.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// This process's id.

@@ -109,7 +109,11 @@ pub struct ZsConfig {
     pub max_pages_per_zspage: usize,
     /// Start background compaction of a class when its freeable pages reach
     /// this share of its pages (and at least two zspages' worth); `None`
-    /// disables automatic compaction. Default 30 %, after seed 004.
+    /// disables automatic compaction. Default 10 %: seed 004 gives 30 % as
+    /// an example, but under random exclusive loads classes then sit just
+    /// below it and the pool holds 15–20 % more than its payload; at 10 %
+    /// a skewed usemem run peaked 4-5 % lower at the same throughput
+    /// (docs/BENCHMARKS.md, session 19).
     pub compact_watermark_percent: Option<u8>,
     /// Independent copies of the class table, 1..=4; a thread allocates in
     /// the shard of the CPU it runs on, so threads on different CPUs touch
@@ -127,7 +131,7 @@ impl Default for ZsConfig {
         ZsConfig {
             limit_bytes: None,
             max_pages_per_zspage: 8,
-            compact_watermark_percent: Some(30),
+            compact_watermark_percent: Some(10),
             shards: None,
             thread_start: None,
         }

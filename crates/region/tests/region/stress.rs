@@ -32,6 +32,21 @@ fn threads_on_a_region_with_exclusive_loads() {
     assert_eq!(store.len(), 0);
 }
 
+/// The same with a fault handler on each CPU (`cpu_handlers`): faults are
+/// read and resolved by several threads, handed between them, and events
+/// handled by whichever reads them.
+#[test]
+fn threads_on_a_region_with_cpu_handlers() {
+    let mut cfg = uzswap_region::PagerConfig::new(BUDGET);
+    cfg.cpu_handlers = true;
+    let (pager, store) = pager_with(cfg);
+    hammer(&pager);
+    let st = pager.stats();
+    assert!(st.cpu_handlers >= 1, "{st:?}");
+    assert!(st.faults_local + st.faults_remote > 0, "{st:?}");
+    assert_eq!(store.len(), 0);
+}
+
 /// The same over the real compressed cache, with a pool of a quarter of the
 /// evicted pages, so that writeback to the (encrypted) backing file and
 /// loads from it happen all the time.
@@ -177,9 +192,24 @@ pub fn hammer_for(pager: &uzswap_region::Pager, run: Duration, strict_budget: bo
 /// (read(2) from a pipe into the page), racing with eviction.
 #[test]
 fn discards_and_syscalls_race_with_eviction() {
+    discards_and_syscalls(uzswap_region::PagerConfig::new(64));
+}
+
+/// The same with a fault handler on each CPU: a fault read after a
+/// discard's remove event must not be resolved before that event is
+/// handled, whichever handler reads each.
+#[test]
+fn discards_and_syscalls_race_with_eviction_and_cpu_handlers() {
+    let mut cfg = uzswap_region::PagerConfig::new(64);
+    cfg.cpu_handlers = true;
+    discards_and_syscalls(cfg);
+}
+
+fn discards_and_syscalls(cfg: uzswap_region::PagerConfig) {
     const BUDGET: usize = 64;
     const PAGES: usize = 8 * BUDGET;
-    let (pager, store) = pager(BUDGET);
+    assert_eq!(cfg.budget_pages, BUDGET);
+    let (pager, store) = pager_with(cfg);
     let r = pager.region(PAGES * PAGE).unwrap();
     let base = r.as_ptr() as usize;
     let shadow: Vec<Mutex<u32>> = (0..PAGES).map(|_| Mutex::new(0)).collect();
