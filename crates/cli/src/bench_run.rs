@@ -40,6 +40,9 @@ pub struct Args {
     /// by ±10 % on a shared VM.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
     pub rounds: u32,
+    /// `uzswap run --cpu-handlers`.
+    #[arg(long)]
+    pub cpu_handlers: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -122,6 +125,7 @@ fn uzswap_side(args: &Args, w: &Workload) -> Result<Value> {
         .arg(std::env::temp_dir())
         .arg("--stats-json")
         .arg(&stats_path)
+        .args(args.cpu_handlers.then_some("--cpu-handlers"))
         .arg("--")
         .arg(&w.bin)
         .args(w.args(args.w.mib(), args.passes, args.w.pattern))
@@ -227,6 +231,7 @@ pub fn run(args: &Args) -> Result<Value> {
         "passes": args.passes,
         "compressor": args.w.compressor,
         "rounds": args.rounds,
+        "cpu_handlers": args.cpu_handlers,
     });
     let mut rounds = Vec::new();
     let mut kernel_error = None;

@@ -47,6 +47,12 @@ pub struct Args {
     /// smaller on usemem: docs/BENCHMARKS.md).
     #[arg(long)]
     pub keep_clean: bool,
+    /// Resolve each fault on the faulting thread's CPU: a handler bound to
+    /// every CPU at idle priority (it spins on idle CPUs for 2 ms after a
+    /// fault). Faster fills and sequential passes on a VM, where waking a
+    /// thread on another CPU is expensive (docs/BENCHMARKS.md).
+    #[arg(long)]
+    pub cpu_handlers: bool,
     /// Write the final statistics (JSON) to this file.
     #[arg(long)]
     pub stats_json: Option<std::path::PathBuf>,
@@ -345,6 +351,10 @@ pub fn run(a: &Args) -> Result<Outcome> {
         .env("UZSWAP_MEMORY_MAX", a.memory_max.to_string())
         .env("UZSWAP_COMPRESSOR", a.compressor.to_string())
         .env("UZSWAP_KEEP_CLEAN", if a.keep_clean { "1" } else { "0" })
+        .env(
+            "UZSWAP_CPU_HANDLERS",
+            if a.cpu_handlers { "1" } else { "0" },
+        )
         .env("UZSWAP_FINAL_STATS", &final_base);
     match a.pool_max {
         Some(p) => cmd.env("UZSWAP_POOL_MAX", p.to_string()),

@@ -205,27 +205,36 @@ fn final_stats(path: &Path) -> serde_json::Value {
 
 #[test]
 fn threads_fill_and_verify_the_heap_in_a_quarter_of_its_size() {
+    threads_fill_and_verify(&[], "fill-stats.json");
+}
+
+/// The same with a fault handler on each CPU (`--cpu-handlers`).
+#[test]
+fn threads_fill_and_verify_with_cpu_handlers() {
+    threads_fill_and_verify(&["--cpu-handlers"], "fill-cpu-stats.json");
+}
+
+fn threads_fill_and_verify(extra: &[&str], stats_name: &str) {
     require_uffd!();
     let Some(fill) = build("fill", &[]) else {
         return;
     };
-    let stats = scratch().join("fill-stats.json");
+    let stats = scratch().join(stats_name);
+    let backing = backing_dir();
     // 96 MiB of heap from four threads, in 24 MiB resident, 8 MiB of pool.
-    let r = run(&[
+    let mut args = vec![
         "--memory-max",
         "24M",
         "--pool-max",
         "8M",
         "--backing-file",
-        &backing_dir(),
+        &backing,
         "--stats-json",
         stats.to_str().unwrap(),
-        "--",
-        fill.to_str().unwrap(),
-        "96",
-        "4",
-        "2",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", fill.to_str().unwrap(), "96", "4", "2"]);
+    let r = run(&args);
     assert_eq!(r.code, Some(0), "fill reported bad data or failed");
     assert!(r.stdout.contains(" 0 bad chunks"), "{}", r.stdout);
     assert_near_budget(&r, 24 * MIB, 8 * MIB);
@@ -238,6 +247,9 @@ fn threads_fill_and_verify_the_heap_in_a_quarter_of_its_size() {
     );
     assert_eq!(n("/pager/load_errors"), 0);
     assert!(n("/pager/peak_resident_pages") <= 24 * MIB / 4096);
+    if extra.contains(&"--cpu-handlers") {
+        assert!(n("/pager/cpu_handlers") > 0, "no CPU handler ran: {v}");
+    }
     assert!(r.stderr.contains("exited with status 0"), "{}", r.stderr);
 }
 
@@ -267,6 +279,18 @@ fn mappings_the_program_discards_read_as_zeros() {
 
 #[test]
 fn forked_and_execed_children_see_their_data_and_the_status_passes_through() {
+    forked_and_execed(&[]);
+}
+
+/// The same with a fault handler on each CPU: the fork hook brings pages
+/// back while they run, and the child (which has none of the parent's
+/// threads) never needs them.
+#[test]
+fn forked_and_execed_children_with_cpu_handlers() {
+    forked_and_execed(&["--cpu-handlers"]);
+}
+
+fn forked_and_execed(extra: &[&str]) {
     require_uffd!();
     let Some(prog) = build("forkexec", &[]) else {
         return;
@@ -274,17 +298,10 @@ fn forked_and_execed_children_see_their_data_and_the_status_passes_through() {
     // The parent's 32 MiB is mostly evicted when it forks; each child
     // checks the copy it inherited, writes it, then execs a fresh image
     // (managed again, with its own budget) that fills 32 MiB more.
-    let r = run(&[
-        "--memory-max",
-        "8M",
-        "--pool-max",
-        "16M",
-        "--",
-        prog.to_str().unwrap(),
-        "32",
-        "3",
-        "7",
-    ]);
+    let mut args = vec!["--memory-max", "8M", "--pool-max", "16M"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", prog.to_str().unwrap(), "32", "3", "7"]);
+    let r = run(&args);
     assert_eq!(r.code, Some(7), "the program's status must come through");
     assert!(r.stdout.contains(" 0 bad"), "{}", r.stdout);
     assert!(r.processes >= 2, "no child process was seen");

@@ -591,6 +591,15 @@ fn env_bytes(name: &str) -> Result<Option<usize>, String> {
     }
 }
 
+/// A 0/1 switch from the environment (unset: off).
+fn env_flag(name: &str) -> Result<bool, String> {
+    match std::env::var(name).as_deref() {
+        Ok("1") => Ok(true),
+        Err(_) | Ok("0") => Ok(false),
+        Ok(v) => Err(format!("{name}={v:?}: use 1 or 0")),
+    }
+}
+
 fn start() -> Result<(), String> {
     let Some(memory_max) = env_bytes("UZSWAP_MEMORY_MAX")? else {
         return Ok(()); // not asked to manage anything
@@ -628,12 +637,10 @@ fn start() -> Result<(), String> {
     pcfg.charge = Some(uzswap_region::Charge(Arc::new(|| {
         stats::runtime_heap_bytes().1
     })));
-    let keep_clean = match std::env::var("UZSWAP_KEEP_CLEAN").as_deref() {
-        Ok("1") => true,
-        Err(_) | Ok("0") => false,
-        Ok(v) => return Err(format!("UZSWAP_KEEP_CLEAN={v:?}: use 1 or 0")),
-    };
+    let keep_clean = env_flag("UZSWAP_KEEP_CLEAN")?;
+    let cpu_handlers = env_flag("UZSWAP_CPU_HANDLERS")?;
     pcfg.keep_clean = keep_clean;
+    pcfg.cpu_handlers = cpu_handlers;
     let pager = Pager::new(cache.clone(), pcfg).map_err(|e| e.to_string())?;
     let space = space::Space::new(pager, reserve)
         .map_err(|e| format!("cannot reserve {reserve} bytes of address space: {e}"))?;
@@ -643,6 +650,7 @@ fn start() -> Result<(), String> {
         compressor: compressor.to_string(),
         backing: backing.map(|p| p.to_string_lossy().into_owned()),
         keep_clean,
+        cpu_handlers,
         final_stats: final_stats.map(std::path::PathBuf::from),
     };
     let rt = Runtime {

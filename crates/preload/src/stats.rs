@@ -17,6 +17,7 @@ pub struct RunConfig {
     pub compressor: String,
     pub backing: Option<String>,
     pub keep_clean: bool,
+    pub cpu_handlers: bool,
     pub final_stats: Option<PathBuf>,
 }
 
@@ -70,6 +71,7 @@ pub fn snapshot(rt: &Runtime) -> Value {
             "compressor": rt.config.compressor,
             "backing": rt.config.backing,
             "keep_clean": rt.config.keep_clean,
+            "cpu_handlers": rt.config.cpu_handlers,
         },
         "pager": pager_v,
         "cache": cache_v,

@@ -126,13 +126,25 @@
 //!   it watches only its eventfd, and the descriptor every millisecond as a
 //!   backstop for when no CPU handler gets a CPU.
 //! - **Spinning.** CPU handlers spin for `cpu_spin` (2 ms) after the last
-//!   message, only on CPUs with nothing else to run, then block in poll.
+//!   message, only on CPUs with nothing else to run, yielding as they go,
+//!   then block in poll.
+//! - **The evictor discards at the idle policy.** Its `MADV_DONTNEED`
+//!   sleeps until a handler reads the remove event, and that read wakes it
+//!   on the CPU it slept on, where a CPU handler is now running. At the
+//!   normal policy it would preempt that handler while it holds the
+//!   dispatch lock, and no fault would be read until the evictor slept
+//!   again (after its next batch: hundreds of µs). So while CPU handlers
+//!   run, the evictor switches to `SCHED_IDLE` for its discards and back
+//!   after (one pair of calls, about 3 µs, per batch); woken, it waits for
+//!   the handler to finish and yield. The price: under a full machine
+//!   its discards get CPU time only slowly.
 //!
 //! Measured here (docs/BENCHMARKS.md): the fault example's random touches
-//! fall from 29 to 9.4–9.6 µs at the median; but on the skewed usemem
-//! benchmark, where the evictor runs all the time, the pass is slower (an
-//! idle-policy handler holding the dispatch lock is preempted by the
-//! evictor it woke by reading its remove event), so it is not the default.
+//! fall from 29 to 9.4–9.8 µs at the median; usemem's fill is 1.4–2 ×
+//! faster and its sequential pass 1.3 ×; its skewed pass, where the evictor
+//! discards scattered pages all the time, is about the same speed with a
+//! higher p99. Off by default: the handlers spin on idle CPUs (2 ms after
+//! each fault), which a user should choose.
 //!
 //! # Eviction: write-protect before copy (evictor thread)
 //! The evictor sleeps until `resident > limit − margin` and then evicts in

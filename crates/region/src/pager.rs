@@ -1098,7 +1098,9 @@ impl Shared {
                 continue;
             }
             match self.cpu_step(now < fresh_until, &mut msgs, &mut buf, &mut w) {
-                Step::Idle => std::hint::spin_loop(),
+                // Yield: an evictor discarding at the idle policy (see
+                // `evict`) may be waiting for this CPU.
+                Step::Idle => std::thread::yield_now(),
                 Step::Worked { woke_at } => {
                     // Its own work is no gap, but the thread it woke
                     // preempts it at once: time after the wake-up is.
@@ -1867,6 +1869,12 @@ impl Shared {
         // 4. Discard. The remove event this raises is recognised by the
         //    handler through `self_discards`.
         let mut failed = Vec::new();
+        // With CPU handlers, discard at the idle policy: the handler that
+        // reads our remove event wakes us, and woken at the normal policy
+        // we would preempt it (on its CPU, where we slept) while it holds
+        // the dispatch lock, holding up every fault until we sleep again.
+        // At the idle policy we wait until it yields.
+        let idle = self.cpu_handlers.load(Ordering::Relaxed) > 0 && sys::set_idle(true).is_ok();
         for run in runs(&victims, |v| v.discard) {
             let (addr, len) = (victims[run.start].addr, run.len() * PAGE_SIZE);
             // SAFETY: every page of the run is held by the store and
@@ -1876,6 +1884,9 @@ impl Shared {
             if unsafe { sys::dontneed(addr, len) }.is_err() {
                 failed.extend(victims[run].iter().map(|v| v.addr));
             }
+        }
+        if idle {
+            let _ = sys::set_idle(false);
         }
         // 5. Settle: `Discarding` → `Stored`, wake parked faults.
         let mut wake = Vec::new();

@@ -836,10 +836,21 @@ pub fn pin_idle(cpu: usize) -> io::Result<()> {
     if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) } < 0 {
         return Err(io::Error::last_os_error());
     }
+    set_idle(true)
+}
+
+/// Switches the calling thread between `SCHED_IDLE` (`idle`) and the
+/// normal policy.
+pub fn set_idle(idle: bool) -> io::Result<()> {
     let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: `param` is a valid sched_param; SCHED_IDLE takes priority 0;
-    // 0 is this thread.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } < 0 {
+    let policy = if idle {
+        libc::SCHED_IDLE
+    } else {
+        libc::SCHED_OTHER
+    };
+    // SAFETY: `param` is a valid sched_param; both policies take priority
+    // 0; 0 is this thread.
+    if unsafe { libc::sched_setscheduler(0, policy, &param) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
