@@ -360,9 +360,9 @@ pub(crate) struct Shared {
 /// Ordering rule: the descriptor is read only with this lock held and
 /// `handoff` empty, and what was read is handled (or put in `handoff`)
 /// before the lock is released; a batch in `handoff` is handled with the
-/// lock held too. So messages are handled
-/// in the order they were read, one batch at a time, as by a single
-/// thread: a fault read after a remove event is never handled before it.
+/// lock held too. So messages are handled in the order they were read, one
+/// batch at a time, as by a single thread: a fault read after a remove
+/// event is never handled before it.
 #[derive(Default)]
 struct Dispatch {
     /// Faults read by a CPU handler that had been spinning on an idle CPU,
@@ -749,8 +749,8 @@ impl Wakes {
 enum Step {
     /// Nothing it could do.
     Idle,
-    /// It resolved or forwarded messages; `woke_at`: just before it woke
-    /// the faulting threads (which preempt it).
+    /// It handled messages; `woke_at`: just before it woke the faulting
+    /// threads (which preempt it).
     Worked { woke_at: Instant },
 }
 
@@ -977,14 +977,10 @@ impl Shared {
                     // They read the descriptor and send what they cannot
                     // resolve here through `wake`. Polling the
                     // descriptor too would have every fault wake this
-                    // thread, on another CPU; a timeout covers the case
-                    // where no CPU handler gets a CPU.
-                    let timeout = if deferred.is_empty() {
-                        MAIN_BACKSTOP_MS
-                    } else {
-                        1
-                    };
-                    sys::poll2(-1, self.wake.raw_fd(), timeout);
+                    // thread, on another CPU; the timeout covers the case
+                    // where no CPU handler gets a CPU, and paces the
+                    // retries of deferred faults.
+                    sys::poll2(-1, self.wake.raw_fd(), MAIN_BACKSTOP_MS);
                     self.wake.drain();
                     last = Instant::now();
                     continue;
