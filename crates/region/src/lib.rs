@@ -137,7 +137,10 @@
 //!   run, the evictor switches to `SCHED_IDLE` for its discards and back
 //!   after (one pair of calls, about 3 µs, per batch); woken, it waits for
 //!   the handler to finish and yield. The price: under a full machine
-//!   its discards get CPU time only slowly.
+//!   its discards get CPU time only slowly. Only where the process may
+//!   leave the idle policy again (`CAP_SYS_NICE` or a high enough
+//!   `RLIMIT_NICE`; the default limit does not allow it): elsewhere the
+//!   discards stay at the normal policy.
 //!
 //! Measured here (docs/BENCHMARKS.md): the fault example's random touches
 //! fall from 29 to 9.4–9.8 µs at the median; usemem's fill is 1.4–2 ×

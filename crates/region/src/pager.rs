@@ -349,6 +349,9 @@ pub(crate) struct Shared {
     stop: sys::EventFd,
     /// CPU handlers running.
     cpu_handlers: AtomicUsize,
+    /// The evictor discards at the idle policy while CPU handlers run (see
+    /// `evict`); only where it may go back (`sys::may_leave_idle`).
+    idle_discards: bool,
     /// Faults a CPU handler resolved on the CPU they came from (as far as
     /// it can tell), and faults it took over from another CPU.
     faults_local: AtomicU64,
@@ -502,6 +505,7 @@ impl Pager {
         let uffd = Uffd::open(feature::POISON, cfg.inject_open_errno)?;
         let wake = sys::EventFd::new().map_err(PagerError::Start)?;
         let stop = sys::EventFd::new().map_err(PagerError::Start)?;
+        let idle_discards = cfg.cpu_handlers && sys::may_leave_idle();
         let sh = Arc::new(Shared {
             uffd,
             store,
@@ -540,6 +544,7 @@ impl Pager {
             epoch: Instant::now(),
             stop,
             cpu_handlers: AtomicUsize::new(0),
+            idle_discards,
             faults_local: AtomicU64::new(0),
             faults_remote: AtomicU64::new(0),
         });
@@ -1088,6 +1093,7 @@ impl Shared {
                 // wake-up is cross-CPU for all but one handler; whoever
                 // runs first takes the message.
                 sys::poll2(self.uffd.raw_fd(), self.stop.raw_fd(), -1);
+                // Spin again from now (the message is not read yet).
                 self.note_read();
                 last = Instant::now();
                 fresh_until = last + CPU_FRESH;
@@ -1120,12 +1126,6 @@ impl Shared {
             let n = d.handoff.len();
             msgs[..n].copy_from_slice(&d.handoff);
             d.handoff.clear();
-            let counter = if fresh {
-                &self.faults_local
-            } else {
-                &self.faults_remote
-            };
-            counter.fetch_add(n as u64, Ordering::Relaxed);
             (n, d.handoff_at.unwrap_or_else(Instant::now))
         } else {
             let n = self.uffd.read_msgs(msgs).unwrap_or(0);
@@ -1145,14 +1145,14 @@ impl Shared {
                 d.handoff_at = Some(t0);
                 return Step::Idle;
             }
-            let counter = if fresh {
-                &self.faults_local
-            } else {
-                &self.faults_remote
-            };
-            counter.fetch_add(n as u64, Ordering::Relaxed);
             (n, t0)
         };
+        let counter = if fresh {
+            &self.faults_local
+        } else {
+            &self.faults_remote
+        };
+        counter.fetch_add(n as u64, Ordering::Relaxed);
         let before = d.deferred.len();
         for m in &msgs[..n] {
             self.handle_msg(m, t0, buf, w, &mut d.deferred);
@@ -1546,9 +1546,9 @@ impl Shared {
         s.stats.limit_pages = s.limit as u64;
     }
 
-    /// Clears write protection from the handler. EAGAIN (an event is
-    /// pending, and only this thread can read it) defers the fault: the
-    /// page is `Dirty` by then, so the retry unprotects again.
+    /// Clears write protection from a handler. EAGAIN (an event is
+    /// pending, and only a handler can read it) defers the fault: the page
+    /// is `Dirty` by then, so the retry unprotects again.
     fn unprotect_once(&self, w: &mut Wakes, addr: usize) -> Outcome {
         match self.unprotect(w, addr) {
             Err(e) if e.errno == libc::EAGAIN => Outcome::Defer,
@@ -1869,8 +1869,11 @@ impl Shared {
         // reads our remove event wakes us, and woken at the normal policy
         // we would preempt it (on its CPU, where we slept) while it holds
         // the dispatch lock, holding up every fault until we sleep again.
-        // At the idle policy we wait until it yields.
-        let idle = self.cpu_handlers.load(Ordering::Relaxed) > 0 && sys::set_idle(true).is_ok();
+        // At the idle policy we wait until it yields. (Where the process
+        // may not leave the idle policy again, the discards stay normal.)
+        let idle = self.idle_discards
+            && self.cpu_handlers.load(Ordering::Relaxed) > 0
+            && sys::set_idle(true).is_ok();
         for run in runs(&victims, |v| v.discard) {
             let (addr, len) = (victims[run.start].addr, run.len() * PAGE_SIZE);
             // SAFETY: every page of the run is held by the store and

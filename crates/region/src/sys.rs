@@ -839,8 +839,34 @@ pub fn pin_idle(cpu: usize) -> io::Result<()> {
     set_idle(true)
 }
 
+/// Whether a thread of this process that took `SCHED_IDLE` may go back to
+/// the normal policy: the kernel allows it only with `CAP_SYS_NICE` or an
+/// `RLIMIT_NICE` that permits the thread's nice value (the default limit,
+/// 0, does not), so an unprivileged thread that tried would stay idle.
+pub fn may_leave_idle() -> bool {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid rlimit to write into.
+    let have_rlimit = unsafe { libc::getrlimit(libc::RLIMIT_NICE, &mut lim) } == 0;
+    // SAFETY: getpriority has no memory arguments; 0 is this thread.
+    let nice = i64::from(unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) });
+    if have_rlimit && lim.rlim_cur as i64 >= 20 - nice {
+        return true;
+    }
+    // CAP_SYS_NICE is bit 23 of the effective set.
+    std::fs::read_to_string("/proc/thread-self/status")
+        .ok()
+        .and_then(|s| {
+            let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << 23) != 0)
+}
+
 /// Switches the calling thread between `SCHED_IDLE` (`idle`) and the
-/// normal policy.
+/// normal policy (leaving `SCHED_IDLE` needs [`may_leave_idle`]).
 pub fn set_idle(idle: bool) -> io::Result<()> {
     let param = libc::sched_param { sched_priority: 0 };
     let policy = if idle {
@@ -875,4 +901,21 @@ pub fn atfork(
         return Err(io::Error::from_raw_os_error(r));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// `may_leave_idle` says what the kernel then does: a thread that took
+    /// `SCHED_IDLE` can go back to the normal policy exactly when it is true.
+    #[test]
+    fn may_leave_idle_predicts_the_kernel() {
+        let predicted = super::may_leave_idle();
+        let left = std::thread::spawn(|| {
+            super::set_idle(true).expect("any thread may take SCHED_IDLE");
+            super::set_idle(false).is_ok()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(predicted, left);
+    }
 }
