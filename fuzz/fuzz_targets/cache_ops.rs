@@ -70,8 +70,9 @@ fuzz_target!(|data: &[u8]| {
                     Compressor::Lz4,
                     Compressor::Zstd { level: -1 },
                     Compressor::Deflate { level: 1 },
+                    Compressor::Lz4Hc { level: 2 },
                 ];
-                cache.set_compressor(c[usize::from(b) % 3]).unwrap();
+                cache.set_compressor(c[usize::from(b) % c.len()]).unwrap();
             }
             _ => model.step(&cache, op, off, b),
         }

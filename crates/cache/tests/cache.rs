@@ -56,10 +56,11 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn compressor(i: u8) -> Compressor {
-    match i % 4 {
+    match i % 5 {
         0 => Compressor::Lz4,
         1 => Compressor::Zstd { level: -1 },
         2 => Compressor::Zstd { level: 3 },
+        3 => Compressor::Lz4Hc { level: 2 },
         _ => Compressor::Deflate { level: 1 },
     }
 }

@@ -58,10 +58,10 @@ fn run(ops: u64, backing: bool, allocator: uzswap_cache::AllocatorKind) {
                         cache.compact();
                     }
                     2 => cache
-                        .set_compressor(if i % 8 == 2 {
-                            Compressor::Zstd { level: -1 }
-                        } else {
-                            Compressor::Lz4
+                        .set_compressor(match i % 16 {
+                            2 => Compressor::Zstd { level: -1 },
+                            10 => Compressor::Lz4Hc { level: 2 },
+                            _ => Compressor::Lz4,
                         })
                         .unwrap(),
                     _ => cache.set_dedup(i % 16 != 3),

@@ -43,6 +43,9 @@ pub struct Args {
     /// `uzswap run --cpu-handlers`.
     #[arg(long)]
     pub cpu_handlers: bool,
+    /// `uzswap run --dedup`.
+    #[arg(long)]
+    pub dedup: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -126,6 +129,7 @@ fn uzswap_side(args: &Args, w: &Workload) -> Result<Value> {
         .arg("--stats-json")
         .arg(&stats_path)
         .args(args.cpu_handlers.then_some("--cpu-handlers"))
+        .args(args.dedup.then_some("--dedup"))
         .arg("--")
         .arg(&w.bin)
         .args(w.args(args.w.mib(), args.passes, args.w.pattern))
@@ -186,6 +190,7 @@ fn uzswap_side(args: &Args, w: &Workload) -> Result<Value> {
 pub fn kernel_compressor(ours: &str) -> &'static str {
     match ours.split(':').next().unwrap_or("") {
         "lz4" => "lz4",
+        "lz4hc" => "lz4hc",
         "zstd" => "zstd",
         "deflate" => "deflate",
         _ => "lzo",
@@ -232,6 +237,7 @@ pub fn run(args: &Args) -> Result<Value> {
         "compressor": args.w.compressor,
         "rounds": args.rounds,
         "cpu_handlers": args.cpu_handlers,
+        "dedup": args.dedup,
     });
     let mut rounds = Vec::new();
     let mut kernel_error = None;

@@ -33,6 +33,9 @@ pub struct Args {
     /// cpu_handlers`); off: one handler thread serves every fault.
     #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub cpu_handlers: bool,
+    /// Store identical pages once (`CacheConfig::dedup`).
+    #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
+    pub dedup: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -60,6 +63,7 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         "keep_clean": args.keep_clean,
         "charge_index": args.charge_index,
         "cpu_handlers": args.cpu_handlers,
+        "dedup": args.dedup,
     });
     let ours = uzswap_run(args)?;
     let pass_kbps = ours["pass_kbps"].as_f64().unwrap_or(0.0);
@@ -127,6 +131,7 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
     let cache = Arc::new(uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
         compressor,
         backing: uzswap_cache::Backing::File(std::env::temp_dir()),
+        dedup: args.dedup,
         ..uzswap_cache::CacheConfig::default()
     })?);
     let charge = args.charge_index.then(|| {

@@ -15,8 +15,10 @@
 //! - `zero`: zero-filled pages (seed 003's other data set).
 //!
 //! Files are walked in sorted order and at most 128 pages are taken from any
-//! one file, so a large file cannot dominate; pages are then shuffled with a
-//! fixed seed, so runs are repeatable on one machine.
+//! one file, so a large file cannot dominate; a page equal to one already
+//! taken is skipped (text and machine code are distinct pages, so `mixed`
+//! holds exactly its declared tenth of copies); pages are then shuffled with
+//! a fixed seed, so runs are repeatable on one machine.
 
 use anyhow::{bail, Context, Result};
 use rand::seq::SliceRandom;
@@ -102,8 +104,14 @@ fn is_elf(file: &[u8]) -> bool {
     file.starts_with(b"\x7fELF")
 }
 
-/// Reads up to `count` pages from files under `roots` accepted by `accept`.
+/// Reads up to `count` distinct pages from files under `roots` accepted by
+/// `accept`. A file reached twice (a hard link) is read once and a page
+/// equal to one already taken is skipped: a machine holds many identical
+/// files (licences, documentation, vendored packages), and the mixed data's
+/// share of duplicate pages must be the one it declares, not whatever the
+/// machine's file tree happens to repeat (it measured 21 % more here).
 fn gather(roots: &[&str], accept: fn(&[u8]) -> bool, count: usize) -> Result<(Vec<u8>, usize)> {
+    use std::os::unix::fs::MetadataExt;
     let mut files = Vec::new();
     for r in roots {
         walk(Path::new(r), &mut files);
@@ -111,9 +119,16 @@ fn gather(roots: &[&str], accept: fn(&[u8]) -> bool, count: usize) -> Result<(Ve
     files.dedup();
     let mut out = Vec::with_capacity(count.min(1 << 16) * PAGE);
     let mut used = 0;
+    let mut inodes = std::collections::HashSet::new();
+    let mut pages = std::collections::HashSet::new();
     for f in files {
         if out.len() >= count * PAGE {
             break;
+        }
+        if let Ok(m) = std::fs::metadata(&f) {
+            if !inodes.insert((m.dev(), m.ino())) {
+                continue;
+            }
         }
         let Ok(data) = std::fs::read(&f) else {
             continue;
@@ -126,7 +141,9 @@ fn gather(roots: &[&str], accept: fn(&[u8]) -> bool, count: usize) -> Result<(Ve
             if out.len() >= count * PAGE {
                 break;
             }
-            out.extend_from_slice(chunk);
+            if pages.insert(xxhash_rust::xxh3::xxh3_128(chunk)) {
+                out.extend_from_slice(chunk);
+            }
         }
     }
     Ok((out, used))
@@ -151,7 +168,10 @@ fn text_pages(count: usize) -> Result<(Vec<u8>, String)> {
     }
     Ok((
         b,
-        format!("text from {files} files under {}", roots.join(", ")),
+        format!(
+            "distinct text pages from {files} files under {}",
+            roots.join(", ")
+        ),
     ))
 }
 
@@ -224,7 +244,7 @@ fn bin_pages(count: usize) -> Result<(Vec<u8>, String)> {
     Ok((
         b,
         format!(
-            "machine code from {files} ELF files under {}",
+            "distinct machine-code pages from {files} ELF files under {}",
             roots.join(", ")
         ),
     ))
@@ -484,6 +504,27 @@ pub fn load_for_workload(kind: DataKind, mib: usize) -> Result<Pages> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Identical files, a hard link and a page repeated inside a file all
+    /// give their pages once.
+    #[test]
+    fn gather_takes_each_distinct_page_once() {
+        let dir = std::env::temp_dir().join(format!("uzswap-gather-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let page = |c: u8| vec![c; PAGE];
+        let file: Vec<u8> = [page(b'a'), page(b'b'), page(b'a')].concat();
+        std::fs::write(dir.join("one"), &file).unwrap();
+        std::fs::write(dir.join("two"), &file).unwrap();
+        std::fs::hard_link(dir.join("one"), dir.join("three")).unwrap();
+        std::fs::write(dir.join("four"), [page(b'c'), page(b'b')].concat()).unwrap();
+        let (bytes, files) = gather(&[dir.to_str().unwrap()], is_text, 100).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let mut got: Vec<u8> = bytes.chunks_exact(PAGE).map(|p| p[0]).collect();
+        got.sort_unstable();
+        assert_eq!(got, b"abc");
+        assert_eq!(files, 3, "the hard link is not read again");
+    }
 
     #[test]
     fn cycled_repeats_pages_in_order_and_says_so() {

@@ -124,7 +124,7 @@ enum Bench {
     Cache {
         #[arg(long, value_enum, default_value = "mixed")]
         data: corpus::DataKind,
-        /// lz4, zstd[:LEVEL], deflate[:LEVEL].
+        /// lz4, lz4hc[:LEVEL], zstd[:LEVEL], deflate[:LEVEL].
         #[arg(long, default_value = "lz4")]
         compressor: uzswap_cache::Compressor,
         /// MiB of original pages.

@@ -32,9 +32,14 @@ pub struct Args {
     /// it is full the least recently used pages go to the backing file.
     #[arg(long, value_parser = parse_size)]
     pub pool_max: Option<u64>,
-    /// lz4, zstd[:LEVEL], deflate[:LEVEL].
+    /// lz4, lz4hc[:LEVEL], zstd[:LEVEL], deflate[:LEVEL].
     #[arg(long, default_value = "lz4")]
     pub compressor: uzswap_cache::Compressor,
+    /// Store identical pages once (seed 001): a page whose compressed
+    /// bytes match a stored one's takes a reference to it instead of pool
+    /// memory. Costs a hash per store and an index entry per object.
+    #[arg(long)]
+    pub dedup: bool,
     /// Backing file for written-back pages: a directory (an unnamed,
     /// encrypted file is made in it) or a new file's path. Without one,
     /// pages that do not fit the pool stay resident.
@@ -351,6 +356,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
         .env("UZSWAP_MEMORY_MAX", a.memory_max.to_string())
         .env("UZSWAP_COMPRESSOR", a.compressor.to_string())
         .env("UZSWAP_KEEP_CLEAN", if a.keep_clean { "1" } else { "0" })
+        .env("UZSWAP_DEDUP", if a.dedup { "1" } else { "0" })
         .env(
             "UZSWAP_CPU_HANDLERS",
             if a.cpu_handlers { "1" } else { "0" },

@@ -31,7 +31,7 @@ pub struct WorkloadArgs {
     pub data: crate::corpus::DataKind,
     #[arg(long, value_enum, default_value = "seq")]
     pub pattern: Pattern,
-    /// lz4, zstd[:LEVEL], deflate[:LEVEL] (the kernel is asked for the
+    /// lz4, lz4hc[:LEVEL], zstd[:LEVEL], deflate[:LEVEL] (the kernel is asked for the
     /// same; it falls back to lzo if it lacks it).
     #[arg(long, default_value = "lz4")]
     pub compressor: String,
@@ -93,12 +93,43 @@ fn quantile_us(sorted: &[u32], q: f64) -> f64 {
     sorted[i] as f64 / 1e3
 }
 
-/// The page expected at index `i` after `gen` rewrites: the corpus page,
-/// with its first 8 bytes replaced by a version stamp when rewritten.
-fn expected(pages: &Pages, i: usize, stamp: u64, out: &mut [u8]) {
-    out.copy_from_slice(pages.page(i % pages.count()));
-    if stamp != 0 {
-        out[..8].copy_from_slice(&stamp.to_ne_bytes());
+/// The workload's page contents: page `i` is corpus page `i % count`;
+/// in each cycle through the corpus after the first its first 8 bytes are
+/// XORed with the cycle number, unless it is one repeated word (zero and
+/// same-filled pages stay so). A workload larger than the corpus so holds
+/// no copies across cycles, while the corpus's own copies (the mixed data's
+/// share of duplicates) stay copies within a cycle. `workloads/usemem.c`
+/// follows the same rule.
+struct Contents<'a> {
+    pages: &'a Pages,
+    /// Corpus pages that are one repeated word.
+    same: Vec<bool>,
+}
+
+impl<'a> Contents<'a> {
+    fn new(pages: &'a Pages) -> Contents<'a> {
+        let same = (0..pages.count())
+            .map(|c| uzswap_cache::same_filled_word(pages.page(c)).is_some())
+            .collect();
+        Contents { pages, same }
+    }
+
+    /// The page expected at index `i`: as filled, with its first 8 bytes
+    /// replaced by `stamp` once rewritten (`stamp` 0: never rewritten).
+    fn expected(&self, i: usize, stamp: u64, out: &mut [u8]) {
+        let (cycle, c) = (i / self.pages.count(), i % self.pages.count());
+        out.copy_from_slice(self.pages.page(c));
+        let head = if stamp != 0 {
+            stamp
+        } else {
+            let h = u64::from_ne_bytes(out[..8].try_into().expect("8 bytes"));
+            if self.same[c] {
+                h
+            } else {
+                h ^ cycle as u64
+            }
+        };
+        out[..8].copy_from_slice(&head.to_ne_bytes());
     }
 }
 
@@ -107,9 +138,10 @@ pub fn run(mem: &mut [u8], pages: &Pages, pattern: Pattern, passes: u32) -> Repo
     let n = mem.len() / PAGE;
     let mut stamps = vec![0u64; n];
     let mut want = vec![0u8; PAGE];
+    let contents = Contents::new(pages);
     let t = Instant::now();
     for i in 0..n {
-        expected(pages, i, 0, &mut mem[i * PAGE..(i + 1) * PAGE]);
+        contents.expected(i, 0, &mut mem[i * PAGE..(i + 1) * PAGE]);
     }
     let fill_s = t.elapsed().as_secs_f64();
     let mut r = rand::rngs::SmallRng::seed_from_u64(1);
@@ -137,7 +169,7 @@ pub fn run(mem: &mut [u8], pages: &Pages, pattern: Pattern, passes: u32) -> Repo
             if ns > FAULT_THRESHOLD_NS {
                 slow.push(ns);
             }
-            expected(pages, i, stamps[i], &mut want);
+            contents.expected(i, stamps[i], &mut want);
             if page != &want[..] {
                 corrupt += 1;
             }
@@ -175,5 +207,64 @@ mod tests {
         assert_eq!(quantile_us(&ns, 0.5), 51.0);
         assert_eq!(quantile_us(&ns, 0.99), 99.0);
         assert_eq!(quantile_us(&ns[..1], 0.99), 1.0);
+    }
+
+    /// Cycles through the corpus are not copies of each other; the corpus's
+    /// own copies stay copies within a cycle; one-word pages stay one word.
+    #[test]
+    fn contents_copy_within_a_cycle_but_not_across() {
+        let text: Vec<u8> = (0..PAGE).map(|i| b"corpus text "[i % 12]).collect();
+        let other: Vec<u8> = (0..PAGE).map(|i| (i * 7 % 251) as u8).collect();
+        let mut bytes = vec![0u8; PAGE]; // a zero page
+        bytes.extend_from_slice(&text);
+        bytes.extend_from_slice(&text); // a copy
+        bytes.extend_from_slice(&other);
+        bytes.extend(std::iter::repeat_n(0xabu8, PAGE)); // same-filled
+        let pages = Pages {
+            bytes,
+            source: "test".into(),
+        };
+        let c = Contents::new(&pages);
+        let n = 3 * pages.count();
+        let all: Vec<Vec<u8>> = (0..n)
+            .map(|i| {
+                let mut p = vec![0u8; PAGE];
+                c.expected(i, 0, &mut p);
+                p
+            })
+            .collect();
+        for (i, p) in all.iter().enumerate() {
+            let k = i % pages.count();
+            assert_eq!(
+                &p[8..],
+                &pages.page(k)[8..],
+                "page {i}: only the head changes"
+            );
+            if k == 0 || k == 4 {
+                assert_eq!(p, pages.page(k), "one-word page {i} stays so");
+            } else {
+                assert_eq!(i < pages.count(), p == pages.page(k), "page {i}");
+            }
+        }
+        for cycle in 0..3 {
+            let b = cycle * pages.count();
+            assert_eq!(
+                all[b + 1],
+                all[b + 2],
+                "the copy stays a copy in cycle {cycle}"
+            );
+            for later in cycle + 1..3 {
+                let l = later * pages.count();
+                assert_ne!(all[b + 1], all[l + 1], "cycles {cycle} and {later}");
+                assert_ne!(all[b + 3], all[l + 3], "cycles {cycle} and {later}");
+            }
+        }
+        let mut p = vec![0u8; PAGE];
+        c.expected(7, 0xdead, &mut p);
+        assert_eq!(
+            &p[..8],
+            &0xdeadu64.to_ne_bytes()[..],
+            "a stamp replaces the head"
+        );
     }
 }

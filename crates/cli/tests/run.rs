@@ -214,6 +214,16 @@ fn threads_fill_and_verify_with_cpu_handlers() {
     threads_fill_and_verify(&["--cpu-handlers"], "fill-cpu-stats.json");
 }
 
+/// The same with dedup on and lz4's HC encoder (`--dedup --compressor
+/// lz4hc:2`): every byte still reads back as written.
+#[test]
+fn threads_fill_and_verify_with_dedup_and_lz4hc() {
+    threads_fill_and_verify(
+        &["--dedup", "--compressor", "lz4hc:2"],
+        "fill-dedup-stats.json",
+    );
+}
+
 fn threads_fill_and_verify(extra: &[&str], stats_name: &str) {
     require_uffd!();
     let Some(fill) = build("fill", &[]) else {
@@ -249,6 +259,17 @@ fn threads_fill_and_verify(extra: &[&str], stats_name: &str) {
     assert!(n("/pager/peak_resident_pages") <= 24 * MIB / 4096);
     if extra.contains(&"--cpu-handlers") {
         assert!(n("/pager/cpu_handlers") > 0, "no CPU handler ran: {v}");
+    }
+    if extra.contains(&"--dedup") {
+        assert_eq!(
+            v.pointer("/config/dedup"),
+            Some(&serde_json::json!(true)),
+            "{v}"
+        );
+    }
+    if let Some(i) = extra.iter().position(|a| *a == "--compressor") {
+        let c = v.pointer("/config/compressor").and_then(|c| c.as_str());
+        assert_eq!(c, Some(extra[i + 1]), "{v}");
     }
     assert!(r.stderr.contains("exited with status 0"), "{}", r.stderr);
 }

@@ -10,7 +10,13 @@
  * once the corpus is in, so only the workload's memory is charged. It then
  * fills MIB of heap with corpus pages, and makes PASSES passes that read
  * and check a page, and rewrite its first 8 bytes with a new stamp one time
- * in five. It prints one JSON line (the fields of uzswap's usemem report),
+ * in five. Heap page i holds corpus page i % CORPUS_PAGES; beyond the first
+ * cycle through the corpus, its first 8 bytes are XORed with the cycle
+ * number unless it is one repeated 8-byte word (zero and same-filled pages
+ * stay so), so that the cycles are not copies of each other while the
+ * corpus's own copies stay copies within a cycle: the mix's share of
+ * duplicate pages is the corpus's, whatever MIB is. (The same rule as
+ * uzswap's Rust usemem, crates/cli/src/usemem.rs.) It prints one JSON line (the fields of uzswap's usemem report),
  * then waits for stdin to close before it exits, so that its memory can
  * still be measured. Exit status 0 when no page came back wrong. */
 #include <fcntl.h>
@@ -29,6 +35,24 @@ static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int one_word(const unsigned char *p) {
+    for (size_t o = 8; o < PG; o += 8)
+        if (memcmp(p, p + o, 8) != 0)
+            return 0;
+    return 1;
+}
+
+/* The first 8 bytes of heap page i as filled (see the header). */
+static uint64_t head_of(const unsigned char *corpus, size_t corpus_pages,
+                        const unsigned char *same, size_t i) {
+    size_t c = i % corpus_pages;
+    uint64_t head;
+    memcpy(&head, corpus + c * PG, 8);
+    if (!same[c])
+        head ^= (uint64_t)(i / corpus_pages);
+    return head;
 }
 
 static uint64_t rng = 1;
@@ -72,13 +96,19 @@ int main(int argc, char **argv) {
        16-byte offset). */
     unsigned char *mem = aligned_alloc(PG, n * PG);
     uint64_t *stamps = calloc(n, sizeof *stamps);
-    if (!mem || !stamps) {
+    unsigned char *same = malloc(corpus_pages);
+    if (!mem || !stamps || !same) {
         fprintf(stderr, "usemem: out of memory\n");
         return 2;
     }
+    for (size_t c = 0; c < corpus_pages; c++)
+        same[c] = (unsigned char)one_word(corpus + c * PG);
     double t0 = now();
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         memcpy(mem + i * PG, corpus + (i % corpus_pages) * PG, PG);
+        uint64_t head = head_of(corpus, corpus_pages, same, i);
+        memcpy(mem + i * PG, &head, 8);
+    }
     double fill_s = now() - t0;
 
     uint64_t corrupt = 0, touched = 0;
@@ -100,11 +130,8 @@ int main(int argc, char **argv) {
             const unsigned char *want = corpus + (i % corpus_pages) * PG;
             uint64_t head;
             memcpy(&head, page, 8);
-            uint64_t want_head;
-            if (stamps[i])
-                want_head = stamps[i];
-            else
-                memcpy(&want_head, want, 8);
+            uint64_t want_head =
+                stamps[i] ? stamps[i] : head_of(corpus, corpus_pages, same, i);
             if (head != want_head || memcmp(page + 8, want + 8, PG - 8) != 0)
                 corrupt++;
             if (next() % 5 == 0) {
@@ -127,5 +154,6 @@ int main(int argc, char **argv) {
     }
     free(mem);
     free(stamps);
+    free(same);
     return corrupt ? 1 : 0;
 }

@@ -612,6 +612,7 @@ fn start() -> Result<(), String> {
         .map_err(|e| format!("UZSWAP_COMPRESSOR: {e}"))?;
     let backing = std::env::var_os("UZSWAP_BACKING").filter(|p| !p.is_empty());
     let final_stats = std::env::var_os("UZSWAP_FINAL_STATS").filter(|p| !p.is_empty());
+    let dedup = env_flag("UZSWAP_DEDUP")?;
     let budget_pages = memory_max / PAGE_SIZE;
     if budget_pages < 16 {
         return Err(format!(
@@ -626,6 +627,10 @@ fn start() -> Result<(), String> {
             .as_ref()
             .map_or(Backing::None, |p| Backing::File(p.into())),
         thread_start: Some(mark_thread_internal),
+        dedup,
+        // Every area belongs to this one program: a page may share with
+        // any other it holds.
+        dedup_scope: uzswap_cache::DedupScope::Global,
         ..CacheConfig::default()
     };
     let cache = Arc::new(Cache::new(cache_cfg).map_err(|e| e.to_string())?);
@@ -651,6 +656,7 @@ fn start() -> Result<(), String> {
         backing: backing.map(|p| p.to_string_lossy().into_owned()),
         keep_clean,
         cpu_handlers,
+        dedup,
         final_stats: final_stats.map(std::path::PathBuf::from),
     };
     let rt = Runtime {

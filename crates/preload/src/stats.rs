@@ -18,6 +18,7 @@ pub struct RunConfig {
     pub backing: Option<String>,
     pub keep_clean: bool,
     pub cpu_handlers: bool,
+    pub dedup: bool,
     pub final_stats: Option<PathBuf>,
 }
 
@@ -72,6 +73,7 @@ pub fn snapshot(rt: &Runtime) -> Value {
             "backing": rt.config.backing,
             "keep_clean": rt.config.keep_clean,
             "cpu_handlers": rt.config.cpu_handlers,
+            "dedup": rt.config.dedup,
         },
         "pager": pager_v,
         "cache": cache_v,

@@ -47,7 +47,12 @@ fn soak_region_over_a_failing_backing_file() {
     let stop = AtomicBool::new(false);
     let report = std::thread::scope(|sc| {
         sc.spawn(|| inj.chaos(&stop, 7));
-        let r = hammer_for(&pager, Duration::from_secs(secs), false);
+        let r = hammer_for(
+            &pager,
+            Duration::from_secs(secs),
+            false,
+            crate::common::fill,
+        );
         stop.store(true, Ordering::Relaxed);
         r
     });

@@ -76,10 +76,44 @@ fn threads_on_a_region_over_the_compressed_cache() {
     cache.check_invariants().unwrap();
 }
 
+/// The same with dedup on and page contents drawn from a few patterns, so
+/// that most stored pages share an object with others: a page written
+/// while its object is shared, loaded (exclusively: the load drops one
+/// reference), evicted again or dropped with the region, must never take
+/// another page's bytes with it.
+#[test]
+fn threads_on_a_region_over_the_cache_with_dedup() {
+    let cache = std::sync::Arc::new(
+        uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
+            dedup: true,
+            ..uzswap_cache::CacheConfig::default()
+        })
+        .unwrap(),
+    );
+    let pager = uzswap_region::Pager::new(
+        cache.clone(),
+        uzswap_region::PagerConfig {
+            keep_clean: false,
+            ..uzswap_region::PagerConfig::new(BUDGET)
+        },
+    )
+    .unwrap();
+    fn few_patterns(buf: &mut [u8], p: usize, v: u32) {
+        fill(buf, p % 5, v % 3);
+    }
+    let report = hammer_for(&pager, Duration::from_secs(4), true, few_patterns);
+    assert_eq!(report.pages_lost, 0);
+    let st = cache.stats();
+    eprintln!("{st:?}");
+    assert!(st.duplicate_pages > 1000, "dedup ran: {st:?}");
+    assert_eq!(st.stored_pages, 0, "region drop released all");
+    cache.check_invariants().unwrap();
+}
+
 /// Threads read, check and rewrite random pages of a region 8x the budget
 /// for 4 s; then every page is checked and the region dropped.
 fn hammer(pager: &uzswap_region::Pager) {
-    let report = hammer_for(pager, Duration::from_secs(4), true);
+    let report = hammer_for(pager, Duration::from_secs(4), true, fill);
     assert_eq!(report.pages_lost, 0);
     let st = pager.stats();
     eprintln!("{}", serde_json::to_string_pretty(&st).unwrap());
@@ -102,7 +136,13 @@ pub struct Report {
 /// With `strict_budget`, resident pages are sampled (mincore) and must stay
 /// within the budget: not when the store may refuse pages (the budget turns
 /// soft then).
-pub fn hammer_for(pager: &uzswap_region::Pager, run: Duration, strict_budget: bool) -> Report {
+/// `content(buf, p, v)` writes version `v` of page `p` (0 is never written).
+pub fn hammer_for(
+    pager: &uzswap_region::Pager,
+    run: Duration,
+    strict_budget: bool,
+    content: fn(&mut [u8], usize, u32),
+) -> Report {
     const PAGES: usize = 8 * BUDGET;
     const THREADS: usize = 4;
     let r = pager.region(PAGES * PAGE).unwrap();
@@ -129,7 +169,7 @@ pub fn hammer_for(pager: &uzswap_region::Pager, run: Duration, strict_budget: bo
                     if *v == 0 {
                         want.fill(0);
                     } else {
-                        fill(&mut want, p, *v);
+                        content(&mut want, p, *v);
                     }
                     if page != &want[..] {
                         errors.fetch_add(1, Ordering::Relaxed);
@@ -138,7 +178,7 @@ pub fn hammer_for(pager: &uzswap_region::Pager, run: Duration, strict_budget: bo
                         *v += 1;
                         // Partial writes too: a write to the middle of a
                         // page mid-eviction must not be lost.
-                        fill(&mut want, p, *v);
+                        content(&mut want, p, *v);
                         if rng.gen_bool(0.5) {
                             page.copy_from_slice(&want);
                         } else {
@@ -171,7 +211,7 @@ pub fn hammer_for(pager: &uzswap_region::Pager, run: Duration, strict_budget: bo
         if v == 0 {
             want.fill(0);
         } else {
-            fill(&mut want, p, v);
+            content(&mut want, p, v);
         }
         if page_mut(base as *mut u8, p) != &want[..] {
             eprintln!("page {p} differs from version {v}");
