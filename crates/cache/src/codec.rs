@@ -13,7 +13,8 @@ use std::str::FromStr;
 /// The compressor for new stores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Compressor {
-    /// lz4 (lz4_flex, pure Rust): the default, fastest to load.
+    /// lz4 (the reference C library's fast encoder): the default, fastest
+    /// to load.
     #[default]
     Lz4,
     /// lz4 with the library's HC encoder at `level` (the same block format,
@@ -36,9 +37,10 @@ pub enum Compressor {
     },
 }
 
-/// The output buffer [`Compressor::compress`] needs: the worst case of any
-/// codec on one page (lz4's is the largest and it insists on it).
-pub const COMPRESS_BOUND: usize = lz4_flex::block::get_maximum_output_size(PAGE_SIZE);
+/// The output buffer [`Compressor::compress`] needs: above the worst case
+/// of every codec on one page (lz4 4,128 bytes, zstd 4,174; a test checks
+/// each library's own bound).
+pub const COMPRESS_BOUND: usize = PAGE_SIZE + PAGE_SIZE / 8;
 
 /// Levels accepted for zstd (the library's fast levels go lower still, but
 /// below -50 a page barely compresses).
@@ -119,9 +121,9 @@ impl Compressor {
     /// `None` when the codec fails; the caller judges the size.
     pub fn compress(self, page: &[u8], out: &mut [u8]) -> Option<usize> {
         match self {
-            Compressor::Lz4 => lz4_flex::block::compress_into(page, out).ok(),
+            Compressor::Lz4 => LZ4_C.with(|c| c.borrow_mut().compress(None, page, out)),
             Compressor::Lz4Hc { level } => {
-                LZ4HC_C.with(|c| c.borrow_mut().compress(level, page, out))
+                LZ4HC_C.with(|c| c.borrow_mut().compress(Some(level), page, out))
             }
             Compressor::Zstd { level } => ZSTD_C.with(|c| {
                 let mut c = c.borrow_mut();
@@ -229,7 +231,7 @@ impl Codec {
                 page.copy_from_slice(src);
                 PAGE_SIZE
             }
-            Codec::Lz4 => lz4_flex::block::decompress_into(src, page).map_err(|_| DecodeError)?,
+            Codec::Lz4 => lz4_decompress(src, page)?,
             Codec::Zstd => ZSTD_D.with(|d| {
                 let mut d = d.borrow_mut();
                 if d.is_none() {
@@ -265,21 +267,33 @@ impl Codec {
     }
 }
 
-/// A thread's lz4 HC state (the library's `LZ4_streamHC_t`, 256 KiB:
-/// too large to set up per page, so it is kept and reset cheaply).
-struct Lz4Hc {
+/// A thread's lz4 encoder state: the library's `LZ4_stream_t` (16 KiB) for
+/// the fast encoder or `LZ4_streamHC_t` (256 KiB) for HC, too large to set
+/// up per page, so it is kept and reset cheaply before each one.
+struct Lz4State {
     /// Backing store, 8-byte aligned as the library requires.
     state: Box<[u64]>,
+    hc: bool,
 }
 
-mod lz4hc_ffi {
+mod lz4_ffi {
     use std::os::raw::{c_char, c_int, c_void};
-    // The crate's bindings stop at the one-shot `LZ4_compress_HC`, which
-    // allocates and clears the whole state on every call (more than the
-    // compression of a page costs). These two are in the same bundled
-    // library (lz4hc.h: `LZ4_initStreamHC` public, the fast-reset variant
-    // in its static-linking section, which is how lz4-sys links it).
+    // The crate's bindings stop at the one-shot calls, which set up (and,
+    // for HC, allocate and clear) a whole state on every call: more than
+    // compressing a page costs. These are in the same bundled library
+    // (lz4.h and lz4hc.h: the init calls public, the fast-reset variants in
+    // their static-linking sections, which is how lz4-sys links them).
     unsafe extern "C" {
+        pub fn LZ4_sizeofState() -> c_int;
+        pub fn LZ4_initStream(buffer: *mut c_void, size: usize) -> *mut c_void;
+        pub fn LZ4_compress_fast_extState_fastReset(
+            state: *mut c_void,
+            src: *const c_char,
+            dst: *mut c_char,
+            src_size: c_int,
+            dst_capacity: c_int,
+            acceleration: c_int,
+        ) -> c_int;
         pub fn LZ4_sizeofStateHC() -> c_int;
         pub fn LZ4_initStreamHC(buffer: *mut c_void, size: usize) -> *mut c_void;
         pub fn LZ4_compress_HC_extStateHC_fastReset(
@@ -292,46 +306,76 @@ mod lz4hc_ffi {
         ) -> c_int;
     }
 }
-// The symbols above come from the library this crate builds and links.
-use lz4_sys as _;
 
-impl Lz4Hc {
-    fn new() -> Lz4Hc {
-        // SAFETY: a pure function of the library's build.
-        let size = unsafe { lz4hc_ffi::LZ4_sizeofStateHC() } as usize;
+impl Lz4State {
+    fn new(hc: bool) -> Lz4State {
+        // SAFETY: pure functions of the library's build.
+        let size = unsafe {
+            if hc {
+                lz4_ffi::LZ4_sizeofStateHC()
+            } else {
+                lz4_ffi::LZ4_sizeofState()
+            }
+        } as usize;
         let mut state = vec![0u64; size.div_ceil(8)].into_boxed_slice();
+        let buf = state.as_mut_ptr().cast();
         // SAFETY: `state` is `size` bytes or more, 8-byte aligned, and
         // lives as long as `self`; the library only writes inside it.
-        let p = unsafe { lz4hc_ffi::LZ4_initStreamHC(state.as_mut_ptr().cast(), size) };
-        assert!(
-            !p.is_null(),
-            "LZ4_initStreamHC refused an aligned state of its own size"
-        );
-        Lz4Hc { state }
+        let p = unsafe {
+            if hc {
+                lz4_ffi::LZ4_initStreamHC(buf, size)
+            } else {
+                lz4_ffi::LZ4_initStream(buf, size)
+            }
+        };
+        assert!(!p.is_null(), "lz4 refused an aligned state of its own size");
+        Lz4State { state, hc }
     }
 
-    fn compress(&mut self, level: i32, page: &[u8], out: &mut [u8]) -> Option<usize> {
+    /// Compresses `page` into `out`: the fast encoder (`level` None) or HC.
+    fn compress(&mut self, level: Option<i32>, page: &[u8], out: &mut [u8]) -> Option<usize> {
         let cap = i32::try_from(out.len()).unwrap_or(i32::MAX);
         let src_size = i32::try_from(page.len()).ok()?;
-        // SAFETY: the state was set up by `LZ4_initStreamHC` and is only
-        // used by this thread; the library reads `src_size` bytes of
+        let (st, src, dst) = (
+            self.state.as_mut_ptr().cast(),
+            page.as_ptr().cast(),
+            out.as_mut_ptr().cast(),
+        );
+        // SAFETY: the state was set up by the matching init call and is
+        // only used by this thread; the library reads `src_size` bytes of
         // `page` and writes at most `cap` bytes of `out`, both in bounds.
         let n = unsafe {
-            lz4hc_ffi::LZ4_compress_HC_extStateHC_fastReset(
-                self.state.as_mut_ptr().cast(),
-                page.as_ptr().cast(),
-                out.as_mut_ptr().cast(),
-                src_size,
-                cap,
-                level,
-            )
+            match level {
+                Some(l) if self.hc => {
+                    lz4_ffi::LZ4_compress_HC_extStateHC_fastReset(st, src, dst, src_size, cap, l)
+                }
+                None if !self.hc => {
+                    lz4_ffi::LZ4_compress_fast_extState_fastReset(st, src, dst, src_size, cap, 1)
+                }
+                _ => unreachable!("an lz4 state is used by its own encoder only"),
+            }
         };
         (n > 0).then_some(n as usize)
     }
 }
 
+/// Decodes an lz4 block into `page` with the library's checked decoder
+/// (`LZ4_decompress_safe`: never reads past `src` nor writes past `page`,
+/// whatever the input). Only a block of exactly one page is accepted.
+fn lz4_decompress(src: &[u8], page: &mut [u8]) -> Result<usize, DecodeError> {
+    let n_src = i32::try_from(src.len()).map_err(|_| DecodeError)?;
+    let cap = i32::try_from(page.len()).map_err(|_| DecodeError)?;
+    // SAFETY: the library reads at most `n_src` bytes of `src` and writes at
+    // most `cap` bytes of `page`; both slices are that long.
+    let n = unsafe {
+        lz4_sys::LZ4_decompress_safe(src.as_ptr().cast(), page.as_mut_ptr().cast(), n_src, cap)
+    };
+    usize::try_from(n).map_err(|_| DecodeError)
+}
+
 thread_local! {
-    static LZ4HC_C: RefCell<Lz4Hc> = RefCell::new(Lz4Hc::new());
+    static LZ4_C: RefCell<Lz4State> = RefCell::new(Lz4State::new(false));
+    static LZ4HC_C: RefCell<Lz4State> = RefCell::new(Lz4State::new(true));
     static ZSTD_C: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
     static ZSTD_D: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
     static DEFLATE_C: RefCell<Option<(i32, libdeflater::Compressor)>> = const { RefCell::new(None) };
@@ -405,6 +449,42 @@ mod tests {
             lz4_total += Compressor::Lz4.compress(p, &mut out).unwrap();
         }
         assert!(hc_total < lz4_total, "hc {hc_total} lz4 {lz4_total}");
+    }
+
+    #[test]
+    fn the_output_buffer_covers_every_codec() {
+        let page = i32::try_from(PAGE_SIZE).unwrap();
+        // SAFETY: a pure function.
+        let lz4 = unsafe { lz4_sys::LZ4_compressBound(page) } as usize;
+        let zstd = zstd::zstd_safe::compress_bound(PAGE_SIZE);
+        let mut d = libdeflater::Compressor::new(libdeflater::CompressionLvl::default());
+        let deflate = d.deflate_compress_bound(PAGE_SIZE);
+        for (name, bound) in [("lz4", lz4), ("zstd", zstd), ("deflate", deflate)] {
+            assert!(bound <= COMPRESS_BOUND, "{name} needs {bound}");
+        }
+    }
+
+    /// The library's decoder takes exactly one page and nothing else: a
+    /// block of a shorter page, or one cut short, is an error.
+    #[test]
+    fn lz4_blocks_of_other_sizes_do_not_decode() {
+        let page = text_page();
+        let mut out = vec![0u8; COMPRESS_BOUND];
+        let short = Compressor::Lz4
+            .compress(&page[..PAGE_SIZE / 2], &mut out)
+            .unwrap();
+        let mut back = vec![0u8; PAGE_SIZE];
+        assert_eq!(
+            Codec::Lz4.decompress(&out[..short], &mut back),
+            Err(DecodeError)
+        );
+        let n = Compressor::Lz4.compress(&page, &mut out).unwrap();
+        assert_eq!(
+            Codec::Lz4.decompress(&out[..n - 1], &mut back),
+            Err(DecodeError)
+        );
+        Codec::Lz4.decompress(&out[..n], &mut back).unwrap();
+        assert_eq!(back, page);
     }
 
     #[test]
