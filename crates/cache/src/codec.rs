@@ -487,6 +487,38 @@ mod tests {
         assert_eq!(back, page);
     }
 
+    proptest::proptest! {
+        /// Damaged lz4 blocks, checked against an independent decoder
+        /// (lz4_flex): the library's decoder yields a page exactly when
+        /// lz4_flex yields one, and then the same bytes.
+        #[test]
+        fn damaged_lz4_blocks_decode_as_an_independent_decoder_says(
+            flips in proptest::collection::vec((0usize..4096, 0u8..=255), 1..6),
+            cut in 0usize..64,
+            seed in 0usize..4096,
+        ) {
+            let mut page = text_page();
+            page.rotate_left(seed);
+            let mut out = vec![0u8; COMPRESS_BOUND];
+            let n = Compressor::Lz4.compress(&page, &mut out).unwrap();
+            let mut block = out[..n - cut.min(n)].to_vec();
+            for (at, x) in flips {
+                let i = at % block.len().max(1);
+                if let Some(b) = block.get_mut(i) {
+                    *b ^= x;
+                }
+            }
+            let mut ours = vec![0u8; PAGE_SIZE];
+            let mut theirs = vec![0u8; PAGE_SIZE];
+            let a = Codec::Lz4.decompress(&block, &mut ours).is_ok();
+            let b = lz4_flex::block::decompress_into(&block, &mut theirs).ok() == Some(PAGE_SIZE);
+            proptest::prop_assert_eq!(a, b);
+            if a {
+                proptest::prop_assert_eq!(ours, theirs);
+            }
+        }
+    }
+
     #[test]
     fn random_bytes_do_not_shrink() {
         let mut x = 0x9e3779b97f4a7c15u64;
