@@ -158,7 +158,12 @@ pub fn text(v: &Value) -> String {
         h("/space/mapped_bytes"),
         h("/space/peak_mapped_bytes"),
     );
-    s += &format!("{}; evictions {}\n", faults_line(v), n("/pager/evictions"));
+    s += &format!(
+        "{}; evictions {} in {} discard calls\n",
+        faults_line(v),
+        n("/pager/evictions"),
+        n("/pager/discard_calls")
+    );
     s += &format!(
         "cache: stored {} pages, pool {}, written back {}, load errors {}\n",
         n("/cache/stored_pages"),

@@ -1865,6 +1865,7 @@ impl Shared {
         // 4. Discard. The remove event this raises is recognised by the
         //    handler through `self_discards`.
         let mut failed = Vec::new();
+        let mut calls = 0;
         // With CPU handlers, discard at the idle policy: the handler that
         // reads our remove event wakes us, and woken at the normal policy
         // we would preempt it (on its CPU, where we slept) while it holds
@@ -1876,6 +1877,7 @@ impl Shared {
             && sys::set_idle(true).is_ok();
         for run in runs(&victims, |v| v.discard) {
             let (addr, len) = (victims[run.start].addr, run.len() * PAGE_SIZE);
+            calls += 1;
             // SAFETY: every page of the run is held by the store and
             // `Discarding` (or clean): its contents may go. The addresses
             // were taken from the segment map under the lock (see the crate
@@ -1893,6 +1895,7 @@ impl Shared {
         {
             let mut g = self.state.lock();
             let s = &mut *g;
+            s.stats.discard_calls += calls;
             for a in failed {
                 if let Some(c) = s.self_discards.get_mut(&a) {
                     *c -= 1;

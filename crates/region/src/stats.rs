@@ -144,6 +144,10 @@ pub struct PagerStats {
     pub clean_drops: u64,
     /// Evictions abandoned because a write hit the page.
     pub evictions_aborted: u64,
+    /// `MADV_DONTNEED` calls the evictor made, one per run of neighbouring
+    /// victims; each is a remove event through the handler. Evictions plus
+    /// clean drops over this is the pages released per call.
+    pub discard_calls: u64,
     /// Evictions abandoned because the store refused the page.
     pub store_rejected: u64,
     /// Loads that failed (the access gets SIGBUS through a poison marker).

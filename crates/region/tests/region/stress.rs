@@ -118,6 +118,14 @@ fn hammer(pager: &uzswap_region::Pager) {
     let st = pager.stats();
     eprintln!("{}", serde_json::to_string_pretty(&st).unwrap());
     assert!(st.evictions > 1000, "eviction ran: {}", st.evictions);
+    // Every discard call releases one page at least (no program discards
+    // here to take a page away meanwhile).
+    assert!(
+        st.discard_calls > 0 && st.discard_calls <= st.evictions + st.clean_drops,
+        "{} discard calls for {} pages",
+        st.discard_calls,
+        st.evictions + st.clean_drops
+    );
     assert!(st.peak_resident_pages <= BUDGET as u64);
     assert_eq!(st.load_errors, 0);
 }
