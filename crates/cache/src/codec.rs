@@ -121,9 +121,10 @@ impl Compressor {
     /// `None` when the codec fails; the caller judges the size.
     pub fn compress(self, page: &[u8], out: &mut [u8]) -> Option<usize> {
         match self {
-            Compressor::Lz4 => LZ4_C.with(|c| c.borrow_mut().compress(None, page, out)),
+            // Acceleration 1: the fast encoder's best ratio.
+            Compressor::Lz4 => LZ4_C.with(|c| c.borrow_mut().compress(1, page, out)),
             Compressor::Lz4Hc { level } => {
-                LZ4HC_C.with(|c| c.borrow_mut().compress(Some(level), page, out))
+                LZ4HC_C.with(|c| c.borrow_mut().compress(level, page, out))
             }
             Compressor::Zstd { level } => ZSTD_C.with(|c| {
                 let mut c = c.borrow_mut();
@@ -332,8 +333,9 @@ impl Lz4State {
         Lz4State { state, hc }
     }
 
-    /// Compresses `page` into `out`: the fast encoder (`level` None) or HC.
-    fn compress(&mut self, level: Option<i32>, page: &[u8], out: &mut [u8]) -> Option<usize> {
+    /// Compresses `page` into `out` with this state's encoder: `param` is
+    /// the HC level, or the fast encoder's acceleration.
+    fn compress(&mut self, param: i32, page: &[u8], out: &mut [u8]) -> Option<usize> {
         let cap = i32::try_from(out.len()).unwrap_or(i32::MAX);
         let src_size = i32::try_from(page.len()).ok()?;
         let (st, src, dst) = (
@@ -345,14 +347,10 @@ impl Lz4State {
         // only used by this thread; the library reads `src_size` bytes of
         // `page` and writes at most `cap` bytes of `out`, both in bounds.
         let n = unsafe {
-            match level {
-                Some(l) if self.hc => {
-                    lz4_ffi::LZ4_compress_HC_extStateHC_fastReset(st, src, dst, src_size, cap, l)
-                }
-                None if !self.hc => {
-                    lz4_ffi::LZ4_compress_fast_extState_fastReset(st, src, dst, src_size, cap, 1)
-                }
-                _ => unreachable!("an lz4 state is used by its own encoder only"),
+            if self.hc {
+                lz4_ffi::LZ4_compress_HC_extStateHC_fastReset(st, src, dst, src_size, cap, param)
+            } else {
+                lz4_ffi::LZ4_compress_fast_extState_fastReset(st, src, dst, src_size, cap, param)
             }
         };
         (n > 0).then_some(n as usize)

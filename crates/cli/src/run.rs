@@ -308,6 +308,15 @@ pub struct Outcome {
     pub stats: Option<Value>,
 }
 
+/// A switch as the preload library reads it (`env_flag`: 1 or 0).
+fn switch(on: bool) -> &'static str {
+    if on {
+        "1"
+    } else {
+        "0"
+    }
+}
+
 pub fn run(a: &Args) -> Result<Outcome> {
     if a.memory_max < 64 << 10 {
         bail!(
@@ -355,12 +364,9 @@ pub fn run(a: &Args) -> Result<Outcome> {
         .env("LD_PRELOAD", preload)
         .env("UZSWAP_MEMORY_MAX", a.memory_max.to_string())
         .env("UZSWAP_COMPRESSOR", a.compressor.to_string())
-        .env("UZSWAP_KEEP_CLEAN", if a.keep_clean { "1" } else { "0" })
-        .env("UZSWAP_DEDUP", if a.dedup { "1" } else { "0" })
-        .env(
-            "UZSWAP_CPU_HANDLERS",
-            if a.cpu_handlers { "1" } else { "0" },
-        )
+        .env("UZSWAP_KEEP_CLEAN", switch(a.keep_clean))
+        .env("UZSWAP_DEDUP", switch(a.dedup))
+        .env("UZSWAP_CPU_HANDLERS", switch(a.cpu_handlers))
         .env("UZSWAP_FINAL_STATS", &final_base);
     match a.pool_max {
         Some(p) => cmd.env("UZSWAP_POOL_MAX", p.to_string()),

@@ -31,8 +31,8 @@ pub struct WorkloadArgs {
     pub data: crate::corpus::DataKind,
     #[arg(long, value_enum, default_value = "seq")]
     pub pattern: Pattern,
-    /// lz4, lz4hc[:LEVEL], zstd[:LEVEL], deflate[:LEVEL] (the kernel is asked for the
-    /// same; it falls back to lzo if it lacks it).
+    /// lz4, lz4hc[:LEVEL], zstd[:LEVEL], deflate[:LEVEL] (the kernel is
+    /// asked for the same; it falls back to lzo if it lacks it).
     #[arg(long, default_value = "lz4")]
     pub compressor: String,
 }
