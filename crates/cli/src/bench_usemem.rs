@@ -87,8 +87,8 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
             }
         };
         note(&format!(
-            "kernel zswap: fill {:.0} KB/s, pass {:.0} KB/s, corrupt {}, faults seen by the program {} p50 {:.1} us p99 {:.1} us, peak pool {} B, peak cgroup+pool {} B",
-            z.report.fill_kbps, z.report.pass_kbps, z.report.corrupt_pages, z.report.faults_seen, z.report.fault_p50_us, z.report.fault_p99_us, z.peak_zswap_pool_bytes, z.peak_memory_bytes
+            "kernel zswap: fill {:.0} KB/s, pass {:.0} KB/s, corrupt {}, faults seen by the program {} p50 {:.1} us p99 {:.1} us mean {:.1} us, peak pool {} B, peak cgroup+pool {} B",
+            z.report.fill_kbps, z.report.pass_kbps, z.report.corrupt_pages, z.report.faults_seen, z.report.fault_p50_us, z.report.fault_p99_us, z.report.fault_mean_us, z.peak_zswap_pool_bytes, z.peak_memory_bytes
         ));
         note("kernel: plain swap ...");
         let (s, _) = match kernel_run(args, None) {
@@ -109,6 +109,7 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         out["kernel_zswap_pool_bytes"] = json!(z.peak_zswap_pool_bytes);
         out["kernel_zswap_fault_p50_us"] = json!(z.report.fault_p50_us);
         out["kernel_zswap_fault_p99_us"] = json!(z.report.fault_p99_us);
+        out["kernel_zswap_fault_mean_us"] = json!(z.report.fault_mean_us);
         out["ratio_vs_kernel_zswap"] = json!(pass_kbps / z.report.pass_kbps.max(1e-9));
         out["kernel_peak_memory_bytes"] = json!(z.peak_memory_bytes);
         out["kernel_zswap"] = serde_json::to_value(&z)?;
@@ -184,13 +185,14 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
     let ps = pager.stats();
     let cs = cache.stats();
     note(&format!(
-        "uzswap: fill {:.0} KB/s, pass {:.0} KB/s, corrupt {}, faults seen by the program {} p50 {:.1} us p99 {:.1} us (in the handler: p50 {:.1} us p99 {:.1} us), pool {} B",
+        "uzswap: fill {:.0} KB/s, pass {:.0} KB/s, corrupt {}, faults seen by the program {} p50 {:.1} us p99 {:.1} us mean {:.1} us (in the handler: p50 {:.1} us p99 {:.1} us), pool {} B",
         report.fill_kbps,
         report.pass_kbps,
         report.corrupt_pages,
         report.faults_seen,
         report.fault_p50_us,
         report.fault_p99_us,
+        report.fault_mean_us,
         ps.fault_latency.p50_us,
         ps.fault_latency.p99_us,
         cs.pool_total_size
@@ -201,6 +203,7 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
         "corrupt_pages": report.corrupt_pages,
         "fault_p50_us": report.fault_p50_us,
         "fault_p99_us": report.fault_p99_us,
+        "fault_mean_us": report.fault_mean_us,
         "faults_seen": report.faults_seen,
         "handler_fault_p50_us": ps.fault_latency.p50_us,
         "handler_fault_p99_us": ps.fault_latency.p99_us,

@@ -21,7 +21,7 @@ use crate::store::{LoadError, LoadMode, Loaded, PageStore};
 use crate::sys::{self, feature, Msg, OpenError, RawMsg, Uffd, PAGE_SIZE};
 use parking_lot::lock_api::RawMutex as _;
 use parking_lot::{Condvar, Mutex, RawMutex};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -131,6 +131,13 @@ const HANDOFF_WAIT: Duration = Duration::from_micros(20);
 /// handlers spin (a backstop for when none of them gets a CPU).
 const MAIN_BACKSTOP_MS: i32 = 1;
 
+/// How far from a victim the evictor looks for more inactive pages to take
+/// with it (pages, either side).
+const CLUSTER_SCAN: usize = 256;
+
+/// The most pages between two victims that one discard may span.
+const MAX_GAP: u64 = 512;
+
 /// A reading of memory the budget pays for (see [`PagerConfig::charge`]).
 /// It runs on the evictor thread with no pager lock held, and must not
 /// touch region memory.
@@ -212,8 +219,9 @@ struct PageMeta {
     st: PageState,
     /// A fault on this page waits for the evictor to settle it; whoever
     /// settles the page (evictor commit/settle, or a remove event) clears
-    /// the flag and wakes the range. Only set in `Evicting`,
-    /// `EvictAborted` and `Discarding`.
+    /// the flag and wakes the range. Set in `Evicting`, `EvictAborted` and
+    /// `Discarding`, on a `zapping` page, and on a page between victims of
+    /// a discard in flight (`OwnSpan`, which lists it for the wake-up).
     parked: bool,
     /// A write was seen since the page was queued (second chance).
     referenced: bool,
@@ -236,6 +244,8 @@ struct PageMeta {
     /// (the usual case: a readahead mapped it meanwhile). A second such
     /// fault before the page is queued again means nothing is mapped.
     woken: bool,
+    /// Spared once this residency for its active neighbours (`select`).
+    spared: bool,
     /// Generation of the page's queue entry; older entries are stale.
     qgen: u32,
     /// Eviction clock when the page was last evicted (valid if `Stored`).
@@ -285,6 +295,53 @@ struct Seg {
     first: u64,
 }
 
+/// One `MADV_DONTNEED` of the evictor: victims and the pages between them,
+/// none of which was resident when it was chosen (so the call drops only
+/// victims, and one remove event and one TLB flush serve them all).
+/// Lives from the commit that chose it until the call returned:
+/// - a remove event for a page whose `unseen` bit is set is ours (the bit
+///   is cleared); any other is the program's. If the program discards the
+///   same page at the same moment, both events count, whichever is read
+///   first, and the page ends `Absent` either way;
+/// - a missing fault on any of its pages waits (`parked`, woken when the
+///   call returned): mapped now, the page would be dropped by the call with
+///   whatever the program wrote to it. Victims park through
+///   `PageMeta::zapping`, the pages between them here.
+struct OwnSpan {
+    lo: usize,
+    hi: usize,
+    /// A bit per page: its remove event has not been read yet.
+    unseen: Vec<u64>,
+    /// Pages between victims whose faults wait for the call to return.
+    parked: Vec<usize>,
+}
+
+impl OwnSpan {
+    fn new(lo: usize, hi: usize) -> Self {
+        let n = (hi - lo) / PAGE_SIZE;
+        let mut unseen = vec![u64::MAX; n.div_ceil(64)];
+        if !n.is_multiple_of(64) {
+            *unseen.last_mut().expect("a span holds a page") = (1u64 << (n % 64)) - 1;
+        }
+        OwnSpan {
+            lo,
+            hi,
+            unseen,
+            parked: Vec::new(),
+        }
+    }
+
+    /// Clears the bit of the page at `addr` (inside the span); whether it
+    /// was set.
+    fn take(&mut self, addr: usize) -> bool {
+        let i = (addr - self.lo) / PAGE_SIZE;
+        let (w, b) = (i / 64, 1u64 << (i % 64));
+        let set = self.unseen[w] & b != 0;
+        self.unseen[w] &= !b;
+        set
+    }
+}
+
 #[derive(Clone, Copy)]
 struct QEntry {
     area: u32,
@@ -303,9 +360,10 @@ struct State {
     resident: usize,
     /// Evictions so far (wrapping), for refault distances.
     evict_clock: u32,
-    /// Addresses the evictor is about to `MADV_DONTNEED`: the next remove
-    /// event for each is ours, not the program's.
-    self_discards: HashMap<usize, u32>,
+    /// The ranges the evictor is discarding (one `MADV_DONTNEED` each),
+    /// by address, from the commit that chose them until the call returned
+    /// (see [`OwnSpan`]).
+    own: Vec<OwnSpan>,
     next_area: u32,
     stats: PagerStats,
     lat_store: Histogram,
@@ -356,6 +414,11 @@ pub(crate) struct Shared {
     /// it can tell), and faults it took over from another CPU.
     faults_local: AtomicU64,
     faults_remote: AtomicU64,
+    /// Faults deferred by EAGAIN (`PagerStats::faults_again`).
+    faults_again: AtomicU64,
+    /// A fault waits for an event's thread to go on: whoever raised the
+    /// event and knows it returned (the evictor) signals `wake`.
+    again_waiting: AtomicBool,
 }
 
 /// Messages between reading and handling, shared by the handlers.
@@ -518,7 +581,7 @@ impl Pager {
                 n_active: 0,
                 resident: 0,
                 evict_clock: 0,
-                self_discards: HashMap::new(),
+                own: Vec::new(),
                 next_area: 1,
                 stats: PagerStats {
                     budget_pages: cfg.budget_pages as u64,
@@ -547,6 +610,8 @@ impl Pager {
             idle_discards,
             faults_local: AtomicU64::new(0),
             faults_remote: AtomicU64::new(0),
+            faults_again: AtomicU64::new(0),
+            again_waiting: AtomicBool::new(false),
         });
         // The first reading before any region exists, so that no fault is
         // served against the whole budget.
@@ -762,8 +827,12 @@ enum Step {
 /// What handling a fault came to.
 enum Outcome {
     Done,
-    /// Retry later: EAGAIN (an event must be read first) or budget full.
+    /// Retry later: the budget is full.
     Defer,
+    /// Retry later: EAGAIN, an event is being delivered (it must be read,
+    /// and the thread that raised it must go on, before any resolving
+    /// ioctl succeeds).
+    Again,
 }
 
 #[derive(Clone, Copy)]
@@ -788,22 +857,6 @@ struct Victim {
     /// `MADV_DONTNEED` is to be (or was) issued.
     discard: bool,
     unprotect: bool,
-}
-
-/// Index ranges of `victims` (sorted by address) whose members all pass
-/// `keep` and lie at consecutive page addresses.
-fn runs(victims: &[Victim], keep: impl Fn(&Victim) -> bool) -> Vec<std::ops::Range<usize>> {
-    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
-    for (i, v) in victims.iter().enumerate() {
-        if !keep(v) {
-            continue;
-        }
-        match out.last_mut() {
-            Some(r) if r.end == i && victims[i - 1].addr + PAGE_SIZE == v.addr => r.end = i + 1,
-            _ => out.push(i..i + 1),
-        }
-    }
-    out
 }
 
 fn lookup(segs: &BTreeMap<usize, Seg>, addr: usize) -> Option<(u32, u64)> {
@@ -848,6 +901,7 @@ impl State {
     fn leave(&mut self, area: u32, page: u64) {
         let m = self.meta(area, page);
         m.qgen = m.qgen.wrapping_add(1);
+        m.spared = false;
         let was_active = std::mem::replace(&mut m.active, false);
         if was_active {
             self.n_active -= 1;
@@ -867,6 +921,7 @@ impl State {
     /// Picks up to `want` victims among `Dirty`/`Clean` pages.
     fn select(&mut self, want: usize, policy: VictimPolicy) -> Vec<(u32, u64)> {
         let mut out = Vec::new();
+        let mut taken = HashSet::new();
         let mut budget = 4 * (self.inactive.len() + self.active.len()) + 16;
         while out.len() < want && budget > 0 {
             budget -= 1;
@@ -896,9 +951,135 @@ impl State {
                 self.enqueue(e.area, e.page as u64, true);
                 continue;
             }
+            // An inactive page between two active ones is likely in use as
+            // they are (memory is used in neighbourhoods; the kernel's
+            // multi-gen LRU looks around a young page for the same reason),
+            // and alone it would also cost a discard call of its own: it
+            // gets one turn on the active list per residency.
+            if policy == VictimPolicy::Workingset
+                && !m.spared
+                && self.between_active(e.area, e.page as u64)
+            {
+                self.meta(e.area, e.page as u64).spared = true;
+                self.enqueue(e.area, e.page as u64, true);
+                continue;
+            }
+            if !taken.insert((e.area, e.page)) {
+                continue;
+            }
             out.push((e.area, e.page as u64));
+            if policy == VictimPolicy::Workingset {
+                self.take_neighbours(e.area, e.page as u64, want, &mut out, &mut taken);
+            }
         }
         out
+    }
+
+    /// Adds to `out` the inactive pages near `page`, up to [`CLUSTER_SCAN`]
+    /// pages either side and no further than a resident page that is not
+    /// one (active, or in flight). Pages not resident in between cost
+    /// nothing: the victims and the gaps between them leave in one call
+    /// (see [`OwnSpan`]), where scattered victims would cost a remove
+    /// event and a TLB flush each. Which inactive pages go first matters
+    /// little: none of them has been seen in use since it came in.
+    fn take_neighbours(
+        &mut self,
+        area: u32,
+        page: u64,
+        want: usize,
+        out: &mut Vec<(u32, u64)>,
+        taken: &mut HashSet<(u32, u32)>,
+    ) {
+        let a = &self.areas[&area];
+        let n = a.meta.len() as u64;
+        for dir in [1i64, -1] {
+            let mut p = page;
+            for _ in 0..CLUSTER_SCAN {
+                if out.len() >= want {
+                    return;
+                }
+                let next = p as i64 + dir;
+                if next < 0 || next as u64 >= n {
+                    break;
+                }
+                p = next as u64;
+                let m = a.meta[p as usize];
+                if !m.st.resident() {
+                    continue;
+                }
+                let candidate = matches!(m.st, PageState::Dirty | PageState::Clean)
+                    && !m.active
+                    && !m.referenced
+                    && !m.claimed;
+                if !candidate {
+                    break;
+                }
+                if taken.insert((area, p as u32)) {
+                    out.push((area, p));
+                }
+            }
+        }
+    }
+
+    /// The victims (indexes into `victims`, sorted by address) that pass
+    /// `keep`, in spans: neighbours share one when no page between them is
+    /// resident (`gap_is_empty`), so that one call serves the span.
+    fn spans(&self, victims: &[Victim], keep: impl Fn(&Victim) -> bool) -> Vec<Vec<usize>> {
+        let mut out: Vec<Vec<usize>> = Vec::new();
+        let mut prev: Option<&Victim> = None;
+        for (i, v) in victims.iter().enumerate() {
+            if !keep(v) {
+                continue;
+            }
+            let join = prev.is_some_and(|u| {
+                u.area == v.area
+                    && self.gap_is_empty(v.area, (u.addr, u.page as u64), (v.addr, v.page as u64))
+            });
+            match out.last_mut() {
+                Some(span) if join => span.push(i),
+                _ => out.push(vec![i]),
+            }
+            prev = Some(v);
+        }
+        out
+    }
+
+    /// Both neighbours of `page` are resident and on the active list.
+    fn between_active(&self, area: u32, page: u64) -> bool {
+        let meta = &self.areas[&area].meta;
+        let active = |p: Option<u64>| {
+            p.and_then(|p| meta.get(p as usize))
+                .is_some_and(|m| m.st.resident() && m.active)
+        };
+        active(page.checked_sub(1)) && active(Some(page + 1))
+    }
+
+    /// The span of `own` holding `addr`.
+    fn own_at(&self, addr: usize) -> Option<usize> {
+        let i = self.own.partition_point(|o| o.hi <= addr);
+        (i < self.own.len() && self.own[i].lo <= addr).then_some(i)
+    }
+
+    /// Whether every page strictly between the victims at `a` and `b`
+    /// (`a < b`, page indexes of `area`) is not resident and neither is
+    /// being dropped: one call may then act on `[a, b]`. Both must lie in
+    /// the same segment, at most [`MAX_GAP`] pages apart.
+    fn gap_is_empty(&self, area: u32, a: (usize, u64), b: (usize, u64)) -> bool {
+        if b.1 <= a.1 || b.1 - a.1 > MAX_GAP || b.0 - a.0 != (b.1 - a.1) as usize * PAGE_SIZE {
+            return false;
+        }
+        let (Some((sa, _)), Some((sb, _))) = (
+            self.segs.range(..=a.0).next_back(),
+            self.segs.range(..=b.0).next_back(),
+        ) else {
+            return false;
+        };
+        if sa != sb {
+            return false;
+        }
+        self.areas[&area].meta[a.1 as usize + 1..b.1 as usize]
+            .iter()
+            .all(|m| !m.st.resident() && !m.zapping)
     }
 }
 
@@ -917,6 +1098,7 @@ impl Shared {
         st.cpu_handlers = self.cpu_handlers.load(Ordering::Relaxed) as u64;
         st.faults_local = self.faults_local.load(Ordering::Relaxed);
         st.faults_remote = self.faults_remote.load(Ordering::Relaxed);
+        st.faults_again = self.faults_again.load(Ordering::Relaxed);
         st.store = self.store.stats();
         st.stored_pages = st.store.pages;
         st
@@ -1029,7 +1211,7 @@ impl Shared {
                     t0,
                     retried: false,
                 };
-                if let Outcome::Defer = self.fault(f, buf, w) {
+                if self.deferred(self.fault(f, buf, w), &f) {
                     deferred.push(f);
                 }
             }
@@ -1167,11 +1349,27 @@ impl Shared {
         Step::Worked { woke_at }
     }
 
+    /// Whether a fault must be retried; counts and flags what it waits for.
+    fn deferred(&self, o: Outcome, f: &Fault) -> bool {
+        match o {
+            Outcome::Done => false,
+            Outcome::Defer => true,
+            Outcome::Again => {
+                if !f.retried {
+                    self.faults_again.fetch_add(1, Ordering::Relaxed);
+                }
+                // The evictor signals `wake` when its discard returns.
+                self.again_waiting.store(true, Ordering::Relaxed);
+                true
+            }
+        }
+    }
+
     fn retry(&self, deferred: &mut Vec<Fault>, buf: &mut PageBuf, w: &mut Wakes) {
         let old = std::mem::take(deferred);
         for mut f in old {
             f.retried = true;
-            if let Outcome::Defer = self.fault(f, buf, w) {
+            if self.deferred(self.fault(f, buf, w), &f) {
                 deferred.push(f);
             }
         }
@@ -1198,7 +1396,7 @@ impl Shared {
                 self.zeropage(w, f.addr)
             };
             return match r {
-                Err(e) if e.errno == libc::EAGAIN => Outcome::Defer,
+                Err(e) if e.errno == libc::EAGAIN => Outcome::Again,
                 _ => Outcome::Done,
             };
         };
@@ -1246,6 +1444,14 @@ impl Shared {
             s.stats.faults_parked += 1;
             return Outcome::Done;
         }
+        if let Some(k) = s.own_at(f.addr) {
+            // Between victims of a discard in flight: wait for it. (Listed
+            // once per fault: waking twice is harmless, never waking not.)
+            s.meta(area, page).parked = true;
+            s.own[k].parked.push(f.addr & !(PAGE_SIZE - 1));
+            s.stats.faults_parked += 1;
+            return Outcome::Done;
+        }
         match m.st {
             PageState::Dirty | PageState::Clean => {
                 // Usually resolved already (by a readahead or an earlier
@@ -1269,7 +1475,7 @@ impl Shared {
                             s.meta(area, page).st = PageState::Dirty;
                         }
                     }
-                    Err(e) if e.errno == libc::EAGAIN => return Outcome::Defer,
+                    Err(e) if e.errno == libc::EAGAIN => return Outcome::Again,
                     Err(_) => w.wake(self, f.addr, PAGE_SIZE),
                 }
                 Outcome::Done
@@ -1296,7 +1502,7 @@ impl Shared {
                 };
                 match r {
                     Ok(()) => {}
-                    Err(e) if e.errno == libc::EAGAIN => return Outcome::Defer,
+                    Err(e) if e.errno == libc::EAGAIN => return Outcome::Again,
                     Err(e) if e.errno == libc::EEXIST => {}
                     Err(_) => return Outcome::Done, // ENOENT: range gone
                 }
@@ -1381,7 +1587,11 @@ impl Shared {
             .min(npages)
             .min(seg_end);
         let mut n = 1usize;
-        while page + (n as u64) < limit && s.meta(area, page + n as u64).st == PageState::Stored {
+        // Not into a discard in flight: it would drop what is mapped there.
+        while page + (n as u64) < limit
+            && s.meta(area, page + n as u64).st == PageState::Stored
+            && s.own_at(f.addr + n * PAGE_SIZE).is_none()
+        {
             n += 1;
         }
         // The faulting page first, alone: its COPY wakes the thread, which
@@ -1403,7 +1613,7 @@ impl Shared {
         // SAFETY: buf page 0 holds the loaded bytes.
         match unsafe { self.copy(w, f.addr, buf.addr(0), PAGE_SIZE, keep && !f.write) } {
             Ok(()) => {}
-            Err(e) if e.errno == libc::EAGAIN => return Outcome::Defer,
+            Err(e) if e.errno == libc::EAGAIN => return Outcome::Again,
             Err(e) if e.errno == libc::EEXIST => {
                 // Mapped already: nothing was copied, so nobody was woken.
                 w.wake(self, f.addr, PAGE_SIZE);
@@ -1551,7 +1761,7 @@ impl Shared {
     /// is `Dirty` by then, so the retry unprotects again.
     fn unprotect_once(&self, w: &mut Wakes, addr: usize) -> Outcome {
         match self.unprotect(w, addr) {
-            Err(e) if e.errno == libc::EAGAIN => Outcome::Defer,
+            Err(e) if e.errno == libc::EAGAIN => Outcome::Again,
             _ => Outcome::Done,
         }
     }
@@ -1580,14 +1790,9 @@ impl Shared {
             while addr < end {
                 let this = addr;
                 addr += PAGE_SIZE;
-                if own_check {
-                    if let Some(c) = s.self_discards.get_mut(&this) {
-                        *c -= 1;
-                        if *c == 0 {
-                            s.self_discards.remove(&this);
-                        }
-                        continue;
-                    }
+                let own = s.own_at(this);
+                if own_check && own.is_some_and(|k| s.own[k].take(this)) {
+                    continue;
                 }
                 let Some((area, page)) = lookup(&s.segs, this) else {
                     continue;
@@ -1608,8 +1813,9 @@ impl Shared {
                 let mm = s.meta(area, page);
                 mm.st = PageState::Absent;
                 // A page the evictor is about to drop stays parked until the
-                // drop returned (the evictor wakes it; see `zapping`).
-                if !mm.zapping && std::mem::replace(&mut mm.parked, false) {
+                // drop returned (the evictor wakes it; see `zapping` and
+                // `OwnSpan`).
+                if !mm.zapping && own.is_none() && std::mem::replace(&mut mm.parked, false) {
                     wake.push(this);
                 }
                 s.stats.discarded_pages += 1;
@@ -1736,7 +1942,6 @@ impl Shared {
                 PageState::Clean => {
                     m.st = PageState::Discarding;
                     m.zapping = true;
-                    *s.self_discards.entry(addr).or_insert(0) += 1;
                     true
                 }
                 _ => continue,
@@ -1780,19 +1985,29 @@ impl Shared {
     /// Returns how many left memory, and how many the store refused.
     fn evict(&self, mut victims: Vec<Victim>) -> (usize, usize) {
         let mut refused = 0;
-        // By address, so that neighbours are protected, read and discarded
-        // with one call per run: each `MADV_DONTNEED` is a round trip
-        // through the handler (a remove event), and while it is pending the
-        // handler's copies fail with EAGAIN.
+        // By address: victims with no resident page between them are
+        // protected and discarded with one call per span (see `OwnSpan`).
+        // Each `MADV_DONTNEED` is a round trip through the handler (a
+        // remove event; while it is pending the handler's copies fail with
+        // EAGAIN), and each call flushes the TLB of every CPU the program
+        // runs on.
         victims.sort_unstable_by_key(|v| v.addr);
+        let wp_spans = self.state.lock().spans(&victims, |v| !v.clean);
         let mut buf = Vec::new();
+        let mut addrs = Vec::new();
         // 1. Write-protect dirty victims. After this no CPU can write them:
-        //    a write faults (WP) and the handler parks or aborts.
+        //    a write faults (WP) and the handler parks or aborts. The pages
+        //    between them were not resident: protecting nothing there (one
+        //    a fault mapped since is protected too, and its first write
+        //    only faults and is unprotected, as any `Dirty` page's).
         // 2. Copy each out and store it.
-        for run in runs(&victims, |v| !v.clean) {
-            let (addr, len) = (victims[run.start].addr, run.len() * PAGE_SIZE);
+        for span in wp_spans {
+            let (lo, hi) = (
+                victims[span[0]].addr,
+                victims[span[span.len() - 1]].addr + PAGE_SIZE,
+            );
             let wp = loop {
-                match self.uffd.writeprotect(addr, len, true, false) {
+                match self.uffd.writeprotect(lo, hi - lo, true, false) {
                     Err(e) if e.errno == libc::EAGAIN => std::thread::yield_now(),
                     r => break r,
                 }
@@ -1800,10 +2015,13 @@ impl Shared {
             if wp.is_err() {
                 continue;
             }
-            buf.resize(len, 0);
-            // One read for the run; page by page if part of it is gone.
-            let whole = sys::read_own(addr, &mut buf).is_ok();
-            for (k, v) in victims[run].iter_mut().enumerate() {
+            addrs.clear();
+            addrs.extend(span.iter().map(|&i| victims[i].addr));
+            buf.resize(addrs.len() * PAGE_SIZE, 0);
+            // One read for the span; page by page if part of it is gone.
+            let whole = sys::read_own_pages(&addrs, &mut buf).is_ok();
+            for (k, &i) in span.iter().enumerate() {
+                let v = &mut victims[i];
                 let page = &mut buf[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
                 if !whole && sys::read_own(v.addr, page).is_err() {
                     continue;
@@ -1814,6 +2032,7 @@ impl Shared {
                 }
             }
         }
+        let discards;
         // 3. Commit: a victim still `Evicting` becomes `Discarding`; one a
         //    write reached goes back to `Dirty`; one the program discarded
         //    meanwhile loses what we stored.
@@ -1829,7 +2048,6 @@ impl Shared {
                         let m = s.meta(area, page);
                         m.st = PageState::Discarding;
                         m.zapping = true;
-                        *s.self_discards.entry(v.addr).or_insert(0) += 1;
                         v.discard = true;
                     }
                     PageState::Evicting | PageState::EvictAborted => {
@@ -1858,36 +2076,70 @@ impl Shared {
                     }
                 }
             }
+            debug_assert!(s.own.is_empty(), "one eviction batch at a time");
+            discards = s.spans(&victims, |v| v.discard);
+            for span in &discards {
+                let (lo, hi) = (
+                    victims[span[0]].addr,
+                    victims[span[span.len() - 1]].addr + PAGE_SIZE,
+                );
+                s.own.push(OwnSpan::new(lo, hi));
+            }
         }
         for v in victims.iter().filter(|v| v.unprotect) {
             self.unprotect_retry(v.addr);
         }
-        // 4. Discard. The remove event this raises is recognised by the
-        //    handler through `self_discards`.
-        let mut failed = Vec::new();
-        let mut calls = 0;
+        // 4. Discard, one call per span. The remove event each raises is
+        //    recognised by the handler through `State::own`.
+        //
         // With CPU handlers, discard at the idle policy: the handler that
         // reads our remove event wakes us, and woken at the normal policy
         // we would preempt it (on its CPU, where we slept) while it holds
         // the dispatch lock, holding up every fault until we sleep again.
         // At the idle policy we wait until it yields. (Where the process
         // may not leave the idle policy again, the discards stay normal.)
-        let idle = self.idle_discards
-            && self.cpu_handlers.load(Ordering::Relaxed) > 0
-            && sys::set_idle(true).is_ok();
-        for run in runs(&victims, |v| v.discard) {
-            let (addr, len) = (victims[run.start].addr, run.len() * PAGE_SIZE);
-            calls += 1;
-            // SAFETY: every page of the run is held by the store and
-            // `Discarding` (or clean): its contents may go. The addresses
-            // were taken from the segment map under the lock (see the crate
-            // docs on remaps).
-            if unsafe { sys::dontneed(addr, len) }.is_err() {
-                failed.extend(victims[run].iter().map(|v| v.addr));
+        let calls = discards.len() as u64;
+        for span in &discards {
+            let (lo, hi) = (
+                victims[span[0]].addr,
+                victims[span[span.len() - 1]].addr + PAGE_SIZE,
+            );
+            let idle = self.idle_discards
+                && self.cpu_handlers.load(Ordering::Relaxed) > 0
+                && sys::set_idle(true).is_ok();
+            // SAFETY: every victim of the span is held by the store and
+            // `Discarding` (or clean), and no page between them is
+            // resident: faults there wait until the call returned. The
+            // addresses were taken from the segment map under the lock
+            // (see the crate docs on remaps).
+            let _ = unsafe { sys::dontneed(lo, hi - lo) };
+            if idle {
+                let _ = sys::set_idle(false);
             }
-        }
-        if idle {
-            let _ = sys::set_idle(false);
+            // The call returned, so every event it raised was read, and a
+            // batch with an event is handled by whoever read it before the
+            // dispatch lock is released: once we had that lock, a later
+            // event is the program's. Faults parked between victims may go.
+            drop(self.dispatch.lock());
+            let parked = {
+                let mut g = self.state.lock();
+                let s = &mut *g;
+                let k = s.own_at(lo).expect("a span lives until its call returned");
+                let o = s.own.remove(k);
+                for &a in &o.parked {
+                    if let Some((area, page)) = lookup(&s.segs, a) {
+                        s.meta(area, page).parked = false;
+                    }
+                }
+                o.parked
+            };
+            for a in parked {
+                let _ = self.uffd.wake(a, PAGE_SIZE);
+            }
+            // Faults that met our remove event (EAGAIN) can go now.
+            if self.again_waiting.swap(false, Ordering::Relaxed) {
+                self.wake.signal();
+            }
         }
         // 5. Settle: `Discarding` → `Stored`, wake parked faults.
         let mut wake = Vec::new();
@@ -1896,14 +2148,6 @@ impl Shared {
             let mut g = self.state.lock();
             let s = &mut *g;
             s.stats.discard_calls += calls;
-            for a in failed {
-                if let Some(c) = s.self_discards.get_mut(&a) {
-                    *c -= 1;
-                    if *c == 0 {
-                        s.self_discards.remove(&a);
-                    }
-                }
-            }
             for v in &victims {
                 let (area, page) = (v.area, v.page as u64);
                 if v.discard {

@@ -125,6 +125,10 @@ pub struct PagerStats {
     pub faults_remote: u64,
     /// Faults held back because the resident budget was full.
     pub faults_throttled: u64,
+    /// Faults deferred because an event was being delivered (the
+    /// resolving ioctl failed with EAGAIN: someone, usually the evictor,
+    /// was discarding pages of a region).
+    pub faults_again: u64,
     /// Pages the pager believed mapped that a fault found unmapped (the
     /// program's MADV_DONTNEED racing with its own access): mapped again
     /// as zeros, as a discarded page reads.

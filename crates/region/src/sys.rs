@@ -784,6 +784,49 @@ pub fn read_own(src: usize, dst: &mut [u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Copies the pages at our own addresses `pages` into consecutive pages of
+/// `dst` (`pages.len()` pages), as [`read_own`] does, in one system call
+/// per 1024 pages.
+pub fn read_own_pages(pages: &[usize], dst: &mut [u8]) -> io::Result<()> {
+    assert_eq!(
+        dst.len(),
+        pages.len() * PAGE_SIZE,
+        "one page of dst per address"
+    );
+    for (addrs, out) in pages.chunks(1024).zip(dst.chunks_mut(1024 * PAGE_SIZE)) {
+        let local = libc::iovec {
+            iov_base: out.as_mut_ptr().cast(),
+            iov_len: out.len(),
+        };
+        let remote: Vec<libc::iovec> = addrs
+            .iter()
+            .map(|&a| libc::iovec {
+                iov_base: a as *mut libc::c_void,
+                iov_len: PAGE_SIZE,
+            })
+            .collect();
+        // SAFETY: as in `read_own`: `local` is writable memory we own
+        // exclusively, and the kernel validates every remote range.
+        let r = unsafe {
+            libc::process_vm_readv(
+                libc::getpid(),
+                &local,
+                1,
+                remote.as_ptr(),
+                remote.len() as _,
+                0,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if r as usize != out.len() {
+            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
+    }
+    Ok(())
+}
+
 /// Pages of `[addr, addr+len)` resident in memory, by `mincore(2)`.
 pub fn mincore_count(addr: usize, len: usize) -> io::Result<usize> {
     let n = len.div_ceil(PAGE_SIZE);

@@ -51,3 +51,31 @@ pub fn eventually(mut cond: impl FnMut() -> bool) -> bool {
     }
     cond()
 }
+
+/// Aborts the test process unless dropped within `secs`: a thread stuck in
+/// a page fault cannot be interrupted, so a fault that is never resolved
+/// would otherwise hang the test run instead of failing it.
+pub struct Watchdog(Arc<std::sync::atomic::AtomicBool>);
+
+pub fn watchdog(what: &'static str, secs: u64) -> Watchdog {
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d = done.clone();
+    std::thread::spawn(move || {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        while std::time::Instant::now() < until {
+            if d.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        eprintln!("{what}: still running after {secs} s (a fault loops or is never woken)");
+        std::process::abort();
+    });
+    Watchdog(done)
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}

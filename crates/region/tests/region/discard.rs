@@ -189,16 +189,7 @@ fn rewrite_right_after_discard_survives_the_evictors_drop() {
     let errors = AtomicU64::new(0);
     let rounds = AtomicU64::new(0);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-    // A thread stuck in a fault cannot be interrupted: turn a livelock into
-    // a failure instead of a hung test run.
-    static DONE: AtomicBool = AtomicBool::new(false);
-    std::thread::spawn(|| {
-        std::thread::sleep(std::time::Duration::from_secs(60));
-        if !DONE.load(Ordering::Relaxed) {
-            eprintln!("rewrite_right_after_discard: still running after 60 s (a fault loops)");
-            std::process::abort();
-        }
-    });
+    let _w = watchdog("rewrite_right_after_discard", 60);
     std::thread::scope(|sc| {
         // Pressure: every other page, round and round, so that the hot
         // pages are picked as victims all the time.
@@ -238,7 +229,6 @@ fn rewrite_right_after_discard_survives_the_evictors_drop() {
         std::thread::sleep(std::time::Duration::from_millis(3200));
         stop.store(true, Ordering::Relaxed);
     });
-    DONE.store(true, Ordering::Relaxed);
     let st = pager.stats();
     assert!(
         rounds.load(Ordering::Relaxed) > 20 && st.evictions > 1000,

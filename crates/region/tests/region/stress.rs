@@ -253,6 +253,21 @@ fn discards_and_syscalls_race_with_eviction_and_cpu_handlers() {
     discards_and_syscalls(cfg);
 }
 
+/// The same with exclusive loads (what `uzswap run` uses): every victim is
+/// written-protected, stored and discarded, and the random access leaves
+/// victims scattered, so they leave in spans over stored pages (one
+/// discard each, `OwnSpan`): a program discard inside a span in flight
+/// must still read as zeros, a stored page the span covers keep its bytes,
+/// and a fault there be woken when the span's call returned.
+#[test]
+fn discards_and_syscalls_race_with_eviction_and_exclusive_loads() {
+    let mut cfg = uzswap_region::PagerConfig::new(64);
+    cfg.keep_clean = false;
+    cfg.cpu_handlers = true;
+    let _w = watchdog("discards_and_syscalls with exclusive loads", 120);
+    discards_and_syscalls(cfg);
+}
+
 fn discards_and_syscalls(cfg: uzswap_region::PagerConfig) {
     const BUDGET: usize = 64;
     const PAGES: usize = 8 * BUDGET;
@@ -340,6 +355,8 @@ fn discards_and_syscalls(cfg: uzswap_region::PagerConfig) {
     }
     let st = pager.stats();
     assert!(st.evictions > 100 && st.discarded_pages > 100, "{st:?}");
+    // Scattered victims share discards (`OwnSpan`).
+    assert!(st.discard_calls < st.evictions + st.clean_drops, "{st:?}");
     // A page discarded while being evicted is served past the budget (the
     // evictor itself reads it): at most one batch over.
     let batch = uzswap_region::PagerConfig::new(BUDGET).evict_batch;
