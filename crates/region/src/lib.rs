@@ -70,7 +70,8 @@
 //!   writes to it.
 //! - **`EAGAIN`** from a resolving ioctl: a remove/unmap/remap event is
 //!   being delivered and must be *read* first; the fault is deferred and
-//!   retried after the next read. Events can be read after faults that
+//!   retried after the next read, and at once when the evictor's discard
+//!   returned (it signals the main handler; `faults_again`). Events can be read after faults that
 //!   follow them causally; the page states make each step idempotent.
 //! - **budget full**: a fault that would map a page with `resident ≥
 //!   limit` is deferred (the thread stays blocked) until the evictor has
@@ -153,11 +154,29 @@
 //! The evictor sleeps until `resident > limit − margin` and then evicts in
 //! batches until `resident ≤ limit − 2·margin` (margin = budget/32, 2..256),
 //! so faults rarely find the budget full. A batch (64 pages) is sorted by
-//! address, and steps 2, 3 and 5 act on runs of adjacent victims with one
-//! call per run: each `MADV_DONTNEED` is a round trip through the handler
-//! (a remove event), and while one is pending the handler's copies fail
-//! with EAGAIN, so one call per page halved the throughput. For each
-//! victim:
+//! address and cut into *spans*: victims with no resident page between
+//! them (at most 512 pages apart, in one segment). Steps 2, 3 and 5 act on
+//! a span with one call: each `MADV_DONTNEED` is a round trip through the
+//! handler (a remove event; while one is pending the handler's copies fail
+//! with EAGAIN), and each `MADV_DONTNEED` and `UFFDIO_WRITEPROTECT` flushes
+//! the TLB of every CPU the program runs on, an interrupt per CPU, each a
+//! VM exit on a virtual machine. The pages between victims are not
+//! resident, so the calls do nothing there; what must hold meanwhile:
+//! - a remove event for them is ours: each span keeps a bit per page,
+//!   cleared when the handler reads our event for it; an event for a page
+//!   whose bit is clear is the program's. The span lives until the call
+//!   returned and the evictor then took the dispatch lock once (a batch
+//!   with an event is handled by whoever read it before that lock is
+//!   released, so by then every event of the call was handled);
+//! - a missing fault on any page of a span in flight is parked, and woken
+//!   when the call returned: mapped now, the page would be dropped by it
+//!   with what the program wrote. Readahead stops at such a page;
+//! - a page between victims that a fault maps after the write-protect was
+//!   planned is protected too; its first write faults and is unprotected,
+//!   as a `Dirty` page's would be. The discard is planned at commit, under
+//!   the state lock, so it never covers a page mapped by then.
+//!
+//! For each victim:
 //! 1. *claim* (state lock): `Dirty` → `Evicting`; `Clean` → `Discarding`.
 //! 2. `UFFDIO_WRITEPROTECT` the page. When the ioctl returns the TLB is
 //!    flushed and no CPU can write it; a write now faults with the WP flag,
@@ -169,12 +188,11 @@
 //!    → drop the stored copy, unprotect (which wakes the writer), `Dirty`;
 //!    anything else (the program discarded the page meanwhile) → drop the
 //!    stored copy.
-//! 5. `MADV_DONTNEED` the page. Because EVENT_REMOVE is on, this raises a
-//!    remove event; the evictor records the address in `self_discards`
-//!    first so the handler knows that event is ours and keeps the entry.
-//!    If the program discards the same page at the same moment, the two
-//!    events are counted, whichever is seen first, and the page ends
-//!    `Absent` either way.
+//! 5. `MADV_DONTNEED` the span. Because EVENT_REMOVE is on, this raises a
+//!    remove event; the span's bits tell the handler that event is ours, so
+//!    it keeps the entries. If the program discards a page of the span at
+//!    the same moment, the two events are counted, whichever is seen first,
+//!    and the page ends `Absent` either way.
 //! 6. *settle* (state lock): `Discarding` → `Stored`; wake parked faults,
 //!    which retry and fault as missing, now loading the page.
 //!
@@ -200,6 +218,15 @@
 //! `VictimPolicy::Fifo` provides for comparison; see the test
 //! `policy_beats_fifo_on_skewed_access`).
 //!
+//! Two refinements use where pages lie, as the kernel's multi-gen LRU looks
+//! around a young page: a victim takes with it the inactive pages near it
+//! (up to 256 pages either side, not past a resident page that is not
+//! one), so that victims form spans; and an inactive page between two
+//! active ones gets one turn on the active list per residency instead of
+//! leaving (it is likely in use as they are, and alone it would cost a
+//! discard call of its own). Which inactive pages go first matters little:
+//! none of them has been seen in use since it came in.
+//!
 //! # Events
 //! - **remove** (`MADV_DONTNEED`, `MADV_REMOVE`) and **unmap**: the pages
 //!   become `Absent` and the store's entries are invalidated; an eviction in
@@ -221,9 +248,9 @@
 //!   `PagerConfig::fork_prefault = false` if the program only forks to exec.
 //!
 //! # Lock order
-//! `gate` (one eviction batch or fork at a time) or `dispatch` (a handler
-//! reading and handling a batch; never with `gate`) → `state` → the
-//! store's locks. `state` is never held across `MADV_DONTNEED` of region memory or a
+//! `gate` (one eviction batch or fork at a time) → `dispatch` (a handler
+//! reading and handling a batch; the evictor takes it, empty, after each
+//! discard) → `state` → the store's locks. Handlers never take `gate`. `state` is never held across `MADV_DONTNEED` of region memory or a
 //! read of it (both may need the handler, which needs `state`).
 
 mod cache_store;

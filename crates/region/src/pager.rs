@@ -5,10 +5,12 @@
 //!
 //! # Lock order
 //! 1. `Shared::gate` (raw mutex: one eviction batch or one fork at a time)
-//!    or `Shared::dispatch` (the handlers, while they read and handle a
-//!    batch); no thread holds both
-//! 2. `Shared::state`
-//! 3. the store's internal locks (taken inside `PageStore` calls)
+//! 2. `Shared::dispatch` (the handlers, while they read and handle a batch;
+//!    the evictor takes it, holding nothing else but the gate, after each
+//!    discard: a barrier behind which every event of that call was
+//!    handled). Handlers never take the gate.
+//! 3. `Shared::state`
+//! 4. the store's internal locks (taken inside `PageStore` calls)
 //!
 //! No thread holds `state` across a call that may need the handler to make
 //! progress: `madvise` on a registered range (it waits until the handler has
