@@ -159,10 +159,11 @@ pub fn text(v: &Value) -> String {
         h("/space/peak_mapped_bytes"),
     );
     s += &format!(
-        "{}; evictions {} in {} discard calls\n",
+        "{}; evictions {} in {} discard calls ({} faults waited for one)\n",
         faults_line(v),
         n("/pager/evictions"),
-        n("/pager/discard_calls")
+        n("/pager/discard_calls"),
+        n("/pager/faults_again")
     );
     s += &format!(
         "cache: stored {} pages, pool {}, written back {}, load errors {}\n",
