@@ -847,6 +847,14 @@ struct Fault {
     retried: bool,
 }
 
+/// Victims of a batch (indexes, by address) that one call serves, and the
+/// range it covers: from the first victim to the end of the last.
+struct Span {
+    victims: Vec<usize>,
+    lo: usize,
+    hi: usize,
+}
+
 /// A victim inside an eviction batch.
 struct Victim {
     area: u32,
@@ -1023,11 +1031,11 @@ impl State {
         }
     }
 
-    /// The victims (indexes into `victims`, sorted by address) that pass
-    /// `keep`, in spans: neighbours share one when no page between them is
-    /// resident (`gap_is_empty`), so that one call serves the span.
-    fn spans(&self, victims: &[Victim], keep: impl Fn(&Victim) -> bool) -> Vec<Vec<usize>> {
-        let mut out: Vec<Vec<usize>> = Vec::new();
+    /// The victims (sorted by address) that pass `keep`, in spans:
+    /// neighbours share one when no page between them is resident
+    /// (`gap_is_empty`), so that one call serves the span.
+    fn spans(&self, victims: &[Victim], keep: impl Fn(&Victim) -> bool) -> Vec<Span> {
+        let mut out: Vec<Span> = Vec::new();
         let mut prev: Option<&Victim> = None;
         for (i, v) in victims.iter().enumerate() {
             if !keep(v) {
@@ -1038,8 +1046,15 @@ impl State {
                     && self.gap_is_empty(v.area, (u.addr, u.page as u64), (v.addr, v.page as u64))
             });
             match out.last_mut() {
-                Some(span) if join => span.push(i),
-                _ => out.push(vec![i]),
+                Some(span) if join => {
+                    span.victims.push(i);
+                    span.hi = v.addr + PAGE_SIZE;
+                }
+                _ => out.push(Span {
+                    victims: vec![i],
+                    lo: v.addr,
+                    hi: v.addr + PAGE_SIZE,
+                }),
             }
             prev = Some(v);
         }
@@ -2004,12 +2019,11 @@ impl Shared {
         //    only faults and is unprotected, as any `Dirty` page's).
         // 2. Copy each out and store it.
         for span in wp_spans {
-            let (lo, hi) = (
-                victims[span[0]].addr,
-                victims[span[span.len() - 1]].addr + PAGE_SIZE,
-            );
             let wp = loop {
-                match self.uffd.writeprotect(lo, hi - lo, true, false) {
+                match self
+                    .uffd
+                    .writeprotect(span.lo, span.hi - span.lo, true, false)
+                {
                     Err(e) if e.errno == libc::EAGAIN => std::thread::yield_now(),
                     r => break r,
                 }
@@ -2018,14 +2032,14 @@ impl Shared {
                 continue;
             }
             addrs.clear();
-            addrs.extend(span.iter().map(|&i| victims[i].addr));
+            addrs.extend(span.victims.iter().map(|&i| victims[i].addr));
             buf.resize(addrs.len() * PAGE_SIZE, 0);
             // One read for the span; page by page if part of it is gone.
             let whole = sys::read_own_pages(&addrs, &mut buf).is_ok();
-            for (k, &i) in span.iter().enumerate() {
+            for (k, &i) in span.victims.iter().enumerate() {
                 let v = &mut victims[i];
                 let page = &mut buf[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
-                if !whole && sys::read_own(v.addr, page).is_err() {
+                if !whole && sys::read_own_pages(&[v.addr], page).is_err() {
                     continue;
                 }
                 match self.store.store(v.area, v.page as u64, page) {
@@ -2080,13 +2094,8 @@ impl Shared {
             }
             debug_assert!(s.own.is_empty(), "one eviction batch at a time");
             discards = s.spans(&victims, |v| v.discard);
-            for span in &discards {
-                let (lo, hi) = (
-                    victims[span[0]].addr,
-                    victims[span[span.len() - 1]].addr + PAGE_SIZE,
-                );
-                s.own.push(OwnSpan::new(lo, hi));
-            }
+            s.own
+                .extend(discards.iter().map(|span| OwnSpan::new(span.lo, span.hi)));
         }
         for v in victims.iter().filter(|v| v.unprotect) {
             self.unprotect_retry(v.addr);
@@ -2101,11 +2110,7 @@ impl Shared {
         // At the idle policy we wait until it yields. (Where the process
         // may not leave the idle policy again, the discards stay normal.)
         let calls = discards.len() as u64;
-        for span in &discards {
-            let (lo, hi) = (
-                victims[span[0]].addr,
-                victims[span[span.len() - 1]].addr + PAGE_SIZE,
-            );
+        for &Span { lo, hi, .. } in &discards {
             let idle = self.idle_discards
                 && self.cpu_handlers.load(Ordering::Relaxed) > 0
                 && sys::set_idle(true).is_ok();

@@ -758,35 +758,11 @@ pub unsafe fn dontneed(addr: usize, len: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// Copies `dst.len()` bytes from our own address `src` with
-/// `process_vm_readv`: if the range was unmapped meanwhile this fails with
-/// EFAULT instead of crashing, and missing pages fault to the handler like
-/// any kernel access.
-pub fn read_own(src: usize, dst: &mut [u8]) -> io::Result<()> {
-    let local = libc::iovec {
-        iov_base: dst.as_mut_ptr().cast(),
-        iov_len: dst.len(),
-    };
-    let remote = libc::iovec {
-        iov_base: src as *mut libc::c_void,
-        iov_len: dst.len(),
-    };
-    // SAFETY: `local` describes writable memory we own exclusively; the
-    // kernel validates `remote` against our address space and returns an
-    // error for unmapped parts.
-    let r = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if r as usize != dst.len() {
-        return Err(io::Error::from_raw_os_error(libc::EFAULT));
-    }
-    Ok(())
-}
-
 /// Copies the pages at our own addresses `pages` into consecutive pages of
-/// `dst` (`pages.len()` pages), as [`read_own`] does, in one system call
-/// per 1024 pages.
+/// `dst` (`pages.len()` pages) with `process_vm_readv`, one system call per
+/// 1024 pages: if a page was unmapped meanwhile this fails with EFAULT
+/// instead of crashing, and missing pages fault to the handler like any
+/// kernel access.
 pub fn read_own_pages(pages: &[usize], dst: &mut [u8]) -> io::Result<()> {
     assert_eq!(
         dst.len(),
@@ -805,8 +781,9 @@ pub fn read_own_pages(pages: &[usize], dst: &mut [u8]) -> io::Result<()> {
                 iov_len: PAGE_SIZE,
             })
             .collect();
-        // SAFETY: as in `read_own`: `local` is writable memory we own
-        // exclusively, and the kernel validates every remote range.
+        // SAFETY: `local` describes writable memory we own exclusively; the
+        // kernel validates every remote range against our address space
+        // and returns an error for unmapped parts.
         let r = unsafe {
             libc::process_vm_readv(
                 libc::getpid(),

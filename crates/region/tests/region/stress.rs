@@ -254,7 +254,7 @@ fn discards_and_syscalls_race_with_eviction_and_cpu_handlers() {
 }
 
 /// The same with exclusive loads (what `uzswap run` uses): every victim is
-/// written-protected, stored and discarded, and the random access leaves
+/// write-protected, stored and discarded, and the random access leaves
 /// victims scattered, so they leave in spans over stored pages (one
 /// discard each, `OwnSpan`): a program discard inside a span in flight
 /// must still read as zeros, a stored page the span covers keep its bytes,
