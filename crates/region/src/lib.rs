@@ -122,6 +122,14 @@
 //! - **No lock held when preempted by our own wake-up.** A CPU handler
 //!   resolves with `DONTWAKE`, releases every lock, and only then wakes the
 //!   faulting thread (`UFFDIO_WAKE`) and, after it, the evictor.
+//! - **After an event it yields.** Until the thread that raised a remove,
+//!   unmap or remap event runs again, the kernel counts the event as
+//!   pending and every resolving ioctl fails with EAGAIN. That thread slept
+//!   on this CPU (which is why its handler ran), so the handler yields at
+//!   once after handling the event: the discarding evictor resumes, drops
+//!   its pages and waits for the dispatch lock, and the faults after the
+//!   event in the batch resolve instead of being deferred. This cut the
+//!   skewed pattern's EAGAIN deferrals by a third.
 //! - **Faults it cannot resolve** (EAGAIN, budget full) go to the main
 //!   handler's retries. The main handler stays: while the CPU handlers spin
 //!   it watches only its eventfd, and the descriptor every millisecond as a

@@ -1232,18 +1232,42 @@ impl Shared {
                     deferred.push(f);
                 }
             }
-            Msg::Remove { start, end } => self.discard_range(start, end, true, w),
+            Msg::Remove { start, end } => {
+                self.discard_range(start, end, true, w);
+                self.let_raiser_run(w);
+            }
             Msg::Unmap { start, end } => {
                 self.discard_range(start, end, false, w);
                 self.forget_range(start, end);
+                self.let_raiser_run(w);
             }
-            Msg::Remap { from, to, len } => self.remap(from, to, len),
+            Msg::Remap { from, to, len } => {
+                self.remap(from, to, len);
+                self.let_raiser_run(w);
+            }
             Msg::Fork { fd } => {
                 // Not negotiated; close it should it ever come.
                 // SAFETY: the kernel gave us this descriptor.
                 drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
             }
             Msg::Unknown(_) => {}
+        }
+    }
+
+    /// After an event: until the thread that raised it runs again, every
+    /// resolving ioctl fails with EAGAIN (the kernel counts the event as
+    /// pending until then), and that thread slept on this CPU if this is
+    /// a CPU handler (its CPU went idle, so the handler ran). Yielding lets
+    /// it run now, at the idle policy no later than this handler, instead
+    /// of when the handler next finds nothing to do: the faults after the
+    /// event in this batch then resolve at once rather than going to the
+    /// main handler's retries. A discarding evictor resumes, drops the
+    /// pages and waits for the dispatch lock held here (see `evict`). The
+    /// main handler runs at the normal policy and
+    /// does not yield: an idle-policy thread would not run anyway.
+    fn let_raiser_run(&self, w: &Wakes) {
+        if w.defer {
+            std::thread::yield_now();
         }
     }
 
