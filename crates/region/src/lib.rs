@@ -124,9 +124,9 @@
 //!   faulting thread (`UFFDIO_WAKE`) and, after it, the evictor.
 //! - **After an event it yields.** Until the thread that raised a remove,
 //!   unmap or remap event runs again, the kernel counts the event as
-//!   pending and every resolving ioctl fails with EAGAIN. That thread slept
-//!   on this CPU (which is why its handler ran), so the handler yields at
-//!   once after handling the event: the discarding evictor resumes, drops
+//!   pending and every resolving ioctl fails with EAGAIN. That thread
+//!   usually slept on this CPU (which is why its handler ran), so the
+//!   handler yields at once after handling the event: the discarding evictor resumes, drops
 //!   its pages and waits for the dispatch lock, and the faults after the
 //!   event in the batch resolve instead of being deferred. This cut the
 //!   skewed pattern's EAGAIN deferrals by a third.
@@ -144,8 +144,9 @@
 //!   dispatch lock, and no fault would be read until the evictor slept
 //!   again (after its next batch: hundreds of µs). So while CPU handlers
 //!   run, the evictor switches to `SCHED_IDLE` for its discards and back
-//!   after (one pair of calls, about 3 µs, per batch); woken, it waits for
-//!   the handler to finish and yield. The price: under a full machine
+//!   after (one pair of calls, about 3 µs, per discard call); woken, it
+//!   waits for the handler to yield, which it does right after handling
+//!   the event. The price: under a full machine
 //!   its discards get CPU time only slowly. Only where the process may
 //!   leave the idle policy again (`CAP_SYS_NICE` or a high enough
 //!   `RLIMIT_NICE`; the default limit does not allow it): elsewhere the

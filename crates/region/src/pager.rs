@@ -1256,15 +1256,15 @@ impl Shared {
 
     /// After an event: until the thread that raised it runs again, every
     /// resolving ioctl fails with EAGAIN (the kernel counts the event as
-    /// pending until then), and that thread slept on this CPU if this is
-    /// a CPU handler (its CPU went idle, so the handler ran). Yielding lets
-    /// it run now, at the idle policy no later than this handler, instead
-    /// of when the handler next finds nothing to do: the faults after the
-    /// event in this batch then resolve at once rather than going to the
-    /// main handler's retries. A discarding evictor resumes, drops the
-    /// pages and waits for the dispatch lock held here (see `evict`). The
-    /// main handler runs at the normal policy and
-    /// does not yield: an idle-policy thread would not run anyway.
+    /// pending until then). On a CPU handler (the only one whose wakes are
+    /// deferred) that thread usually slept on this CPU: its CPU went idle,
+    /// so the handler ran. Yielding lets it run now rather than when the
+    /// handler next finds nothing to do, so the faults after the event in
+    /// this batch resolve at once instead of going to the main handler's
+    /// retries. A discarding evictor resumes, drops its pages and waits for
+    /// the dispatch lock held here (see `evict`). The main handler runs at
+    /// the normal policy and does not yield: an idle-policy thread would
+    /// not get its CPU anyway.
     fn let_raiser_run(&self, w: &Wakes) {
         if w.defer {
             std::thread::yield_now();
