@@ -488,7 +488,9 @@ mod tests {
     proptest::proptest! {
         /// Damaged lz4 blocks, checked against an independent decoder
         /// (lz4_flex): the library's decoder yields a page exactly when
-        /// lz4_flex yields one, and then the same bytes.
+        /// lz4_flex yields one, and then the same bytes; except for a zero
+        /// match offset, which only the reference decoder accepts (the
+        /// case in proptest-regressions/codec.txt).
         #[test]
         fn damaged_lz4_blocks_decode_as_an_independent_decoder_says(
             flips in proptest::collection::vec((0usize..4096, 0u8..=255), 1..6),
@@ -509,7 +511,16 @@ mod tests {
             let mut ours = vec![0u8; PAGE_SIZE];
             let mut theirs = vec![0u8; PAGE_SIZE];
             let a = Codec::Lz4.decompress(&block, &mut ours).is_ok();
-            let b = lz4_flex::block::decompress_into(&block, &mut theirs).ok() == Some(PAGE_SIZE);
+            let b = match lz4_flex::block::decompress_into(&block, &mut theirs) {
+                Ok(n) => n == PAGE_SIZE,
+                // A match offset of 0: the reference decoder takes it (it
+                // copies from the output position itself, within the page,
+                // so memory-safe but meaningless bytes) where lz4_flex
+                // refuses it. The two differ by design here; no verdict to
+                // compare.
+                Err(lz4_flex::block::DecompressError::OffsetZero) => return Ok(()),
+                Err(_) => false,
+            };
             proptest::prop_assert_eq!(a, b);
             if a {
                 proptest::prop_assert_eq!(ours, theirs);
