@@ -159,9 +159,10 @@ pub fn text(v: &Value) -> String {
         h("/space/peak_mapped_bytes"),
     );
     s += &format!(
-        "{}; evictions {} in {} discard calls ({} faults waited for one)\n",
+        "{}; evictions {} ({} moved out, the rest in {} discard calls; {} faults waited for one)\n",
         faults_line(v),
         n("/pager/evictions"),
+        n("/pager/evict_moved_pages"),
         n("/pager/discard_calls"),
         n("/pager/faults_again")
     );

@@ -197,11 +197,30 @@
 //!    → drop the stored copy, unprotect (which wakes the writer), `Dirty`;
 //!    anything else (the program discarded the page meanwhile) → drop the
 //!    stored copy.
-//! 5. `MADV_DONTNEED` the span. Because EVENT_REMOVE is on, this raises a
-//!    remove event; the span's bits tell the handler that event is ours, so
-//!    it keeps the entries. If the program discards a page of the span at
-//!    the same moment, the two events are counted, whichever is seen first,
-//!    and the page ends `Absent` either way.
+//! 5. drop the page. A span of at most 4 victims is *moved* out, page by
+//!    page (`UFFDIO_MOVE`), into a staging area registered with a second
+//!    userfaultfd that has no events (`sys::Staging`), and the staging
+//!    pages are dropped together after the batch: no remove event, so no
+//!    round trip through a handler and no window in which its copies fail
+//!    with EAGAIN. On the skewed usemem pattern, where victims are
+//!    scattered, this took EAGAIN deferrals from about 20,000 to 5,000 and
+//!    discard calls from 44,000 to 11,000 (docs/BENCHMARKS.md). A program
+//!    discard of a page being moved is the program's event (the page is in
+//!    no span of ours): if it came first the move finds no page (ENOENT),
+//!    and the evictor takes the dispatch lock once so that the event was
+//!    handled before settle. Moves go one page per ioctl and never with
+//!    `ALLOW_SRC_HOLES`: on Linux 6.18 the kernel's move loop keeps an
+//!    EAGAIN across its retries, so a move that met one and then a hole
+//!    spins in the kernel for ever (a test hung so), and one that met one
+//!    and then moved the page reports EEXIST for it, which `Staging::take`
+//!    checks with `mincore` (the slot was empty before). Longer spans,
+//!    pages the kernel will not move (EBUSY: shared with a forked child;
+//!    EINVAL: a mapping with other flags) and kernels without
+//!    `UFFDIO_MOVE` get `MADV_DONTNEED` of the span. Because EVENT_REMOVE
+//!    is on, that raises a remove event; the span's bits tell the handler
+//!    that event is ours, so it keeps the entries. If the program discards
+//!    a page of the span at the same moment, the two events are counted,
+//!    whichever is seen first, and the page ends `Absent` either way.
 //! 6. *settle* (state lock): `Discarding` → `Stored`; wake parked faults,
 //!    which retry and fault as missing, now loading the page.
 //!

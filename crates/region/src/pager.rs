@@ -75,6 +75,11 @@ pub struct PagerConfig {
     pub keep_clean: bool,
     /// Bring every evicted page back before `fork()` (see `crate` docs).
     pub fork_prefault: bool,
+    /// Drop victims of short spans by moving them into a staging area
+    /// (`UFFDIO_MOVE`, where the kernel has it), which raises no remove
+    /// event, instead of `MADV_DONTNEED` on the region (see `crate` docs,
+    /// "Eviction").
+    pub evict_by_move: bool,
     /// Called first on each helper thread the pager starts (the handler
     /// and the evictor), e.g. to mark them as the runtime's own threads.
     pub thread_start: Option<fn()>,
@@ -104,6 +109,7 @@ impl PagerConfig {
             cpu_handlers: false,
             cpu_spin: Duration::from_millis(2),
             fork_prefault: true,
+            evict_by_move: true,
             keep_clean: true,
             thread_start: None,
             charge: None,
@@ -111,6 +117,11 @@ impl PagerConfig {
         }
     }
 }
+
+/// Spans of at most this many victims leave by moves (one `UFFDIO_MOVE`
+/// and one TLB flush per page) rather than one `MADV_DONTNEED` (one remove
+/// event through a handler and one TLB flush per span).
+const MOVE_MAX_SPAN: usize = 4;
 
 /// How often the evictor reads [`PagerConfig::charge`].
 pub const CHARGE_PERIOD: Duration = Duration::from_millis(10);
@@ -412,6 +423,10 @@ pub(crate) struct Shared {
     /// The evictor discards at the idle policy while CPU handlers run (see
     /// `evict`); only where it may go back (`sys::may_leave_idle`).
     idle_discards: bool,
+    /// Where victims of short spans are moved to leave without a remove
+    /// event (see `evict`); None without `UFFDIO_MOVE` or with
+    /// `evict_by_move` off. Used by the evictor under `gate`.
+    staging: Option<sys::Staging>,
     /// Faults a CPU handler resolved on the CPU they came from (as far as
     /// it can tell), and faults it took over from another CPU.
     faults_local: AtomicU64,
@@ -571,8 +586,14 @@ impl Pager {
         let wake = sys::EventFd::new().map_err(PagerError::Start)?;
         let stop = sys::EventFd::new().map_err(PagerError::Start)?;
         let idle_discards = cfg.cpu_handlers && sys::may_leave_idle();
+        let staging = if cfg.evict_by_move {
+            sys::Staging::new(cfg.evict_batch)
+        } else {
+            None
+        };
         let sh = Arc::new(Shared {
             uffd,
+            staging,
             store,
             margin: (cfg.budget_pages / 32).clamp(2, 256),
             state: Mutex::new(State {
@@ -734,6 +755,12 @@ impl Pager {
         // SAFETY: locked just above on this thread.
         unsafe { sh.gate.unlock() };
         n
+    }
+
+    /// Whether victims can leave by a move into the staging area
+    /// (`PagerConfig::evict_by_move` on and the kernel has `UFFDIO_MOVE`).
+    pub fn evicts_by_move(&self) -> bool {
+        self.owner.sh.staging.is_some()
     }
 
     /// Negotiated userfaultfd feature bits (see `sys::feature`).
@@ -2072,7 +2099,8 @@ impl Shared {
                 }
             }
         }
-        let discards;
+        let mut discards;
+        let mut moves = Vec::new();
         // 3. Commit: a victim still `Evicting` becomes `Discarding`; one a
         //    write reached goes back to `Dirty`; one the program discarded
         //    meanwhile loses what we stored.
@@ -2117,12 +2145,67 @@ impl Shared {
                 }
             }
             debug_assert!(s.own.is_empty(), "one eviction batch at a time");
-            discards = s.spans(&victims, |v| v.discard);
+            let mut spans = s.spans(&victims, |v| v.discard);
+            // Short spans leave by moves while the staging area has room.
+            if let Some(st) = &self.staging {
+                let mut room = st.pages();
+                spans.retain(|span| {
+                    let n = span.victims.len();
+                    let move_it = n <= MOVE_MAX_SPAN && n <= room;
+                    if move_it {
+                        room -= n;
+                        moves.extend_from_slice(&span.victims);
+                    }
+                    !move_it
+                });
+            }
             s.own
-                .extend(discards.iter().map(|span| OwnSpan::new(span.lo, span.hi)));
+                .extend(spans.iter().map(|span| OwnSpan::new(span.lo, span.hi)));
+            discards = spans;
         }
         for v in victims.iter().filter(|v| v.unprotect) {
             self.unprotect_retry(v.addr);
+        }
+        // 4a. Move victims of short spans into the staging area, one page
+        //     at a time: no remove event, so no handler round trip and no
+        //     EAGAIN for the faults meanwhile (see `sys::Staging`). A missing
+        //     fault on a moved page parks (`zapping`) until step 5, as after
+        //     a discard; the program's own discard of one is its event, as
+        //     the page is in no span of ours. A page the kernel will not
+        //     move (shared with a forked child, a mapping with other flags)
+        //     is discarded below in a span of its own.
+        let mut moved = 0u64;
+        if let Some(st) = &self.staging {
+            let mut refused = Vec::new();
+            let mut slot = 0;
+            let mut gone = false;
+            for &i in &moves {
+                match st.take(slot, victims[i].addr) {
+                    sys::Taken::Moved => slot += 1,
+                    sys::Taken::Gone => gone = true,
+                    sys::Taken::Refused(_) => refused.push(Span {
+                        victims: vec![i],
+                        lo: victims[i].addr,
+                        hi: victims[i].addr + PAGE_SIZE,
+                    }),
+                }
+            }
+            st.clear(slot);
+            moved = slot as u64;
+            if gone {
+                // The program discarded the page: the kernel zaps only after
+                // a handler read the remove event, and whoever reads a batch
+                // with an event handles it under the dispatch lock. Once we
+                // had that lock the page is `Absent`, and step 5 leaves it so.
+                drop(self.dispatch.lock());
+            }
+            if !refused.is_empty() {
+                let mut s = self.state.lock();
+                s.own
+                    .extend(refused.iter().map(|span| OwnSpan::new(span.lo, span.hi)));
+                s.own.sort_unstable_by_key(|o| o.lo);
+                discards.extend(refused);
+            }
         }
         // 4. Discard, one call per span. The remove event each raises is
         //    recognised by the handler through `State::own`.
@@ -2179,6 +2262,7 @@ impl Shared {
             let mut g = self.state.lock();
             let s = &mut *g;
             s.stats.discard_calls += calls;
+            s.stats.evict_moved_pages += moved;
             for v in &victims {
                 let (area, page) = (v.area, v.page as u64);
                 if v.discard {

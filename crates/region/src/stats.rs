@@ -150,8 +150,12 @@ pub struct PagerStats {
     pub evictions_aborted: u64,
     /// `MADV_DONTNEED` calls the evictor made, one per run of neighbouring
     /// victims; each is a remove event through the handler. Evictions plus
-    /// clean drops over this is the pages released per call.
+    /// clean drops, less moved pages, over this is the pages released per
+    /// call.
     pub discard_calls: u64,
+    /// Evicted or clean pages that left by a move into the staging area
+    /// (`UFFDIO_MOVE`: no remove event) rather than `MADV_DONTNEED`.
+    pub evict_moved_pages: u64,
     /// Evictions abandoned because the store refused the page.
     pub store_rejected: u64,
     /// Loads that failed (the access gets SIGBUS through a poison marker).

@@ -570,10 +570,10 @@ impl Uffd {
     }
 
     /// `UFFDIO_MOVE`: moves mapped pages from `src` to `dst` (a registered,
-    /// unmapped destination). EBUSY on pages shared with a forked child;
-    /// EEXIST if the destination is mapped. Not used by the pager today (it
-    /// evicts with write protection + copy, which also works on pages shared
-    /// after fork) but kept for experiments.
+    /// unmapped destination), without `ALLOW_SRC_HOLES` (see [`Staging`]
+    /// on why never with it). EBUSY on pages shared with a forked child;
+    /// EEXIST if the destination is mapped; ENOENT at an unmapped source
+    /// page.
     pub fn move_pages(&self, dst: usize, src: usize, len: usize) -> Result<(), UffdError> {
         let mut m = UffdioMove {
             dst: dst as u64,
@@ -675,6 +675,119 @@ impl EventFd {
     /// The descriptor, for poll.
     pub fn raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
+    }
+}
+
+/// What became of a page [`Staging::take`] tried to move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Taken {
+    /// It is in the slot; the region has no page there any more.
+    Moved,
+    /// The region had no page there (the program discarded it).
+    Gone,
+    /// The kernel refused (this errno): the page is where it was. EBUSY
+    /// for a page shared with a forked child, EINVAL for a mapping whose
+    /// protection or flags differ from the staging area's.
+    Refused(i32),
+}
+
+/// Where the evictor drops pages without a remove event: `pages` pages of
+/// anonymous memory registered with a userfaultfd of its own that has
+/// `UFFDIO_MOVE` and no events. A page moved here from a region leaves it
+/// with no `MADV_DONTNEED` on the region, so the region's descriptor
+/// reports nothing (each remove event is a round trip through a handler,
+/// and until the thread that raised it runs again every resolving ioctl
+/// fails with EAGAIN); the staging pages are then dropped together, which
+/// reports nothing either (this descriptor has no events).
+///
+/// One page per ioctl, never with `ALLOW_SRC_HOLES`: on Linux 6.18 the
+/// move loop keeps its error across retries, so a move that met a
+/// transient EAGAIN (the page table changed under it) and then found a
+/// hole at the source "moves the hole" forever, spinning in the kernel
+/// (seen here: a test hung with the evictor at 100 % system time in
+/// `move_pages`). Without holes, the same sequence ends: a page that did
+/// move after the EAGAIN is reported as EEXIST at its (formerly empty)
+/// destination, which [`Staging::take`] checks with `mincore`.
+#[derive(Debug)]
+pub struct Staging {
+    uffd: Uffd,
+    base: usize,
+    pages: usize,
+}
+
+impl Staging {
+    /// None if the kernel lacks `UFFDIO_MOVE` or the area cannot be set up
+    /// (the evictor then drops pages with `MADV_DONTNEED` only).
+    pub fn new(pages: usize) -> Option<Staging> {
+        let fd = open_raw(None).ok()?;
+        let got = api(&fd, feature::MOVE).ok()?;
+        if got & feature::MOVE == 0 {
+            return None;
+        }
+        let uffd = Uffd {
+            fd,
+            features: feature::MOVE,
+        };
+        let len = pages * PAGE_SIZE;
+        let base = map_anon(len).ok()?;
+        // A forked child gets no copy: the area is the evictor's alone.
+        // SAFETY: our own fresh mapping; MADV_DONTFORK changes no contents.
+        let dontfork =
+            unsafe { libc::madvise(base as *mut libc::c_void, len, libc::MADV_DONTFORK) };
+        let _ = no_huge_pages(base, len);
+        let mut r = UffdioRegister {
+            range: UffdioRange {
+                start: base as u64,
+                len: len as u64,
+            },
+            mode: REGISTER_MODE_MISSING,
+            ioctls: 0,
+        };
+        if dontfork != 0 || uffd.ioctl(UFFDIO_REGISTER, &mut r).is_err() {
+            // SAFETY: our own fresh mapping, never handed out.
+            unsafe { unmap(base, len) };
+            return None;
+        }
+        Some(Staging { uffd, base, pages })
+    }
+
+    /// Pages the area holds.
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    /// Moves the page at `src` into the empty slot `slot`.
+    pub fn take(&self, slot: usize, src: usize) -> Taken {
+        assert!(slot < self.pages, "staging holds {} pages", self.pages);
+        let dst = self.base + slot * PAGE_SIZE;
+        match self.uffd.move_pages(dst, src, PAGE_SIZE) {
+            Ok(()) => Taken::Moved,
+            Err(e) if e.errno == libc::ENOENT => Taken::Gone,
+            // The slot was empty, so only this move can have filled it
+            // (see the type's docs); mincore tells.
+            Err(e) if e.errno == libc::EEXIST => match mincore_count(dst, PAGE_SIZE) {
+                Ok(1) => Taken::Moved,
+                _ => Taken::Refused(e.errno),
+            },
+            Err(e) => Taken::Refused(e.errno),
+        }
+    }
+
+    /// Drops the first `n` slots (no event: the area's descriptor has
+    /// none); they are empty afterwards.
+    pub fn clear(&self, n: usize) {
+        if n > 0 {
+            // SAFETY: staging memory is ours alone; its pages were stored
+            // (or are clean copies of stored pages) before they moved.
+            let _ = unsafe { dontneed(self.base, n * PAGE_SIZE) };
+        }
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // SAFETY: the area is ours and nothing refers to it any more.
+        unsafe { unmap(self.base, self.pages * PAGE_SIZE) };
     }
 }
 

@@ -11,5 +11,6 @@ mod lifecycle;
 mod load_error;
 mod policy;
 mod soak;
+mod staging;
 mod stress;
 mod syscalls;

@@ -14,6 +14,27 @@ pub const BUDGET: usize = 128;
 fn threads_on_a_region_eight_times_the_budget() {
     let (pager, store) = pager(BUDGET);
     hammer(&pager);
+    // Victims of short spans leave by a move to the staging area where the
+    // kernel has UFFDIO_MOVE (this one does: see the test below for the
+    // path without).
+    let st = pager.stats();
+    if pager.evicts_by_move() {
+        assert!(st.evict_moved_pages > 0, "{st:?}");
+    }
+    assert_eq!(store.len(), 0);
+}
+
+/// The same with victims dropped by `MADV_DONTNEED` only (no moves to the
+/// staging area): the path kernels without `UFFDIO_MOVE` take, and the one
+/// long spans take everywhere.
+#[test]
+fn threads_on_a_region_dropping_pages_without_moves() {
+    let mut cfg = uzswap_region::PagerConfig::new(BUDGET);
+    cfg.evict_by_move = false;
+    let (pager, store) = pager_with(cfg);
+    hammer(&pager);
+    assert_eq!(pager.stats().evict_moved_pages, 0);
+    assert!(pager.stats().discard_calls > 0);
     assert_eq!(store.len(), 0);
 }
 
