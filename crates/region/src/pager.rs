@@ -2200,6 +2200,8 @@ impl Shared {
                 drop(self.dispatch.lock());
             }
             if !refused.is_empty() {
+                // Nothing to re-check: the pages stay `zapping` (ours) until
+                // settle; their spans only have to exist before the call.
                 let mut s = self.state.lock();
                 s.own
                     .extend(refused.iter().map(|span| OwnSpan::new(span.lo, span.hi)));

@@ -435,12 +435,16 @@ impl Uffd {
 
     /// Registers `[addr, addr+len)` for missing and write-protect faults.
     pub fn register(&self, addr: usize, len: usize) -> io::Result<()> {
+        self.register_mode(addr, len, REGISTER_MODE_MISSING | REGISTER_MODE_WP)
+    }
+
+    fn register_mode(&self, addr: usize, len: usize, mode: u64) -> io::Result<()> {
         let mut r = UffdioRegister {
             range: UffdioRange {
                 start: addr as u64,
                 len: len as u64,
             },
-            mode: REGISTER_MODE_MISSING | REGISTER_MODE_WP,
+            mode,
             ioctls: 0,
         };
         self.ioctl(UFFDIO_REGISTER, &mut r)
@@ -730,20 +734,15 @@ impl Staging {
         };
         let len = pages * PAGE_SIZE;
         let base = map_anon(len).ok()?;
+        let _ = no_huge_pages(base, len);
         // A forked child gets no copy: the area is the evictor's alone.
         // SAFETY: our own fresh mapping; MADV_DONTFORK changes no contents.
-        let dontfork =
-            unsafe { libc::madvise(base as *mut libc::c_void, len, libc::MADV_DONTFORK) };
-        let _ = no_huge_pages(base, len);
-        let mut r = UffdioRegister {
-            range: UffdioRange {
-                start: base as u64,
-                len: len as u64,
-            },
-            mode: REGISTER_MODE_MISSING,
-            ioctls: 0,
-        };
-        if dontfork != 0 || uffd.ioctl(UFFDIO_REGISTER, &mut r).is_err() {
+        let dontfork = unsafe { madvise(base, len, libc::MADV_DONTFORK) };
+        if dontfork.is_err()
+            || uffd
+                .register_mode(base, len, REGISTER_MODE_MISSING)
+                .is_err()
+        {
             // SAFETY: our own fresh mapping, never handed out.
             unsafe { unmap(base, len) };
             return None;
@@ -840,7 +839,17 @@ pub unsafe fn map_anon_at(addr: usize, len: usize) -> io::Result<()> {
 pub fn no_huge_pages(addr: usize, len: usize) -> io::Result<()> {
     // SAFETY: only changes the huge-page policy of our own mapping; no
     // contents are affected.
-    let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_NOHUGEPAGE) };
+    unsafe { madvise(addr, len, libc::MADV_NOHUGEPAGE) }
+}
+
+/// `madvise(2)` with `advice` on `[addr, addr+len)`.
+///
+/// # Safety
+/// As `advice` requires: one that drops pages needs a range whose contents
+/// may be lost.
+unsafe fn madvise(addr: usize, len: usize, advice: i32) -> io::Result<()> {
+    // SAFETY: per the caller's contract; the kernel checks the range.
+    let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -864,11 +873,7 @@ pub unsafe fn unmap(addr: usize, len: usize) {
 /// The range must be private anonymous memory whose contents may be lost.
 pub unsafe fn dontneed(addr: usize, len: usize) -> io::Result<()> {
     // SAFETY: per the caller's contract.
-    let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    unsafe { madvise(addr, len, libc::MADV_DONTNEED) }
 }
 
 /// Copies the pages at our own addresses `pages` into consecutive pages of

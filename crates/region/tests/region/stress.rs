@@ -14,9 +14,8 @@ pub const BUDGET: usize = 128;
 fn threads_on_a_region_eight_times_the_budget() {
     let (pager, store) = pager(BUDGET);
     hammer(&pager);
-    // Victims of short spans leave by a move to the staging area where the
-    // kernel has UFFDIO_MOVE (this one does: see the test below for the
-    // path without).
+    // Where the kernel has UFFDIO_MOVE, victims of short spans leave by a
+    // move to the staging area (the test below takes the path without).
     let st = pager.stats();
     if pager.evicts_by_move() {
         assert!(st.evict_moved_pages > 0, "{st:?}");
