@@ -257,6 +257,8 @@ struct Inner {
     /// 1 per open area.
     areas: Box<[AtomicU8]>,
     compressor: AtomicU64,
+    /// `CacheConfig::cold_compressor`.
+    cold_compressor: Option<Compressor>,
     limit: AtomicU64,
     full: AtomicBool,
     accept_percent: u64,
@@ -322,6 +324,7 @@ impl Cache {
                 .collect(),
             areas: (0..MAX_AREAS).map(|_| AtomicU8::new(0)).collect(),
             compressor: AtomicU64::new(cfg.compressor.pack()),
+            cold_compressor: cfg.cold_compressor,
             limit: AtomicU64::new(cfg.pool_limit.bytes()),
             full: AtomicBool::new(false),
             accept_percent: u64::from(cfg.accept_threshold_percent),
@@ -376,8 +379,24 @@ impl Cache {
     /// A refused store drops the old entry too (it is older than the page
     /// the caller still holds), as the kernel's zswap does.
     pub fn store(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {
+        self.store_with(area, offset, page, false)
+    }
+
+    /// As [`Cache::store`], for a page the caller does not expect back soon:
+    /// compressed with `CacheConfig::cold_compressor` if one is set.
+    pub fn store_cold(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {
+        self.store_with(area, offset, page, true)
+    }
+
+    fn store_with(
+        &self,
+        area: u32,
+        offset: u64,
+        page: &[u8],
+        cold: bool,
+    ) -> Result<Stored, StoreError> {
         self.inner.check(area, page.len())?;
-        self.inner.store(area, offset, page).map_err(|e| {
+        self.inner.store(area, offset, page, cold).map_err(|e| {
             self.inner.remove(area, offset);
             e.into()
         })
@@ -627,7 +646,7 @@ impl Inner {
         }
     }
 
-    fn store(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, Reject> {
+    fn store(&self, area: u32, offset: u64, page: &[u8], cold: bool) -> Result<Stored, Reject> {
         if self.same_filled {
             if let Some(w) = same_filled_word(page) {
                 self.insert(area, offset, Place::Same(w));
@@ -650,7 +669,8 @@ impl Inner {
             }
             return self.store_to_backing(area, offset, page);
         }
-        let compressor = Compressor::unpack(self.compressor.load(RELAXED));
+        let cold = if cold { self.cold_compressor } else { None };
+        let compressor = cold.unwrap_or_else(|| Compressor::unpack(self.compressor.load(RELAXED)));
         OUT.with(|out| {
             let mut out = out.borrow_mut();
             let (data, codec): (&[u8], Codec) = match compressor.compress(page, &mut out) {
@@ -718,6 +738,9 @@ impl Inner {
                 dedup: dhash,
             };
             self.insert(area, offset, Place::Pool(obj));
+            if cold.is_some() && codec != Codec::Raw {
+                self.counters.cold_stores.fetch_add(1, RELAXED);
+            }
             if self.pool.pool_bytes() >= self.limit_share((100 + self.accept_percent) / 2) {
                 self.wake_writer();
             }

@@ -99,6 +99,13 @@ pub struct CacheConfig {
     pub incompressible: Incompressible,
     /// Record pages of one repeated 8-byte word without pool memory.
     pub same_filled: bool,
+    /// The compressor for pages stored with [`crate::Cache::store_cold`]:
+    /// pages the caller does not expect back soon (a pager's victims that
+    /// never refaulted within the working set) can take a denser, slower
+    /// codec while pages that come back keep the fast one, as zram
+    /// recompresses its idle pages with a second algorithm. None: the
+    /// main compressor for every page.
+    pub cold_compressor: Option<Compressor>,
     /// Share identical pages (changeable later).
     pub dedup: bool,
     /// Which pages may share.
@@ -136,6 +143,7 @@ impl Default for CacheConfig {
             max_compressed_percent: 100,
             incompressible: Incompressible::StoreRaw,
             same_filled: true,
+            cold_compressor: None,
             dedup: false,
             dedup_scope: DedupScope::Area,
             backing: Backing::None,
@@ -303,6 +311,9 @@ pub(crate) fn validate(cfg: &CacheConfig) -> Result<(), Error> {
         ));
     }
     cfg.compressor.validate()?;
+    if let Some(c) = cfg.cold_compressor {
+        c.validate()?;
+    }
     Ok(())
 }
 

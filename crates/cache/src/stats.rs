@@ -83,6 +83,9 @@ counters! {
     /// Sum of the sizes of the pool objects entries refer to (a gauge;
     /// duplicates counted once per entry).
     stored_payload_bytes,
+    /// Stores compressed with the cold compressor (`Cache::store_cold`
+    /// with `CacheConfig::cold_compressor` set).
+    cold_stores,
     /// Pages held in the backing tier (a gauge).
     backing_pages,
     /// Stores that went straight to the backing tier (pool full, page

@@ -236,6 +236,10 @@ fn bad_arguments_are_typed_errors() {
             compressor: Compressor::Deflate { level: 40 },
             ..CacheConfig::default()
         },
+        CacheConfig {
+            cold_compressor: Some(Compressor::Zstd { level: 99 }),
+            ..CacheConfig::default()
+        },
     ] {
         let e = Cache::new(bad).unwrap_err();
         assert!(!e.to_string().is_empty());
@@ -246,6 +250,50 @@ fn bad_arguments_are_typed_errors() {
     })
     .unwrap_err();
     assert!(matches!(e, Error::BackingCreate { .. }), "{e}");
+}
+
+/// `store_cold` compresses with the cold compressor (a zstd frame, smaller
+/// than lz4's block on text), `store` with the main one; both read back.
+/// Without a cold compressor `store_cold` is `store`.
+#[test]
+fn cold_stores_use_the_cold_compressor() {
+    let c = Cache::new(CacheConfig {
+        cold_compressor: Some(Compressor::Zstd { level: 3 }),
+        ..CacheConfig::default()
+    })
+    .unwrap();
+    c.open_area(1).unwrap();
+    let text = page(2, 7);
+    let hot = match c.store(1, 0, &text).unwrap() {
+        Stored::Compressed { bytes } => bytes,
+        s => panic!("{s:?}"),
+    };
+    assert_eq!(c.stats().cold_stores, 0);
+    let cold = match c.store_cold(1, 1, &text).unwrap() {
+        Stored::Compressed { bytes } => bytes,
+        s => panic!("{s:?}"),
+    };
+    assert_eq!(c.stats().cold_stores, 1);
+    assert!(cold < hot, "zstd {cold} bytes, lz4 {hot}");
+    // A same-filled page costs nothing either way.
+    assert_eq!(c.store_cold(1, 2, &page(1, 3)).unwrap(), Stored::SameFilled);
+    assert_eq!(c.stats().cold_stores, 1);
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for off in [0, 1] {
+        assert_eq!(
+            c.load(1, off, &mut buf, LoadMode::Exclusive).unwrap(),
+            Loaded::Pool
+        );
+        assert_eq!(buf, text, "offset {off}");
+    }
+    c.check_invariants().unwrap();
+
+    let plain = cache_with(1 << 20, None);
+    assert_eq!(
+        plain.store_cold(1, 0, &text).unwrap(),
+        Stored::Compressed { bytes: hot }
+    );
+    assert_eq!(plain.stats().cold_stores, 0);
 }
 
 #[test]

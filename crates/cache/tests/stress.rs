@@ -32,6 +32,7 @@ fn run(ops: u64, backing: bool, allocator: uzswap_cache::AllocatorKind) {
             writeback_batch: 16,
             dedup: true,
             dedup_scope: DedupScope::Global,
+            cold_compressor: Some(uzswap_cache::Compressor::Zstd { level: -1 }),
             allocator,
             ..CacheConfig::default()
         })
@@ -84,7 +85,15 @@ fn run(ops: u64, backing: bool, allocator: uzswap_cache::AllocatorKind) {
                     match rng.gen_range(0..10) {
                         0..=4 => {
                             let (kind, seed) = (rng.gen_range(0..KINDS), rng.gen_range(0..6u64));
-                            match cache.store(area, off, &page(kind, seed)) {
+                            // Half the stores cold (another codec, shared
+                            // objects keyed by codec).
+                            let p = page(kind, seed);
+                            let r = if rng.gen_bool(0.5) {
+                                cache.store_cold(area, off, &p)
+                            } else {
+                                cache.store(area, off, &p)
+                            };
+                            match r {
                                 Ok(_) => {
                                     mine.insert(off, (kind, seed));
                                 }
@@ -137,6 +146,7 @@ fn run(ops: u64, backing: bool, allocator: uzswap_cache::AllocatorKind) {
     side.join().unwrap();
     cache.check_invariants().unwrap();
     let st = cache.stats();
+    assert!(st.cold_stores > 0, "{st:?}");
     if backing {
         assert!(st.written_back_pages + st.stores_to_backing > 0, "{st:?}");
         assert!(st.loads_backing > 0, "{st:?}");

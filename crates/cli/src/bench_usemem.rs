@@ -33,6 +33,12 @@ pub struct Args {
     /// cpu_handlers`); off: one handler thread serves every fault.
     #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub cpu_handlers: bool,
+    /// Compress victims that never joined the working set (never on the
+    /// pager's active list this residency) with this codec instead
+    /// (`CacheConfig::cold_compressor`), e.g. zstd:-1: a denser pool for
+    /// pages unlikely to come back soon, the fast codec for the rest.
+    #[arg(long)]
+    pub cold_compressor: Option<String>,
     /// Store identical pages once (`CacheConfig::dedup`).
     #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub dedup: bool,
@@ -64,6 +70,7 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         "charge_index": args.charge_index,
         "cpu_handlers": args.cpu_handlers,
         "dedup": args.dedup,
+        "cold_compressor": args.cold_compressor,
     });
     let ours = uzswap_run(args)?;
     let pass_kbps = ours["pass_kbps"].as_f64().unwrap_or(0.0);
@@ -129,10 +136,16 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
     let pages = crate::corpus::load_for_workload(args.w.data, args.w.mib())?;
     note(&format!("data: {}", pages.source));
     let compressor: uzswap_cache::Compressor = args.w.compressor.parse()?;
+    let cold_compressor = args
+        .cold_compressor
+        .as_deref()
+        .map(str::parse::<uzswap_cache::Compressor>)
+        .transpose()?;
     let cache = Arc::new(uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
         compressor,
         backing: uzswap_cache::Backing::File(std::env::temp_dir()),
         dedup: args.dedup,
+        cold_compressor,
         ..uzswap_cache::CacheConfig::default()
     })?);
     let charge = args.charge_index.then(|| {

@@ -15,17 +15,11 @@ impl PageStore for cache::Cache {
     }
 
     fn store(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {
-        match cache::Cache::store(self, area, offset, page) {
-            Ok(cache::Stored::SameFilled) => Ok(Stored::SameFilled),
-            Ok(cache::Stored::Compressed { bytes } | cache::Stored::Duplicate { bytes }) => {
-                Ok(Stored::Compressed { bytes })
-            }
-            Ok(cache::Stored::Raw | cache::Stored::Backing) => Ok(Stored::Compressed {
-                bytes: cache::PAGE_SIZE,
-            }),
-            Err(cache::StoreError::Refused(cache::Reject::PoolFull)) => Err(StoreError::Full),
-            Err(e) => Err(StoreError::Rejected(e.to_string())),
-        }
+        stored(cache::Cache::store(self, area, offset, page))
+    }
+
+    fn store_cold(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {
+        stored(cache::Cache::store_cold(self, area, offset, page))
     }
 
     fn load(
@@ -63,5 +57,20 @@ impl PageStore for cache::Cache {
                 .map(|(k, v)| (k.to_string(), v))
                 .collect(),
         }
+    }
+}
+
+/// A cache store's outcome as the pager sees it.
+fn stored(r: Result<cache::Stored, cache::StoreError>) -> Result<Stored, StoreError> {
+    match r {
+        Ok(cache::Stored::SameFilled) => Ok(Stored::SameFilled),
+        Ok(cache::Stored::Compressed { bytes } | cache::Stored::Duplicate { bytes }) => {
+            Ok(Stored::Compressed { bytes })
+        }
+        Ok(cache::Stored::Raw | cache::Stored::Backing) => Ok(Stored::Compressed {
+            bytes: cache::PAGE_SIZE,
+        }),
+        Err(cache::StoreError::Refused(cache::Reject::PoolFull)) => Err(StoreError::Full),
+        Err(e) => Err(StoreError::Rejected(e.to_string())),
     }
 }

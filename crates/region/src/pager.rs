@@ -259,6 +259,11 @@ struct PageMeta {
     woken: bool,
     /// Spared once this residency for its active neighbours (`select`).
     spared: bool,
+    /// On the active list at some point this residency (activated at its
+    /// refault, seen written, or spared): part of the working set, so its
+    /// eviction uses the store's fast codec (`PageStore::store_cold`
+    /// serves the others).
+    warm: bool,
     /// Generation of the page's queue entry; older entries are stale.
     qgen: u32,
     /// Eviction clock when the page was last evicted (valid if `Stored`).
@@ -894,6 +899,9 @@ struct Victim {
     /// `MADV_DONTNEED` is to be (or was) issued.
     discard: bool,
     unprotect: bool,
+    /// Never on the active list this residency: stored with
+    /// `PageStore::store_cold`.
+    cold: bool,
 }
 
 fn lookup(segs: &BTreeMap<usize, Seg>, addr: usize) -> Option<(u32, u64)> {
@@ -909,9 +917,17 @@ impl State {
         &mut self.areas.get_mut(&area).expect("area of a segment").meta[page as usize]
     }
 
-    /// Puts a page that became resident on a list.
+    /// Puts a page that just became resident on a list: a new residency,
+    /// not yet warm.
+    fn enqueue_new(&mut self, area: u32, page: u64, active: bool) {
+        self.meta(area, page).warm = false;
+        self.enqueue(area, page, active);
+    }
+
+    /// Puts a resident page on a list.
     fn enqueue(&mut self, area: u32, page: u64, active: bool) {
         let m = self.meta(area, page);
+        m.warm |= active;
         m.qgen = m.qgen.wrapping_add(1);
         m.referenced = false;
         m.woken = false;
@@ -1576,7 +1592,7 @@ impl Shared {
                 }
                 s.meta(area, page).st = PageState::Dirty;
                 s.resident += 1;
-                s.enqueue(area, page, false);
+                s.enqueue_new(area, page, false);
                 s.stats.faults_zero += 1;
                 s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.resident as u64);
                 s.lat_zero.record(f.t0.elapsed().as_nanos() as u64);
@@ -1740,7 +1756,7 @@ impl Shared {
                 self.store.invalidate(area, p);
             }
             s.resident += 1;
-            s.enqueue(area, p, i == 0 && activate);
+            s.enqueue_new(area, p, i == 0 && activate);
         }
         s.stats.readahead_pages += mapped.saturating_sub(1) as u64;
         s.areas.get_mut(&area).expect("area").ra_next = page + mapped as u64;
@@ -2014,7 +2030,9 @@ impl Shared {
                 }
                 _ => continue,
             };
-            s.meta(area, page).claimed = true;
+            let m = s.meta(area, page);
+            m.claimed = true;
+            let cold = !m.warm;
             s.areas.get_mut(&area).expect("area").inflight += 1;
             out.push(Victim {
                 area,
@@ -2024,6 +2042,7 @@ impl Shared {
                 stored: false,
                 discard: clean,
                 unprotect: false,
+                cold,
             });
         }
         out
@@ -2093,7 +2112,12 @@ impl Shared {
                 if !whole && sys::read_own_pages(&[v.addr], page).is_err() {
                     continue;
                 }
-                match self.store.store(v.area, v.page as u64, page) {
+                let stored = if v.cold {
+                    self.store.store_cold(v.area, v.page as u64, page)
+                } else {
+                    self.store.store(v.area, v.page as u64, page)
+                };
+                match stored {
                     Ok(_) => v.stored = true,
                     Err(_) => refused += 1,
                 }
@@ -2375,7 +2399,7 @@ impl Shared {
                 }
                 s.meta(area, page).st = PageState::Clean;
                 s.resident += 1;
-                s.enqueue(area, page, false);
+                s.enqueue_new(area, page, false);
                 n += 1;
                 break;
             }

@@ -71,6 +71,12 @@ pub trait PageStore: Send + Sync {
     /// Stores a copy of `page` (4096 bytes) under `(area, offset)`,
     /// replacing any entry for that key.
     fn store(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError>;
+    /// As [`PageStore::store`], for a page not expected back soon (the
+    /// pager's victims that never joined the working set): a store may
+    /// spend more effort on it. By default the same as `store`.
+    fn store_cold(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {
+        self.store(area, offset, page)
+    }
     /// Fills `page` with the stored bytes for `(area, offset)`.
     fn load(
         &self,

@@ -1,5 +1,7 @@
 use std::sync::Arc;
-use uzswap_region::{MemStore, Pager, PagerConfig};
+use uzswap_region::{
+    LoadError, LoadMode, Loaded, MemStore, Pager, PagerConfig, StoreError, StoreStats, Stored,
+};
 
 pub const PAGE: usize = 4096;
 
@@ -77,5 +79,52 @@ pub fn watchdog(what: &'static str, secs: u64) -> Watchdog {
 impl Drop for Watchdog {
     fn drop(&mut self) {
         self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A [`MemStore`] that counts plain and cold stores and can fail the
+/// loads of one offset (as a corrupt backing file would).
+#[derive(Default)]
+pub struct TestStore {
+    pub inner: uzswap_region::MemStore,
+    /// Loads of this offset fail with `LoadError::Corrupt`.
+    pub fail_load: Option<u64>,
+    pub plain: std::sync::atomic::AtomicU64,
+    pub cold: std::sync::atomic::AtomicU64,
+}
+
+impl uzswap_region::PageStore for TestStore {
+    fn open_area(&self, area: u32) {
+        self.inner.open_area(area)
+    }
+    fn store(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {
+        self.plain
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.store(area, offset, page)
+    }
+    fn store_cold(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {
+        self.cold.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.store(area, offset, page)
+    }
+    fn load(
+        &self,
+        area: u32,
+        offset: u64,
+        page: &mut [u8],
+        mode: LoadMode,
+    ) -> Result<Loaded, LoadError> {
+        if self.fail_load == Some(offset) {
+            return Err(LoadError::Corrupt);
+        }
+        self.inner.load(area, offset, page, mode)
+    }
+    fn invalidate(&self, area: u32, offset: u64) {
+        self.inner.invalidate(area, offset)
+    }
+    fn invalidate_area(&self, area: u32) {
+        self.inner.invalidate_area(area)
+    }
+    fn stats(&self) -> StoreStats {
+        self.inner.stats()
     }
 }

@@ -4,51 +4,13 @@
 
 use crate::common::*;
 use std::sync::Arc;
-use uzswap_region::{
-    LoadError, LoadMode, Loaded, MemStore, PageStore, Pager, PagerConfig, StoreError, StoreStats,
-    Stored,
-};
-
-struct Failing {
-    inner: MemStore,
-    fail_page: u64,
-}
-
-impl PageStore for Failing {
-    fn open_area(&self, area: u32) {
-        self.inner.open_area(area)
-    }
-    fn store(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {
-        self.inner.store(area, offset, page)
-    }
-    fn load(
-        &self,
-        area: u32,
-        offset: u64,
-        page: &mut [u8],
-        mode: LoadMode,
-    ) -> Result<Loaded, LoadError> {
-        if offset == self.fail_page {
-            return Err(LoadError::Corrupt);
-        }
-        self.inner.load(area, offset, page, mode)
-    }
-    fn invalidate(&self, area: u32, offset: u64) {
-        self.inner.invalidate(area, offset)
-    }
-    fn invalidate_area(&self, area: u32) {
-        self.inner.invalidate_area(area)
-    }
-    fn stats(&self) -> StoreStats {
-        self.inner.stats()
-    }
-}
+use uzswap_region::{Pager, PagerConfig};
 
 #[test]
 fn failed_load_poisons_the_page() {
-    let store = Arc::new(Failing {
-        inner: MemStore::new(),
-        fail_page: 3,
+    let store = Arc::new(TestStore {
+        fail_load: Some(3),
+        ..TestStore::default()
     });
     let pager = Pager::new(store, PagerConfig::new(16)).unwrap();
     if pager.features() & uzswap_region::sys::feature::POISON == 0 {
