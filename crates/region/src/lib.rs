@@ -255,6 +255,14 @@
 //! discard call of its own). Which inactive pages go first matters little:
 //! none of them has been seen in use since it came in.
 //!
+//! The lists also choose the codec. A victim that was on the active list
+//! at some point of its residency is part of the working set and likely
+//! back soon: it is stored with [`PageStore::store`]. One that never was
+//! (it came in by a first touch or a long-distance refault) goes to
+//! [`PageStore::store_cold`], which the cache serves with its
+//! `cold_compressor` when one is set: a denser, slower codec for pages
+//! that mostly stay in the pool, the fast one on the refault path.
+//!
 //! # Events
 //! - **remove** (`MADV_DONTNEED`, `MADV_REMOVE`) and **unmap**: the pages
 //!   become `Absent` and the store's entries are invalidated; an eviction in
