@@ -299,6 +299,7 @@ impl std::fmt::Debug for Cache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cache")
             .field("compressor", &self.compressor())
+            .field("cold_compressor", &self.inner.cold_compressor)
             .field("pool_bytes", &self.inner.pool.pool_bytes())
             .finish_non_exhaustive()
     }
@@ -669,8 +670,9 @@ impl Inner {
             }
             return self.store_to_backing(area, offset, page);
         }
-        let cold = if cold { self.cold_compressor } else { None };
-        let compressor = cold.unwrap_or_else(|| Compressor::unpack(self.compressor.load(RELAXED)));
+        let cold_codec = if cold { self.cold_compressor } else { None };
+        let compressor =
+            cold_codec.unwrap_or_else(|| Compressor::unpack(self.compressor.load(RELAXED)));
         OUT.with(|out| {
             let mut out = out.borrow_mut();
             let (data, codec): (&[u8], Codec) = match compressor.compress(page, &mut out) {
@@ -738,7 +740,7 @@ impl Inner {
                 dedup: dhash,
             };
             self.insert(area, offset, Place::Pool(obj));
-            if cold.is_some() && codec != Codec::Raw {
+            if cold_codec.is_some() && codec != Codec::Raw {
                 self.counters.cold_stores.fetch_add(1, RELAXED);
             }
             if self.pool.pool_bytes() >= self.limit_share((100 + self.accept_percent) / 2) {

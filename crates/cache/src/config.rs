@@ -101,7 +101,7 @@ pub struct CacheConfig {
     pub same_filled: bool,
     /// The compressor for pages stored with [`crate::Cache::store_cold`]:
     /// pages the caller does not expect back soon (a pager's victims that
-    /// never refaulted within the working set) can take a denser, slower
+    /// never joined its working set) can take a denser, slower
     /// codec while pages that come back keep the fast one, as zram
     /// recompresses its idle pages with a second algorithm. None: the
     /// main compressor for every page.

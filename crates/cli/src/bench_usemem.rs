@@ -5,7 +5,7 @@
 
 use crate::bench_run::kernel_compressor;
 use crate::kernel::{note, usemem_in_cgroup, KernelRun, KernelSwap};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde_json::json;
 
 #[derive(clap::Args)]
@@ -133,14 +133,16 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
 fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
-    let pages = crate::corpus::load_for_workload(args.w.data, args.w.mib())?;
-    note(&format!("data: {}", pages.source));
+    // Checked before the corpus is read (seconds).
     let compressor: uzswap_cache::Compressor = args.w.compressor.parse()?;
     let cold_compressor = args
         .cold_compressor
         .as_deref()
         .map(str::parse::<uzswap_cache::Compressor>)
-        .transpose()?;
+        .transpose()
+        .context("--cold-compressor")?;
+    let pages = crate::corpus::load_for_workload(args.w.data, args.w.mib())?;
+    note(&format!("data: {}", pages.source));
     let cache = Arc::new(uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
         compressor,
         backing: uzswap_cache::Backing::File(std::env::temp_dir()),
@@ -188,9 +190,10 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
         })
     };
     note(&format!(
-        "uzswap: usemem over {} MiB, budget {} MiB, {compressor} ...",
+        "uzswap: usemem over {} MiB, budget {} MiB, {compressor}{} ...",
         args.w.mib(),
-        args.w.budget_mib()
+        args.w.budget_mib(),
+        cold_compressor.map_or(String::new(), |c| format!(" (cold victims: {c})"))
     ));
     let report = crate::usemem::run(region.as_mut_slice(), &pages, args.w.pattern, args.passes);
     stop.store(true, Ordering::Relaxed);
