@@ -46,6 +46,9 @@ pub struct Args {
     /// `uzswap run --dedup`.
     #[arg(long)]
     pub dedup: bool,
+    /// `uzswap run --cold-compressor NAME`.
+    #[arg(long)]
+    pub cold_compressor: Option<uzswap_cache::Compressor>,
     #[arg(long)]
     pub json: bool,
 }
@@ -130,6 +133,11 @@ fn uzswap_side(args: &Args, w: &Workload) -> Result<Value> {
         .arg(&stats_path)
         .args(args.cpu_handlers.then_some("--cpu-handlers"))
         .args(args.dedup.then_some("--dedup"))
+        .args(
+            args.cold_compressor
+                .iter()
+                .flat_map(|c| ["--cold-compressor".to_string(), c.to_string()]),
+        )
         .arg("--")
         .arg(&w.bin)
         .args(w.args(args.w.mib(), args.passes, args.w.pattern))
@@ -238,6 +246,7 @@ pub fn run(args: &Args) -> Result<Value> {
         "rounds": args.rounds,
         "cpu_handlers": args.cpu_handlers,
         "dedup": args.dedup,
+        "cold_compressor": args.cold_compressor.map(|c| c.to_string()),
     });
     let mut rounds = Vec::new();
     let mut kernel_error = None;

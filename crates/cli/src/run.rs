@@ -35,6 +35,12 @@ pub struct Args {
     /// lz4, lz4hc[:LEVEL], zstd[:LEVEL], deflate[:LEVEL].
     #[arg(long, default_value = "lz4")]
     pub compressor: uzswap_cache::Compressor,
+    /// Compress pages that never joined the program's working set (evicted
+    /// without having been on the pager's active list since they came in)
+    /// with this codec instead, e.g. zstd:-1: a denser pool for pages
+    /// unlikely to come back soon, --compressor's speed for the rest.
+    #[arg(long)]
+    pub cold_compressor: Option<uzswap_cache::Compressor>,
     /// Store identical pages once (seed 001): a page whose compressed
     /// bytes match a stored one's takes a reference to it instead of pool
     /// memory. Costs a hash per store and an index entry per object.
@@ -368,6 +374,10 @@ pub fn run(a: &Args) -> Result<Outcome> {
         .env("UZSWAP_DEDUP", switch(a.dedup))
         .env("UZSWAP_CPU_HANDLERS", switch(a.cpu_handlers))
         .env("UZSWAP_FINAL_STATS", &final_base);
+    match a.cold_compressor {
+        Some(c) => cmd.env("UZSWAP_COLD_COMPRESSOR", c.to_string()),
+        None => cmd.env_remove("UZSWAP_COLD_COMPRESSOR"),
+    };
     match a.pool_max {
         Some(p) => cmd.env("UZSWAP_POOL_MAX", p.to_string()),
         None => cmd.env_remove("UZSWAP_POOL_MAX"),
@@ -404,11 +414,13 @@ pub fn run(a: &Args) -> Result<Outcome> {
     CHILD.store(pid, Ordering::Relaxed);
     if !a.quiet {
         crate::kernel::note(&format!(
-            "running {} as pid {pid}: memory max {}, pool max {}, {}, backing {}; `uzswap stats {pid}` shows it live",
+            "running {} as pid {pid}: memory max {}, pool max {}, {}{}, backing {}; `uzswap stats {pid}` shows it live",
             prog.to_string_lossy(),
             human(a.memory_max),
             a.pool_max.map_or("20% of RAM".into(), human),
             a.compressor,
+            a.cold_compressor
+                .map_or(String::new(), |c| format!(" (cold pages {c})")),
             a.backing_file
                 .as_ref()
                 .map_or("none".into(), |p| p.display().to_string()),

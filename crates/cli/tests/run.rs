@@ -224,6 +224,13 @@ fn threads_fill_and_verify_with_dedup_and_lz4hc() {
     );
 }
 
+/// The same with victims that never joined the working set compressed by
+/// zstd (`--cold-compressor zstd:-1`) and the rest by lz4.
+#[test]
+fn threads_fill_and_verify_with_a_cold_compressor() {
+    threads_fill_and_verify(&["--cold-compressor", "zstd:-1"], "fill-cold-stats.json");
+}
+
 fn threads_fill_and_verify(extra: &[&str], stats_name: &str) {
     require_uffd!();
     let Some(fill) = build("fill", &[]) else {
@@ -270,6 +277,15 @@ fn threads_fill_and_verify(extra: &[&str], stats_name: &str) {
     if let Some(i) = extra.iter().position(|a| *a == "--compressor") {
         let c = v.pointer("/config/compressor").and_then(|c| c.as_str());
         assert_eq!(c, Some(extra[i + 1]), "{v}");
+    }
+    if let Some(i) = extra.iter().position(|a| *a == "--cold-compressor") {
+        let c = v
+            .pointer("/config/cold_compressor")
+            .and_then(|c| c.as_str());
+        assert_eq!(c, Some(extra[i + 1]), "{v}");
+        assert!(n("/cache/cold_stores") > 0, "no page was stored cold: {v}");
+    } else {
+        assert_eq!(n("/cache/cold_stores"), 0, "{v}");
     }
     assert!(r.stderr.contains("exited with status 0"), "{}", r.stderr);
 }
@@ -377,6 +393,21 @@ fn refused(args: &[&str], says: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(125), "{err}");
     assert!(err.contains(says), "expected {says:?} in: {err}");
+}
+
+/// A codec the cache does not have is refused as a usage error that names
+/// the flag and the choices, before anything runs.
+#[test]
+fn a_bad_cold_compressor_is_a_usage_error() {
+    let out = uzswap()
+        .args(["run", "--memory-max", "8M", "--cold-compressor", "zstd:99"])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--cold-compressor"), "{err}");
+    assert!(err.contains("zstd level out of range"), "{err}");
 }
 
 #[test]

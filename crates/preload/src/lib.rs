@@ -610,6 +610,13 @@ fn start() -> Result<(), String> {
         .unwrap_or_else(|_| "lz4".into())
         .parse()
         .map_err(|e| format!("UZSWAP_COMPRESSOR: {e}"))?;
+    let cold_compressor: Option<Compressor> = match std::env::var("UZSWAP_COLD_COMPRESSOR") {
+        Ok(v) if !v.is_empty() => Some(
+            v.parse()
+                .map_err(|e| format!("UZSWAP_COLD_COMPRESSOR: {e}"))?,
+        ),
+        _ => None,
+    };
     let backing = std::env::var_os("UZSWAP_BACKING").filter(|p| !p.is_empty());
     let final_stats = std::env::var_os("UZSWAP_FINAL_STATS").filter(|p| !p.is_empty());
     let dedup = env_flag("UZSWAP_DEDUP")?;
@@ -622,6 +629,7 @@ fn start() -> Result<(), String> {
 
     let cache_cfg = CacheConfig {
         compressor,
+        cold_compressor,
         pool_limit: pool_max.map_or(PoolLimit::Percent(20), |b| PoolLimit::Bytes(b as u64)),
         backing: backing
             .as_ref()
@@ -653,6 +661,7 @@ fn start() -> Result<(), String> {
         memory_max,
         pool_max,
         compressor: compressor.to_string(),
+        cold_compressor: cold_compressor.map(|c| c.to_string()),
         backing: backing.map(|p| p.to_string_lossy().into_owned()),
         keep_clean,
         cpu_handlers,
