@@ -314,6 +314,18 @@ pub struct Outcome {
     pub stats: Option<Value>,
 }
 
+/// Sets `name` to `value` in the program's environment, or removes it.
+fn env_opt(
+    cmd: &mut std::process::Command,
+    name: &str,
+    value: Option<impl AsRef<std::ffi::OsStr>>,
+) {
+    match value {
+        Some(v) => cmd.env(name, v),
+        None => cmd.env_remove(name),
+    };
+}
+
 /// A switch as the preload library reads it (`env_flag`: 1 or 0).
 fn switch(on: bool) -> &'static str {
     if on {
@@ -374,18 +386,19 @@ pub fn run(a: &Args) -> Result<Outcome> {
         .env("UZSWAP_DEDUP", switch(a.dedup))
         .env("UZSWAP_CPU_HANDLERS", switch(a.cpu_handlers))
         .env("UZSWAP_FINAL_STATS", &final_base);
-    match a.cold_compressor {
-        Some(c) => cmd.env("UZSWAP_COLD_COMPRESSOR", c.to_string()),
-        None => cmd.env_remove("UZSWAP_COLD_COMPRESSOR"),
-    };
-    match a.pool_max {
-        Some(p) => cmd.env("UZSWAP_POOL_MAX", p.to_string()),
-        None => cmd.env_remove("UZSWAP_POOL_MAX"),
-    };
-    match &a.backing_file {
-        Some(b) => cmd.env("UZSWAP_BACKING", b),
-        None => cmd.env_remove("UZSWAP_BACKING"),
-    };
+    // Unset ones are removed: a value inherited from our own environment
+    // must not reach the runtime as if asked for.
+    env_opt(
+        &mut cmd,
+        "UZSWAP_COLD_COMPRESSOR",
+        a.cold_compressor.map(|c| c.to_string()),
+    );
+    env_opt(
+        &mut cmd,
+        "UZSWAP_POOL_MAX",
+        a.pool_max.map(|p| p.to_string()),
+    );
+    env_opt(&mut cmd, "UZSWAP_BACKING", a.backing_file.as_ref());
     // The terminal's ^C and ^\ reach the program directly; this process
     // waits for it to finish. Termination requests are passed on.
     // SAFETY: installing handlers that only call kill(2), and ignoring
