@@ -96,8 +96,31 @@ impl ZramDevice {
 
 impl Drop for ZramDevice {
     fn drop(&mut self) {
-        let _ = std::fs::write(self.sys("reset"), "1");
-        let _ = std::fs::write("/sys/class/zram-control/hot_remove", self.id.to_string());
+        // Reset and removal fail with EBUSY while something still has the
+        // device open (udev probes a device it has just seen change): try
+        // again for up to a second rather than leave the device behind.
+        for attempt in 0..50 {
+            if attempt > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let reset = std::fs::write(self.sys("reset"), "1");
+            if reset
+                .as_ref()
+                .is_err_and(|e| e.raw_os_error() == Some(libc::EBUSY))
+            {
+                continue;
+            }
+            match std::fs::write("/sys/class/zram-control/hot_remove", self.id.to_string()) {
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => continue,
+                Err(e) => note(&format!("could not remove /dev/zram{}: {e}", self.id)),
+                Ok(()) => {}
+            }
+            return;
+        }
+        note(&format!(
+            "/dev/zram{id} is still busy and stays: remove it with `echo {id} > /sys/class/zram-control/hot_remove`",
+            id = self.id
+        ));
     }
 }
 
