@@ -426,7 +426,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
     let pid = child.id() as i32;
     CHILD.store(pid, Ordering::Relaxed);
     if !a.quiet {
-        crate::kernel::note(&format!(
+        crate::note(&format!(
             "running {} as pid {pid}: memory max {}, pool max {}, {}{}, backing {}; `uzswap stats {pid}` shows it live",
             prog.to_string_lossy(),
             human(a.memory_max),

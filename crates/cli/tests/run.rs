@@ -571,3 +571,22 @@ fn the_demo_runs_a_program_in_a_quarter_of_its_memory() {
     assert!(stderr.contains("--memory-max 12M"), "{stderr}");
     assert!(stderr.contains("exited with status 0"), "{stderr}");
 }
+
+/// The product binary carries no benchmarks: they are `uzswap-bench`.
+#[test]
+fn help_lists_run_stats_and_demo_and_no_benchmarks() {
+    let out = uzswap().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    for cmd in ["demo", "run", "stats"] {
+        assert!(
+            help.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{cmd} "))),
+            "{cmd} missing from:\n{help}"
+        );
+    }
+    assert!(!help.contains("bench"), "{help}");
+    assert!(!help.to_lowercase().contains("seed"), "{help}");
+    let out = uzswap().args(["bench", "pool"]).output().unwrap();
+    assert!(!out.status.success(), "`uzswap bench` is not a command");
+}

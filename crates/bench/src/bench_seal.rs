@@ -1,4 +1,4 @@
-//! `uzswap bench seal`: what encrypting the backing file costs. The same
+//! `uzswap-bench seal`: what encrypting the backing file costs. The same
 //! real pages are stored, written back to a backing file in `$TMPDIR` and
 //! loaded back from it (exclusive loads, every byte checked), once with
 //! pages sealed by AES-256-GCM (the default) and once with the keyed
@@ -6,12 +6,12 @@
 //! are reported.
 
 use crate::bench_cache::{median, per_s};
-use crate::corpus::{DataKind, Pages, PAGE};
-use crate::kernel::note;
+use crate::note;
 use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
 use std::time::Instant;
 use uzswap_cache::{Backing, Cache, CacheConfig, LoadMode, PoolLimit};
+use uzswap_workload::corpus::{DataKind, Pages, PAGE};
 
 /// One round with one sealing: (writeback pages/s, load pages/s).
 fn round(pages: &Pages, encrypt: bool) -> Result<(f64, f64)> {
@@ -48,7 +48,7 @@ fn round(pages: &Pages, encrypt: bool) -> Result<(f64, f64)> {
 
 pub fn run(data: DataKind, mib: usize, rounds: usize) -> Result<Value> {
     ensure!(rounds > 0, "--rounds 0: give at least one round");
-    let pages = crate::corpus::load(data, mib * 256)?;
+    let pages = uzswap_workload::corpus::load(data, mib * 256)?;
     note(&format!("data: {}", pages.source));
     let (mut ce, mut cl, mut ee, mut el) = (vec![], vec![], vec![], vec![]);
     for r in 0..rounds {

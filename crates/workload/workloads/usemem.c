@@ -16,7 +16,7 @@
  * stay so), so that the cycles are not copies of each other while the
  * corpus's own copies stay copies within a cycle: the mix's share of
  * duplicate pages is the corpus's, whatever MIB is (the same rule as
- * uzswap's Rust usemem, crates/cli/src/usemem.rs). It prints one JSON line
+ * uzswap's Rust usemem, crates/workload/src/usemem.rs). It prints one JSON line
  * (the fields of uzswap's usemem report), then waits for stdin to close
  * before it exits, so that its memory can still be measured. Exit status 0 when no page came back wrong. */
 #include <fcntl.h>

@@ -1,12 +1,13 @@
-//! `uzswap bench cache`: the zswap cache on real pages, side by side with the
+//! `uzswap-bench cache`: the zswap cache on real pages, side by side with the
 //! raw codec on the same pages and, with `--vs-kernel`, with the kernel's
 //! own zswap storing the same pages.
 
-use crate::corpus::DataKind;
-use crate::kernel::{note, usemem_in_cgroup, KernelSwap};
-use crate::usemem::Pattern;
+use crate::kernel::{usemem_in_cgroup, KernelSwap};
+use crate::note;
 use anyhow::Result;
 use serde_json::json;
+use uzswap_workload::corpus::DataKind;
+use uzswap_workload::usemem::Pattern;
 
 /// The kernel's zswap on the same pages: a child fills `mib` MiB of plain
 /// anonymous memory with them inside a 16 MiB memory cgroup, so nearly every
@@ -41,7 +42,7 @@ pub fn kernel_zswap(data: DataKind, mib: usize, compressor: &str) -> Result<serd
     }))
 }
 
-/// Options of `uzswap bench cache`.
+/// Options of `uzswap-bench cache`.
 #[derive(Clone, Copy)]
 pub struct Args {
     pub data: DataKind,
@@ -113,7 +114,7 @@ impl SideBySide {
     }
 }
 
-/// `uzswap bench cache --allocator both`: the benchmark below once per
+/// `uzswap-bench cache --allocator both`: the benchmark below once per
 /// allocator, in one process on the same pages, plus the xcf/zsmalloc
 /// ratios of store and load throughput.
 pub fn run_allocators(
@@ -152,14 +153,14 @@ pub fn run_allocators(
     }))
 }
 
-/// `uzswap bench cache`: stores every page into an unlimited cache, loads
+/// `uzswap-bench cache`: stores every page into an unlimited cache, loads
 /// every page back (kept, then exclusively), one thread, side by side with
 /// the raw codec on the same pages.
 pub fn run(a: &Args) -> Result<serde_json::Value> {
     use uzswap_cache::codec::COMPRESS_BOUND;
     use uzswap_cache::{Cache, CacheConfig, LoadMode, PoolLimit, PAGE_SIZE};
     let count = a.mib << 8;
-    let pages = crate::corpus::load(a.data, count)?;
+    let pages = uzswap_workload::corpus::load(a.data, count)?;
     let comp = pages.composition();
     note(&format!(
         "{} pages of {:?} data: {comp:?}",
@@ -314,7 +315,7 @@ pub fn run(a: &Args) -> Result<serde_json::Value> {
     Ok(v)
 }
 
-/// `uzswap bench dedup-cost`: what looking for duplicates costs the store
+/// `uzswap-bench dedup-cost`: what looking for duplicates costs the store
 /// path on pages that have none. The chosen data with every repeated page
 /// removed is stored into a fresh cache with dedup off, then into one with
 /// dedup on (in turn first), `rounds` times in this process; the result is
@@ -328,7 +329,7 @@ pub fn dedup_cost(
 ) -> Result<serde_json::Value> {
     use std::collections::HashSet;
     use uzswap_cache::{Cache, CacheConfig, PoolLimit};
-    let all = crate::corpus::load(data, mib << 8)?;
+    let all = uzswap_workload::corpus::load(data, mib << 8)?;
     let mut seen = HashSet::new();
     let unique: Vec<&[u8]> = (0..all.count())
         .map(|i| all.page(i))

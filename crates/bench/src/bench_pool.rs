@@ -1,4 +1,4 @@
-//! `uzswap bench pool`: the allocator under real compressed pages.
+//! `uzswap-bench pool`: the allocator under real compressed pages.
 //!
 //! 1. Fill: the lz4-compressed 4 KiB pages of real files (a page that does
 //!    not compress below 4096 bytes is stored raw, as zswap does) are stored
@@ -19,14 +19,15 @@
 //! stored, pages the pool uses, descriptors, effective compression) with
 //! `--data zero` or `--data text75`.
 
-use crate::corpus::{self, DataKind, PAGE};
-use crate::kernel::{note, ZramDevice};
+use crate::kernel::ZramDevice;
+use crate::note;
 use anyhow::{Context, Result};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Instant;
+use uzswap_workload::corpus::{self, DataKind, PAGE};
 use uzswap_zpool::{new_pool, AllocatorKind, Handle, Zpool, ZsConfig, ZsPool};
 
 pub struct Args {

@@ -1,6 +1,6 @@
 //! The two policies that decide when pages go to the backing tier, each
-//! against the default in one run: `uzswap bench admission` (IO-aware
-//! admission, seed 002, on a fast and on a slow tier) and `uzswap bench
+//! against the default in one run: `uzswap-bench admission` (IO-aware
+//! admission, seed 002, on a fast and on a slow tier) and `uzswap-bench
 //! proactive` (proactive writeback on a pool the workload overflows).
 //!
 //! Several threads store their share of real pages and then load them back
@@ -10,14 +10,14 @@
 //! (a disk). With admission on, a page goes straight to the tier while the
 //! tier is idle and into the pool while it is busy.
 
-use crate::corpus::{DataKind, PAGE};
-use crate::kernel::note;
+use crate::note;
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uzswap_cache::{Backing, BackingStore, Cache, CacheConfig, FileBacking, IoLimits, LoadMode};
+use uzswap_workload::corpus::{DataKind, PAGE};
 
 pub struct Args {
     pub mib: usize,
@@ -54,7 +54,7 @@ impl BackingStore for Delayed {
 /// One configuration: stores then loads from `threads` threads.
 fn one(
     args: &Args,
-    pages: &crate::corpus::Pages,
+    pages: &uzswap_workload::corpus::Pages,
     delay: Duration,
     admission: bool,
 ) -> Result<Value> {
@@ -137,7 +137,7 @@ fn one(
 }
 
 pub fn run(args: &Args) -> Result<Value> {
-    let pages = crate::corpus::load(args.data, args.mib * 256)?;
+    let pages = uzswap_workload::corpus::load(args.data, args.mib * 256)?;
     note(&format!("data: {}", pages.source));
     let mut rows = Vec::new();
     for (tier, delay) in [
@@ -184,7 +184,7 @@ pub fn run(args: &Args) -> Result<Value> {
     }))
 }
 
-/// `uzswap bench proactive`: proactive writeback (off by default) against
+/// `uzswap-bench proactive`: proactive writeback (off by default) against
 /// none, on a pool that the workload overflows. One thread stores pages in
 /// bursts with pauses (a program evicting as it runs), timing every store,
 /// then loads every page back exclusively, checking it. Without proactive
@@ -192,7 +192,7 @@ pub fn run(args: &Args) -> Result<Value> {
 /// the tier; with it the writer thread keeps the pool under a share of its
 /// limit during the pauses.
 pub fn proactive(
-    pages: &crate::corpus::Pages,
+    pages: &uzswap_workload::corpus::Pages,
     limit_mib: usize,
     share: u8,
     burst: usize,

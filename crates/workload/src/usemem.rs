@@ -3,7 +3,7 @@
 //! The same code runs over plain anonymous memory (in a child under a
 //! memory cgroup, for the kernel's numbers) and over uzswap memory.
 
-use crate::corpus::{Pages, PAGE};
+use crate::corpus::{DataKind, Pages, PAGE};
 use rand::{Rng, SeedableRng};
 use std::time::Instant;
 
@@ -18,17 +18,18 @@ pub enum Pattern {
 }
 
 /// The usemem workload's size, data and pattern, and the compressor: the
-/// arguments `bench usemem` and `bench run` share.
+/// arguments `uzswap-bench usemem` and `uzswap-bench run` share.
 #[derive(clap::Args, Clone, Debug)]
 pub struct WorkloadArgs {
     /// MiB of memory the workload uses.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=16384))]
     mib: u64,
-    /// Resident budget in MiB (for `bench run` also the cgroup's limit).
+    /// Resident budget in MiB (for `uzswap-bench run` also the cgroup's
+    /// limit).
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=16384))]
     budget_mib: u64,
     #[arg(long, value_enum, default_value = "mixed")]
-    pub data: crate::corpus::DataKind,
+    pub data: DataKind,
     #[arg(long, value_enum, default_value = "seq")]
     pub pattern: Pattern,
     /// lz4, lz4hc[:LEVEL], zstd[:LEVEL], deflate[:LEVEL] (the kernel is

@@ -1,4 +1,4 @@
-//! `uzswap bench run`: one unmodified C program (`workloads/usemem.c`)
+//! `uzswap-bench run`: one unmodified C program (`workloads/usemem.c`)
 //! under `uzswap run --memory-max B`, and the same binary under a memory
 //! cgroup (v1) of B with the kernel's zswap and a swap file, in one run.
 //!
@@ -10,25 +10,22 @@
 //! read-only file mapping on both sides, charged to neither.
 
 use crate::bench_cache::median;
-use crate::corpus::DataKind;
-use crate::kernel::{measure_in_cgroup, note, KernelSwap};
-use crate::run::TempDir;
-use crate::usemem::{Pattern, Report};
-use anyhow::{bail, Context, Result};
+use crate::kernel::{measure_in_cgroup, KernelSwap};
+use crate::note;
+use anyhow::{bail, ensure, Context, Result};
 use serde_json::{json, Value};
 use std::io::BufRead;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// The workload's source, compiled on the machine that runs it.
-const USEMEM_C: &str = include_str!("../workloads/usemem.c");
+use uzswap_workload::usemem::Report;
+use uzswap_workload::usemem_c::{self, Program};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub w: crate::usemem::WorkloadArgs,
+    pub w: uzswap_workload::usemem::WorkloadArgs,
     #[arg(long, default_value_t = 2)]
     pub passes: u32,
     /// Only the uzswap side (no root needed).
@@ -49,59 +46,48 @@ pub struct Args {
     /// `uzswap run --cold-compressor NAME`.
     #[arg(long)]
     pub cold_compressor: Option<uzswap_cache::Compressor>,
+    /// The `uzswap` binary to run (default: the one beside this
+    /// executable, as `cargo build --release` leaves it).
+    #[arg(long, value_name = "PATH")]
+    pub uzswap: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }
 
-/// The C workload, built, and its corpus file.
-pub struct Workload {
-    pub dir: TempDir,
-    pub bin: PathBuf,
-    pub corpus: PathBuf,
-    pub source: String,
-}
-
-/// Writes the corpus pages for `mib` of workload to a file and compiles
-/// the workload with `cc`.
-pub fn prepare(data: DataKind, mib: usize) -> Result<Workload> {
-    let dir = TempDir::new()?;
-    let pages = crate::corpus::load_for_workload(data, mib)?;
-    let corpus = dir.0.join("corpus.pages");
-    std::fs::write(&corpus, &pages.bytes)
-        .with_context(|| format!("writing {} (is $TMPDIR full?)", corpus.display()))?;
-    let src = dir.0.join("usemem.c");
-    std::fs::write(&src, USEMEM_C)?;
-    let bin = dir.0.join("usemem");
-    let out = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .context("the workload is C: a C compiler (cc) is needed; install gcc or clang")?;
-    if !out.status.success() {
-        bail!(
-            "cc could not build the usemem workload:\n{}",
-            String::from_utf8_lossy(&out.stderr)
+/// The `uzswap` binary: `explicit`, or the one beside this executable
+/// (cargo puts every binary of the workspace in one directory).
+fn find_uzswap(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = explicit {
+        ensure!(
+            p.is_file(),
+            "--uzswap {}: no such file; give the path of a built uzswap binary",
+            p.display()
         );
+        return Ok(p.to_path_buf());
     }
-    Ok(Workload {
-        dir,
-        bin,
-        corpus,
-        source: pages.source,
-    })
+    let exe = std::env::current_exe().context("locating the uzswap-bench binary")?;
+    let beside = exe.with_file_name("uzswap");
+    ensure!(
+        beside.is_file(),
+        "no uzswap binary beside this one ({}): build both with `cargo build --release` \
+         (`-p uzswap-bench` alone does not build uzswap), or give --uzswap PATH",
+        beside.display()
+    );
+    Ok(beside)
 }
 
-impl Workload {
-    /// The workload's arguments.
-    pub fn args(&self, mib: usize, passes: u32, pattern: Pattern) -> Vec<String> {
-        vec![
-            self.corpus.to_string_lossy().into_owned(),
-            mib.to_string(),
-            passes.to_string(),
-            format!("{pattern:?}").to_lowercase(),
-        ]
+/// The children of `pid` (the program `uzswap run` started).
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
+            out.extend(c.split_whitespace().filter_map(|x| x.parse::<u32>().ok()));
+        }
     }
+    out
 }
 
 /// A field of `/proc/PID/status`, in bytes.
@@ -117,10 +103,9 @@ fn status_bytes(pid: u32, field: &str) -> Option<u64> {
 
 /// The uzswap side: `uzswap run` of the workload, sampling the program's
 /// anonymous resident memory every 10 ms.
-fn uzswap_side(args: &Args, w: &Workload) -> Result<Value> {
-    let stats_path = w.dir.0.join("final.json");
-    let exe = std::env::current_exe().context("locating the uzswap binary")?;
-    let mut child = Command::new(exe)
+fn uzswap_side(args: &Args, uzswap: &Path, w: &Program) -> Result<Value> {
+    let stats_path = w.dir().join("final.json");
+    let mut child = Command::new(uzswap)
         .arg("run")
         .arg("-q")
         .arg("--memory-max")
@@ -153,7 +138,7 @@ fn uzswap_side(args: &Args, w: &Workload) -> Result<Value> {
         let (stop, peak_anon, peak_rss) = (stop.clone(), peak_anon.clone(), peak_rss.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                if let Some(&p) = crate::stats::children(run_pid).first() {
+                if let Some(&p) = children(run_pid).first() {
                     if let Some(a) = status_bytes(p, "RssAnon:") {
                         peak_anon.fetch_max(a, Ordering::Relaxed);
                     }
@@ -205,7 +190,7 @@ pub fn kernel_compressor(ours: &str) -> &'static str {
     }
 }
 
-fn kernel_side(args: &Args, w: &Workload) -> Result<Value> {
+fn kernel_side(args: &Args, w: &Program) -> Result<Value> {
     let mut ks = KernelSwap::setup(
         (args.w.mib() as u64) << 21,
         Some(kernel_compressor(&args.w.compressor)),
@@ -232,7 +217,9 @@ fn kernel_side(args: &Args, w: &Workload) -> Result<Value> {
 }
 
 pub fn run(args: &Args) -> Result<Value> {
-    let w = prepare(args.w.data, args.w.mib())?;
+    // Before the corpus is read: a missing binary is found in a moment.
+    let uzswap = find_uzswap(args.uzswap.as_deref())?;
+    let w = usemem_c::build(args.w.data, args.w.mib())?;
     note(&format!("data: {}", w.source));
     let mut out = json!({
         "benchmark": "run",
@@ -261,7 +248,7 @@ pub fn run(args: &Args) -> Result<Value> {
         if kernel_first {
             k = Some(noted_kernel_side(args, &w));
         }
-        let ours = noted_uzswap_side(args, &w)?;
+        let ours = noted_uzswap_side(args, &uzswap, &w)?;
         if with_kernel && !kernel_first {
             k = Some(noted_kernel_side(args, &w));
         }
@@ -287,7 +274,7 @@ pub fn run(args: &Args) -> Result<Value> {
     Ok(out)
 }
 
-fn noted_uzswap_side(args: &Args, w: &Workload) -> Result<Value> {
+fn noted_uzswap_side(args: &Args, uzswap: &Path, w: &Program) -> Result<Value> {
     note(&format!(
         "uzswap run --memory-max {}M -- usemem {} MiB, {} passes, {:?} ...",
         args.w.budget_mib(),
@@ -295,7 +282,7 @@ fn noted_uzswap_side(args: &Args, w: &Workload) -> Result<Value> {
         args.passes,
         args.w.pattern
     ));
-    let ours = uzswap_side(args, w)?;
+    let ours = uzswap_side(args, uzswap, w)?;
     note(&format!(
         "uzswap: fill {:.0} KB/s, pass {:.0} KB/s, corrupt {}, peak memory {} B, fault p50 {} us",
         ours["fill_kbps"].as_f64().unwrap_or(0.0),
@@ -307,7 +294,7 @@ fn noted_uzswap_side(args: &Args, w: &Workload) -> Result<Value> {
     Ok(ours)
 }
 
-fn noted_kernel_side(args: &Args, w: &Workload) -> Result<Value> {
+fn noted_kernel_side(args: &Args, w: &Program) -> Result<Value> {
     note(&format!(
         "kernel: the same binary in a {} MiB memory cgroup with zswap ...",
         args.w.budget_mib()

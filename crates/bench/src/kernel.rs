@@ -2,6 +2,7 @@
 //! the machine is put back by a guard's `Drop`, so it is restored on every
 //! exit path, errors and panics included.
 
+use crate::note;
 use anyhow::{bail, Context, Result};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -95,8 +96,31 @@ impl ZramDevice {
 
 impl Drop for ZramDevice {
     fn drop(&mut self) {
-        let _ = std::fs::write(self.sys("reset"), "1");
-        let _ = std::fs::write("/sys/class/zram-control/hot_remove", self.id.to_string());
+        // Reset and removal fail with EBUSY while something still has the
+        // device open (udev probes a device it has just seen change): try
+        // again for up to a second rather than leave the device behind.
+        for attempt in 0..50 {
+            if attempt > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let reset = std::fs::write(self.sys("reset"), "1");
+            if reset
+                .as_ref()
+                .is_err_and(|e| e.raw_os_error() == Some(libc::EBUSY))
+            {
+                continue;
+            }
+            match std::fs::write("/sys/class/zram-control/hot_remove", self.id.to_string()) {
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => continue,
+                Err(e) => note(&format!("could not remove /dev/zram{}: {e}", self.id)),
+                Ok(()) => {}
+            }
+            return;
+        }
+        note(&format!(
+            "/dev/zram{id} is still busy and stays: remove it with `echo {id} > /sys/class/zram-control/hot_remove`",
+            id = self.id
+        ));
     }
 }
 
@@ -129,11 +153,6 @@ impl Drop for AlignedBuf {
         // SAFETY: allocated in new() with this layout.
         unsafe { std::alloc::dealloc(self.ptr, self.layout) };
     }
-}
-
-/// Writes a progress line to stderr (benchmarks keep stdout for JSON).
-pub fn note(msg: &str) {
-    let _ = writeln!(std::io::stderr(), "{msg}");
 }
 
 /// A swap file, zswap settings and memory cgroups set up for one
@@ -337,7 +356,7 @@ impl Drop for KernelSwap {
 /// What the kernel side of a usemem run measured.
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct KernelRun {
-    pub report: crate::usemem::Report,
+    pub report: uzswap_workload::usemem::Report,
     /// Peak of the kernel's zswap pool during the run (bytes).
     pub peak_zswap_pool_bytes: u64,
     /// Peak of cgroup usage + zswap pool at the same sample (bytes).
@@ -356,12 +375,13 @@ pub struct KernelRun {
 /// the kernel's figures while it runs.
 pub fn usemem_in_cgroup(
     cgroup: &std::path::Path,
-    data: crate::corpus::DataKind,
+    data: uzswap_workload::corpus::DataKind,
     mib: usize,
-    pattern: crate::usemem::Pattern,
+    pattern: uzswap_workload::usemem::Pattern,
     passes: u32,
 ) -> Result<KernelRun> {
-    let exe = std::env::current_exe().context("locating the uzswap binary")?;
+    // The child is this binary again (`uzswap-bench internal-usemem`).
+    let exe = std::env::current_exe().context("locating the uzswap-bench binary")?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("internal-usemem")
         .arg("--cgroup")
@@ -438,12 +458,12 @@ pub fn measure_in_cgroup(
 /// memory until stdin closes.
 pub fn usemem_child(
     cgroup: &std::path::Path,
-    data: crate::corpus::DataKind,
+    data: uzswap_workload::corpus::DataKind,
     mib: usize,
-    pattern: crate::usemem::Pattern,
+    pattern: uzswap_workload::usemem::Pattern,
     passes: u32,
 ) -> Result<()> {
-    let pages = crate::corpus::load_for_workload(data, mib)?;
+    let pages = uzswap_workload::corpus::load_for_workload(data, mib)?;
     std::fs::write(cgroup.join("tasks"), std::process::id().to_string())
         .with_context(|| format!("joining {}", cgroup.display()))?;
     // Page-aligned, as a uzswap region is: the workload's pages are the
@@ -454,7 +474,7 @@ pub fn usemem_child(
     // SAFETY: the fresh mapping is `len` bytes of readable, writable memory
     // that only this slice refers to until the unmap below.
     let mem = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
-    let report = crate::usemem::run(mem, &pages, pattern, passes);
+    let report = uzswap_workload::usemem::run(mem, &pages, pattern, passes);
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", serde_json::to_string(&report)?)?;
     out.flush()?;

@@ -1,17 +1,18 @@
-//! `uzswap bench usemem`: the usemem workload of seeds 000 and 002 over
+//! `uzswap-bench usemem`: the usemem workload of seeds 000 and 002 over
 //! uzswap memory kept under a resident budget, and with `--vs-kernel` the
 //! same workload in plain anonymous memory under a memory cgroup of the same
 //! budget with a swap file, once with the kernel's zswap and once without.
 
 use crate::bench_run::kernel_compressor;
-use crate::kernel::{note, usemem_in_cgroup, KernelRun, KernelSwap};
+use crate::kernel::{usemem_in_cgroup, KernelRun, KernelSwap};
+use crate::note;
 use anyhow::{Context, Result};
 use serde_json::json;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub w: crate::usemem::WorkloadArgs,
+    pub w: uzswap_workload::usemem::WorkloadArgs,
     #[arg(long, default_value_t = 3)]
     pub passes: u32,
     /// Also run the same workload under a memory cgroup with the
@@ -141,7 +142,7 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
         .map(str::parse::<uzswap_cache::Compressor>)
         .transpose()
         .context("--cold-compressor")?;
-    let pages = crate::corpus::load_for_workload(args.w.data, args.w.mib())?;
+    let pages = uzswap_workload::corpus::load_for_workload(args.w.data, args.w.mib())?;
     note(&format!("data: {}", pages.source));
     let cache = Arc::new(uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
         compressor,
@@ -195,7 +196,8 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
         args.w.budget_mib(),
         cold_compressor.map_or(String::new(), |c| format!(" (cold victims: {c})"))
     ));
-    let report = crate::usemem::run(region.as_mut_slice(), &pages, args.w.pattern, args.passes);
+    let report =
+        uzswap_workload::usemem::run(region.as_mut_slice(), &pages, args.w.pattern, args.passes);
     stop.store(true, Ordering::Relaxed);
     let _ = sampler.join();
     let ps = pager.stats();
