@@ -30,9 +30,12 @@ impl Shared {
                 let m = *s.meta(area, page);
                 match m.st {
                     PageState::Absent => continue,
-                    PageState::Stored | PageState::Clean | PageState::Discarding => {
-                        self.store.invalidate(area, page)
-                    }
+                    // A load in flight sees the page gone and throws its
+                    // bytes away.
+                    PageState::Stored
+                    | PageState::Loading
+                    | PageState::Clean
+                    | PageState::Discarding => self.store.invalidate(area, page),
                     // The evictor sees the state change and drops what it
                     // stored itself.
                     PageState::Dirty | PageState::Evicting | PageState::EvictAborted => {}

@@ -2,22 +2,19 @@
 //! readahead) for a stored one, unprotection for a write to a clean page,
 //! parking for a page the evictor is working on.
 
-use super::config::VictimPolicy;
 use super::handler::{PageBuf, Wakes};
+use super::load::Load;
 use super::state::{lookup, PageState, State};
 use super::Shared;
-use crate::stats::PagerStats;
-use crate::store::{LoadError, LoadMode, Loaded};
-use crate::sys::{self, feature, PAGE_SIZE};
-use std::time::{Duration, Instant};
-
-/// Tries of a load that must succeed before the access gets SIGBUS (pauses
-/// of 1 and 4 ms between them).
-pub(super) const LOAD_ATTEMPTS: usize = 3;
+use crate::sys::{self, PAGE_SIZE};
+use std::time::Instant;
 
 /// What handling a fault came to.
 pub(super) enum Outcome {
     Done,
+    /// A load was started: finish it (`Shared::finish_load`) once the
+    /// dispatch lock is released.
+    Load(Load),
     /// Retry later: the budget is full.
     Defer,
     /// Retry later: EAGAIN, an event is being delivered (it must be read,
@@ -76,7 +73,9 @@ impl Shared {
                     mm.parked = true;
                     s.stats.faults_parked += 1;
                 }
-                PageState::EvictAborted | PageState::Discarding => {
+                // Loading: not mapped yet, or the write would not fault;
+                // it goes once the load mapped the page (or gave it up).
+                PageState::EvictAborted | PageState::Discarding | PageState::Loading => {
                     s.meta(area, page).parked = true;
                     s.stats.faults_parked += 1;
                 }
@@ -142,6 +141,11 @@ impl Shared {
                 s.stats.faults_parked += 1;
                 Outcome::Done
             }
+            PageState::Loading => {
+                // Another handler loads it: it wakes this fault when done.
+                s.meta(area, page).parked = true;
+                Outcome::Done
+            }
             PageState::Absent => {
                 if s.resident >= s.limit && !m.claimed && !s.store_full {
                     if !f.retried {
@@ -172,49 +176,16 @@ impl Shared {
                 self.kick(s, w);
                 Outcome::Done
             }
-            PageState::Stored => self.fault_stored(s, f, area, page, buf, w),
+            PageState::Stored => self.fault_stored(s, f, area, page),
         }
     }
 
-    /// Loads a stored page that must come back (the faulting page, a page
-    /// the fork hook brings back). A failed read or check is tried again a
-    /// few times with a short pause: the device may have failed once, or a
-    /// read may have been torn; the alternative is SIGBUS for the program.
-    /// A page that keeps failing is reported as failed, never made up.
-    /// Readahead followers do not come here: they just stay stored. The
-    /// caller holds the state lock (as for every load on the fault path),
-    /// so a retry stalls the pager for at most 5 ms, on failed reads only.
-    pub(super) fn load_stored(
-        &self,
-        stats: &mut PagerStats,
-        area: u32,
-        page: u64,
-        buf: &mut [u8],
-    ) -> Result<Loaded, LoadError> {
-        let mut pause = Duration::from_millis(1);
-        for _ in 1..LOAD_ATTEMPTS {
-            match self.store.load(area, page, buf, LoadMode::Keep) {
-                Err(LoadError::Io(_) | LoadError::Corrupt) => {
-                    stats.load_retries += 1;
-                    std::thread::sleep(pause);
-                    pause *= 4;
-                }
-                r => return r,
-            }
-        }
-        self.store.load(area, page, buf, LoadMode::Keep)
-    }
-
-    /// A missing fault on a stored page: load it and its stored followers.
-    pub(super) fn fault_stored(
-        &self,
-        s: &mut State,
-        f: Fault,
-        area: u32,
-        page: u64,
-        buf: &mut PageBuf,
-        w: &mut Wakes,
-    ) -> Outcome {
+    /// A missing fault on a stored page: step 1 of a load (see `load.rs`).
+    /// The faulting page and its run of stored followers (readahead)
+    /// become `Loading`, counted resident so that the budget is reserved;
+    /// the caller finishes the load with [`Shared::finish_load`] once it
+    /// released the dispatch lock.
+    pub(super) fn fault_stored(&self, s: &mut State, f: Fault, area: u32, page: u64) -> Outcome {
         let mut free = s.limit.saturating_sub(s.resident);
         if s.store_full {
             free = free.max(1); // the budget is soft (see `store_full`)
@@ -246,101 +217,15 @@ impl Shared {
         let mut n = 1usize;
         // Not into a discard in flight: it would drop what is mapped there.
         while page + (n as u64) < limit
-            && s.meta(area, page + n as u64).st == PageState::Stored
+            && {
+                let m = *s.meta(area, page + n as u64);
+                m.st == PageState::Stored && !m.zapping
+            }
             && s.own_at(f.addr + n * PAGE_SIZE).is_none()
         {
             n += 1;
         }
-        // The faulting page first, alone: its COPY wakes the thread, which
-        // then runs while the followers are loaded and mapped. A write
-        // fault gets its page writable (the store's copy is dropped below);
-        // with `keep_clean` everything else is mapped write-protected and
-        // clean, so evicting it again needs no store; without it, every
-        // page comes back writable and its copy is dropped below.
-        let src = match self.load_stored(&mut s.stats, area, page, buf.page(0)) {
-            Ok(l) => l,
-            Err(_) => {
-                s.stats.load_errors += 1;
-                fail_access(self, w, f.addr);
-                return Outcome::Done;
-            }
-        };
-        let tc = Instant::now();
-        let keep = self.cfg.keep_clean;
-        // SAFETY: buf page 0 holds the loaded bytes.
-        match unsafe { self.copy(w, f.addr, buf.addr(0), PAGE_SIZE, keep && !f.write) } {
-            Ok(()) => {}
-            Err(e) if e.errno == libc::EAGAIN => return Outcome::Again,
-            Err(e) if e.errno == libc::EEXIST => {
-                // Mapped already: nothing was copied, so nobody was woken.
-                w.wake(self, f.addr, PAGE_SIZE);
-            }
-            Err(_) => return Outcome::Done,
-        }
-        s.lat_copy.record(tc.elapsed().as_nanos() as u64);
-        s.lat_store.record(f.t0.elapsed().as_nanos() as u64);
-        let mut got = 1;
-        while got < n {
-            if self
-                .store
-                .load(area, page + got as u64, buf.page(got), LoadMode::Keep)
-                .is_err()
-            {
-                break;
-            }
-            got += 1;
-        }
-        let mut mapped = 1;
-        if got > 1 {
-            // SAFETY: buf pages 1..got hold loaded bytes.
-            match unsafe {
-                self.copy(
-                    w,
-                    f.addr + PAGE_SIZE,
-                    buf.addr(1),
-                    (got - 1) * PAGE_SIZE,
-                    keep,
-                )
-            } {
-                Ok(()) => mapped = got,
-                // Partly done (EAGAIN, EEXIST): the rest stay `Stored`,
-                // and the store still holds them (loaded with Keep).
-                Err(e) => mapped = 1 + e.done / PAGE_SIZE,
-            }
-        }
-        // Account for what was mapped.
-        let distance = s.evict_clock.wrapping_sub(s.meta(area, page).evicted_at) as usize;
-        let activate = self.cfg.policy == VictimPolicy::Workingset && distance <= s.limit;
-        s.stats.refaults += 1;
-        if activate {
-            s.stats.refaults_activated += 1;
-        }
-        for i in 0..mapped {
-            let p = page + i as u64;
-            // Loaded with `Keep` either way, so that a page whose copy
-            // failed stays in the store; dropped here once it is mapped.
-            let dirty = !keep || (i == 0 && f.write);
-            s.meta(area, p).st = if dirty {
-                PageState::Dirty
-            } else {
-                PageState::Clean
-            };
-            if dirty {
-                self.store.invalidate(area, p);
-            }
-            s.resident += 1;
-            s.enqueue_new(area, p, i == 0 && activate);
-        }
-        s.stats.readahead_pages += mapped.saturating_sub(1) as u64;
-        s.areas.get_mut(&area).expect("area").ra_next = page + mapped as u64;
-        match src {
-            Loaded::Pool => s.stats.faults_pool += 1,
-            Loaded::Backing => s.stats.faults_backing += 1,
-            Loaded::SameFilled => s.stats.faults_same_filled += 1,
-        }
-        s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.resident as u64);
-        self.kick(s, w);
-        Outcome::Done
+        Outcome::Load(s.start_load(f, area, page, n))
     }
 
     /// Wakes the evictor when the resident set nears the budget (after the
@@ -397,18 +282,4 @@ impl Shared {
             _ => Outcome::Done,
         }
     }
-}
-
-/// A load failed: the access must not see made-up data. Map a poison
-/// marker (the access gets SIGBUS, as on a swap read error) if the kernel
-/// has it, else zeros.
-pub(super) fn fail_access(sh: &Shared, w: &mut Wakes, addr: usize) {
-    if sh.uffd.features() & feature::POISON != 0 {
-        let r = sh.uffd.poison(addr, PAGE_SIZE, w.defer);
-        w.resolved(addr, &r, PAGE_SIZE);
-        if r.is_ok() {
-            return;
-        }
-    }
-    let _ = sh.zeropage(w, addr);
 }

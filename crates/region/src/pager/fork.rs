@@ -3,12 +3,11 @@
 //! handler) reads real bytes.
 
 use super::handler::PageBuf;
-use super::state::{lookup, PageState};
+use super::state::PageState;
 use super::Shared;
 use crate::sys::{self, PAGE_SIZE};
 use parking_lot::Mutex;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 /// Every pager of the process (the hooks skip the dropped ones).
 static REGISTRY: Mutex<Vec<Weak<Shared>>> = parking_lot::const_mutex(Vec::new());
@@ -85,38 +84,8 @@ impl Shared {
             v
         };
         for (addr, area, page) in todo {
-            loop {
-                let mut g = self.state.lock();
-                let s = &mut *g;
-                if lookup(&s.segs, addr) != Some((area, page))
-                    || s.meta(area, page).st != PageState::Stored
-                {
-                    break;
-                }
-                if self
-                    .load_stored(&mut s.stats, area, page, buf.page(0))
-                    .is_err()
-                {
-                    s.stats.load_errors += 1;
-                    break;
-                }
-                // SAFETY: buf page 0 holds the loaded bytes.
-                match unsafe { self.uffd.copy(addr, buf.addr(0), PAGE_SIZE, true, false) } {
-                    Err(e) if e.errno == libc::EAGAIN => {
-                        // An event is pending: let the handler read it
-                        // (it may need the state lock to get there).
-                        drop(g);
-                        std::thread::sleep(Duration::from_micros(50));
-                        continue;
-                    }
-                    Err(e) if e.errno != libc::EEXIST => break,
-                    _ => {}
-                }
-                s.meta(area, page).st = PageState::Clean;
-                s.resident += 1;
-                s.enqueue_new(area, page, false);
+            if self.prefault_page(addr, area, page, &mut buf) {
                 n += 1;
-                break;
             }
         }
         let mut s = self.state.lock();

@@ -5,6 +5,7 @@
 //! `events.rs`.
 
 use super::fault::{Fault, Outcome};
+use super::load::Load;
 use super::Shared;
 use crate::sys::{self, Msg, RawMsg, PAGE_SIZE};
 use std::sync::atomic::Ordering;
@@ -170,6 +171,7 @@ impl Shared {
         let mut batch: Vec<RawMsg> = Vec::with_capacity(64);
         let mut buf = PageBuf::new(self.cfg.readahead_max + 1);
         let mut deferred: Vec<Fault> = Vec::new();
+        let mut loads: Vec<Load> = Vec::new();
         let mut w = Wakes::now();
         let mut last = Instant::now();
         let mut spins = 0u32;
@@ -195,10 +197,13 @@ impl Shared {
                 }
                 let t0 = Instant::now();
                 for m in &batch {
-                    self.handle_msg(m, t0, &mut buf, &mut w, &mut deferred);
+                    self.handle_msg(m, t0, &mut buf, &mut w, &mut deferred, &mut loads);
                 }
                 batch.len()
             };
+            // Loads started in the batch finish with the dispatch lock
+            // released: meanwhile other handlers read and handle messages.
+            self.finish_loads(&mut loads, &mut buf, &mut w, &mut deferred);
             if n == 0 {
                 if !deferred.is_empty() {
                     self.retry(&mut deferred, &mut buf, &mut w);
@@ -243,7 +248,8 @@ impl Shared {
     }
 
     /// Handles one message on the main handler (events) or any handler
-    /// (faults); a fault that must wait goes to `deferred`.
+    /// (faults); a fault that must wait goes to `deferred`, a load it
+    /// started to `loads` (to finish once the dispatch lock is released).
     pub(super) fn handle_msg(
         &self,
         m: &RawMsg,
@@ -251,6 +257,7 @@ impl Shared {
         buf: &mut PageBuf,
         w: &mut Wakes,
         deferred: &mut Vec<Fault>,
+        loads: &mut Vec<Load>,
     ) {
         match m.decode() {
             Msg::Fault { addr, write, wp } => {
@@ -261,9 +268,7 @@ impl Shared {
                     t0,
                     retried: false,
                 };
-                if self.deferred(self.fault(f, buf, w), &f) {
-                    deferred.push(f);
-                }
+                self.file(self.fault(f, buf, w), f, deferred, loads);
             }
             Msg::Remove { start, end } => {
                 self.discard_range(start, end, true, w);
@@ -336,6 +341,7 @@ impl Shared {
         let mut msgs = vec![RawMsg::default(); 16];
         let mut buf = PageBuf::new(self.cfg.readahead_max + 1);
         let mut w = Wakes::deferred();
+        let mut loads = Vec::new();
         let mut last = Instant::now();
         let mut fresh_until = last + CPU_FRESH;
         while !self.shutdown.load(Ordering::Relaxed) {
@@ -355,7 +361,7 @@ impl Shared {
                 fresh_until = last + CPU_FRESH;
                 continue;
             }
-            match self.cpu_step(now < fresh_until, &mut msgs, &mut buf, &mut w) {
+            match self.cpu_step(now < fresh_until, &mut msgs, &mut buf, &mut w, &mut loads) {
                 // Yield: an evictor discarding at the idle policy (see
                 // `evict`) may be waiting for this CPU.
                 Step::Idle => std::thread::yield_now(),
@@ -376,6 +382,7 @@ impl Shared {
         msgs: &mut [RawMsg],
         buf: &mut PageBuf,
         w: &mut Wakes,
+        loads: &mut Vec<Load>,
     ) -> Step {
         let Some(mut d) = self.dispatch.try_lock() else {
             return Step::Idle;
@@ -417,7 +424,7 @@ impl Shared {
         counter.fetch_add(n as u64, Ordering::Relaxed);
         let before = d.deferred.len();
         for m in &msgs[..n] {
-            self.handle_msg(m, t0, buf, w, &mut d.deferred);
+            self.handle_msg(m, t0, buf, w, &mut d.deferred, loads);
         }
         let deferred = d.deferred.len() > before;
         drop(d);
@@ -426,13 +433,57 @@ impl Shared {
         }
         let woke_at = Instant::now();
         w.finish(self);
+        if !loads.is_empty() {
+            // With the dispatch lock released, so that another handler can
+            // read and resolve the next fault, and load, meanwhile. Each
+            // load wakes its thread when mapped; what must be retried goes
+            // to the main handler.
+            let mut again = Vec::new();
+            self.finish_loads(loads, buf, w, &mut again);
+            if !again.is_empty() {
+                self.dispatch.lock().deferred.append(&mut again);
+                self.wake.signal();
+            }
+        }
         Step::Worked { woke_at }
+    }
+
+    /// Finishes the loads in `loads` (steps 2 and 3 of `load.rs`), with no
+    /// pager lock held; faults to retry go to `deferred`.
+    pub(super) fn finish_loads(
+        &self,
+        loads: &mut Vec<Load>,
+        buf: &mut PageBuf,
+        w: &mut Wakes,
+        deferred: &mut Vec<Fault>,
+    ) {
+        for l in loads.drain(..) {
+            let f = l.f;
+            let o = self.finish_load(l, buf, w);
+            if self.deferred(o, &f) {
+                deferred.push(f);
+            }
+        }
+    }
+
+    /// Files what handling `f` came to: a started load goes to `loads`, a
+    /// fault that must be retried to `deferred`.
+    fn file(&self, o: Outcome, f: Fault, deferred: &mut Vec<Fault>, loads: &mut Vec<Load>) {
+        match o {
+            Outcome::Load(l) => loads.push(l),
+            o => {
+                if self.deferred(o, &f) {
+                    deferred.push(f);
+                }
+            }
+        }
     }
 
     /// Whether a fault must be retried; counts and flags what it waits for.
     pub(super) fn deferred(&self, o: Outcome, f: &Fault) -> bool {
         match o {
             Outcome::Done => false,
+            Outcome::Load(_) => unreachable!("a started load is filed, not retried"),
             Outcome::Defer => true,
             Outcome::Again => {
                 if !f.retried {
@@ -447,12 +498,12 @@ impl Shared {
 
     pub(super) fn retry(&self, deferred: &mut Vec<Fault>, buf: &mut PageBuf, w: &mut Wakes) {
         let old = std::mem::take(deferred);
+        let mut loads = Vec::new();
         for mut f in old {
             f.retried = true;
-            if self.deferred(self.fault(f, buf, w), &f) {
-                deferred.push(f);
-            }
+            self.file(self.fault(f, buf, w), f, deferred, &mut loads);
         }
+        self.finish_loads(&mut loads, buf, w, deferred);
         if !deferred.is_empty() {
             self.throttled.store(true, Ordering::Relaxed);
             let _g = self.state.lock();

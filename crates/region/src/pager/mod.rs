@@ -37,6 +37,7 @@ mod evict;
 mod fault;
 mod fork;
 mod handler;
+mod load;
 mod state;
 
 pub use config::{
@@ -169,6 +170,7 @@ impl Pager {
                 resident: 0,
                 evict_clock: 0,
                 own: Vec::new(),
+                loading: 0,
                 next_area: 1,
                 stats: PagerStats {
                     budget_pages: cfg.budget_pages as u64,

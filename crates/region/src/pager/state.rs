@@ -41,6 +41,14 @@ pub enum PageState {
     EvictAborted,
     /// Held; the evictor is discarding the mapping (`MADV_DONTNEED`).
     Discarding,
+    /// Held, not mapped yet: a handler (or the fork hook) is loading it
+    /// with no lock held and will map it if it is still `Loading` with the
+    /// same ticket afterwards (see `pager/load.rs`). Counted resident (the
+    /// budget is reserved for it), on no list: never a victim. A fault on
+    /// it is parked and woken when the load ends; a remove or unmap event
+    /// takes it as it takes a `Stored` page (the load then throws its bytes
+    /// away).
+    Loading,
 }
 
 impl PageState {
@@ -56,7 +64,8 @@ pub(super) struct PageMeta {
     /// settles the page (evictor commit/settle, or a remove event) clears
     /// the flag and wakes the range. Set in `Evicting`, `EvictAborted` and
     /// `Discarding`, on a `zapping` page, and on a page between victims of
-    /// a discard in flight (`OwnSpan`, which lists it for the wake-up).
+    /// a discard in flight (`OwnSpan`, which lists it for the wake-up),
+    /// and in `Loading` (the load's end wakes it).
     pub(super) parked: bool,
     /// A write was seen since the page was queued (second chance).
     pub(super) referenced: bool,
@@ -87,6 +96,9 @@ pub(super) struct PageMeta {
     /// serves the others).
     pub(super) warm: bool,
     /// Generation of the page's queue entry; older entries are stale.
+    /// It is also a load's ticket: bumped when the page becomes `Loading`
+    /// and by every way out of a resident state (`State::leave`), so a
+    /// load that finds it unchanged knows nobody took the page meanwhile.
     pub(super) qgen: u32,
     /// Eviction clock when the page was last evicted (valid if `Stored`).
     pub(super) evicted_at: u32,
@@ -198,6 +210,9 @@ pub(super) struct State {
     pub(super) n_active: usize,
     /// Pages in a resident state, over all areas.
     pub(super) resident: usize,
+    /// Pages of loads between their start and their end (`Loading`, or
+    /// taken from a load by an event and not yet seen so by it).
+    pub(super) loading: usize,
     /// Evictions so far (wrapping), for refault distances.
     pub(super) evict_clock: u32,
     /// The ranges the evictor is discarding (one `MADV_DONTNEED` each),
