@@ -187,7 +187,8 @@ impl Shared {
         }
     }
 
-    /// Marks chosen pages as in eviction (under the state lock).
+    /// Step 1, *claim*: marks chosen pages as in eviction (under the state
+    /// lock): `Dirty` → `Evicting`, `Clean` → `Discarding`.
     pub(super) fn claim(&self, s: &mut State, v: Vec<(u32, u64)>) -> Vec<Victim> {
         let mut out = Vec::with_capacity(v.len());
         for (area, page) in v {
@@ -244,8 +245,9 @@ impl Shared {
         }
     }
 
-    /// Evicts claimed victims: write-protect, copy out, store, commit,
-    /// discard, settle. Runs without the state lock except to commit.
+    /// Steps 2 to 6 for claimed victims: write-protect, copy out and store,
+    /// commit, drop (move or discard), settle. Runs without the state lock
+    /// except to commit and settle.
     /// Returns how many left memory, and how many the store refused.
     pub(super) fn evict(&self, mut victims: Vec<Victim>) -> (usize, usize) {
         let mut refused = 0;
@@ -259,12 +261,12 @@ impl Shared {
         let wp_spans = self.state.lock().spans(&victims, |v| !v.clean);
         let mut buf = Vec::new();
         let mut addrs = Vec::new();
-        // 1. Write-protect dirty victims. After this no CPU can write them:
+        // 2. Write-protect dirty victims. After this no CPU can write them:
         //    a write faults (WP) and the handler parks or aborts. The pages
         //    between them were not resident: protecting nothing there (one
         //    a fault mapped since is protected too, and its first write
         //    only faults and is unprotected, as any `Dirty` page's).
-        // 2. Copy each out and store it.
+        // 3. Copy each out and store it.
         for span in wp_spans {
             let wp = loop {
                 match self
@@ -302,7 +304,7 @@ impl Shared {
         }
         let mut discards;
         let mut moves = Vec::new();
-        // 3. Commit: a victim still `Evicting` becomes `Discarding`; one a
+        // 4. Commit: a victim still `Evicting` becomes `Discarding`; one a
         //    write reached goes back to `Dirty`; one the program discarded
         //    meanwhile loses what we stored.
         {
@@ -367,14 +369,14 @@ impl Shared {
         for v in victims.iter().filter(|v| v.unprotect) {
             self.unprotect_retry(v.addr);
         }
-        // 4a. Move victims of short spans into the staging area, one page
-        //     at a time: no remove event, so no handler round trip and no
-        //     EAGAIN for the faults meanwhile (see `sys::Staging`). A missing
-        //     fault on a moved page parks (`zapping`) until step 5, as after
-        //     a discard; the program's own discard of one is its event, as
-        //     the page is in no span of ours. A page the kernel will not
-        //     move (shared with a forked child, a mapping with other flags)
-        //     is discarded below in a span of its own.
+        // 5a. Drop by moving victims of short spans into the staging area,
+        //     one page at a time: no remove event, so no handler round trip
+        //     and no EAGAIN for the faults meanwhile (see `sys::Staging`). A
+        //     missing fault on a moved page parks (`zapping`) until step 6,
+        //     as after a discard; the program's own discard of one is its
+        //     event, as the page is in no span of ours. A page the kernel
+        //     will not move (shared with a forked child, a mapping with
+        //     other flags) is discarded below in a span of its own.
         let mut moved = 0u64;
         if let Some(st) = &self.staging {
             let mut refused = Vec::new();
@@ -397,7 +399,7 @@ impl Shared {
                 // The program discarded the page: the kernel zaps only after
                 // a handler read the remove event, and whoever reads a batch
                 // with an event handles it under the dispatch lock. Once we
-                // had that lock the page is `Absent`, and step 5 leaves it so.
+                // had that lock the page is `Absent`, and step 6 leaves it so.
                 drop(self.dispatch.lock());
             }
             if !refused.is_empty() {
@@ -410,8 +412,8 @@ impl Shared {
                 discards.extend(refused);
             }
         }
-        // 4. Discard, one call per span. The remove event each raises is
-        //    recognised by the handler through `State::own`.
+        // 5b. Drop by discarding, one call per span. The remove event each
+        //     raises is recognised by the handler through `State::own`.
         //
         // With CPU handlers, discard at the idle policy: the handler that
         // reads our remove event wakes us, and woken at the normal policy
@@ -458,7 +460,7 @@ impl Shared {
                 self.wake.signal();
             }
         }
-        // 5. Settle: `Discarding` → `Stored`, wake parked faults.
+        // 6. Settle: `Discarding` → `Stored`, wake parked faults.
         let mut wake = Vec::new();
         let mut gone = 0;
         {

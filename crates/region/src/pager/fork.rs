@@ -76,7 +76,10 @@ impl Shared {
                 let a = &s.areas[&seg.area];
                 for i in 0..seg.len / PAGE_SIZE {
                     let p = seg.first + i as u64;
-                    if a.meta[p as usize].st == PageState::Stored {
+                    if matches!(
+                        a.meta[p as usize].st,
+                        PageState::Stored | PageState::Loading
+                    ) {
                         v.push((start + i * PAGE_SIZE, seg.area, p));
                     }
                 }

@@ -27,12 +27,14 @@
 //!    faults are woken, and the faulting thread is woken to fault again
 //!    against the page as it is now.
 
+use super::config::VictimPolicy;
 use super::fault::{Fault, Outcome};
-use super::handler::{PageBuf, Wakes};
+use super::handler::{Dispatch, PageBuf, Wakes};
 use super::state::{lookup, PageState, State};
 use super::Shared;
 use crate::store::{LoadError, LoadMode, Loaded};
 use crate::sys::{feature, PAGE_SIZE};
+use parking_lot::MutexGuard;
 use std::time::{Duration, Instant};
 
 /// Tries of a load that must succeed before the access gets SIGBUS (pauses
@@ -113,6 +115,27 @@ impl Shared {
         self.store.load(area, page, buf, LoadMode::Keep)
     }
 
+    /// Step 2 for the first page of `l` (no lock held: what may change
+    /// meanwhile is in the module docs, and the caller re-checks it with
+    /// `load_owns`), then the locks of step 3: dispatch first (lock order),
+    /// so that no event is read until the copy is done, then state.
+    fn load_then_lock(
+        &self,
+        l: &Load,
+        buf: &mut PageBuf,
+    ) -> (
+        Result<Loaded, LoadError>,
+        MutexGuard<'_, Dispatch>,
+        MutexGuard<'_, State>,
+    ) {
+        let mut retries = 0;
+        let r = self.load_stored(l.area, l.page, buf.page(0), &mut retries);
+        let d = self.dispatch.lock();
+        let mut s = self.state.lock();
+        s.stats.load_retries += retries;
+        (r, d, s)
+    }
+
     /// Steps 2 and 3 of a fault's load: the faulting page is loaded and
     /// mapped alone, so that its thread is woken at once; then the
     /// followers are loaded and mapped with one `UFFDIO_COPY`. Call with no
@@ -121,16 +144,8 @@ impl Shared {
     pub(super) fn finish_load(&self, l: Load, buf: &mut PageBuf, w: &mut Wakes) -> Outcome {
         let (f, area, page) = (l.f, l.area, l.page);
         let n = l.tickets.len();
-        // 2. Load, no lock held: what may change meanwhile is in the module
-        //    docs, and re-checked below (`load_owns`).
-        let mut retries = 0;
-        let r = self.load_stored(area, page, buf.page(0), &mut retries);
-        // 3. Map. Dispatch first (lock order): no event is read until the
-        //    copy is done.
-        let d = self.dispatch.lock();
-        let mut g = self.state.lock();
+        let (r, d, mut g) = self.load_then_lock(&l, buf);
         let s = &mut *g;
-        s.stats.load_retries += retries;
         if !s.load_owns(&l, 0, true) {
             // An event or the region's drop took the page, or a remap moved
             // it: the bytes are stale. The thread faults again and meets
@@ -184,7 +199,7 @@ impl Shared {
         s.lat_copy.record(tc.elapsed().as_nanos() as u64);
         s.lat_store.record(f.t0.elapsed().as_nanos() as u64);
         let distance = s.evict_clock.wrapping_sub(s.meta(area, page).evicted_at) as usize;
-        let activate = self.cfg.policy == super::VictimPolicy::Workingset && distance <= s.limit;
+        let activate = self.cfg.policy == VictimPolicy::Workingset && distance <= s.limit;
         s.stats.refaults += 1;
         if activate {
             s.stats.refaults_activated += 1;
@@ -315,8 +330,8 @@ impl Shared {
     }
 
     /// Brings page `page` of `area`, at `addr`, back for the fork hook:
-    /// write-protected and `Clean`, through the same three steps. Whether
-    /// it was mapped.
+    /// write-protected and `Clean`, through the same three steps; waits for
+    /// a handler's load of it to end. Whether this call mapped it.
     pub(super) fn prefault_page(
         &self,
         addr: usize,
@@ -329,10 +344,20 @@ impl Shared {
             let l = {
                 let mut g = self.state.lock();
                 let s = &mut *g;
-                if lookup(&s.segs, addr) != Some((area, page))
-                    || s.meta(area, page).st != PageState::Stored
-                {
+                if lookup(&s.segs, addr) != Some((area, page)) {
                     return false;
+                }
+                match s.meta(area, page).st {
+                    PageState::Stored => {}
+                    PageState::Loading => {
+                        // A handler's load: the child must see the page, so
+                        // wait until that load mapped it (or gave it back,
+                        // `Stored`: then it is ours to bring back).
+                        drop(g);
+                        std::thread::sleep(Duration::from_micros(50));
+                        continue;
+                    }
+                    _ => return false,
                 }
                 let f = Fault {
                     addr,
@@ -343,12 +368,8 @@ impl Shared {
                 };
                 s.start_load(f, area, page, 1)
             };
-            let mut retries = 0;
-            let r = self.load_stored(area, page, buf.page(0), &mut retries);
-            let d = self.dispatch.lock();
-            let mut g = self.state.lock();
+            let (r, d, mut g) = self.load_then_lock(&l, buf);
             let s = &mut *g;
-            s.stats.load_retries += retries;
             if !s.load_owns(&l, 0, true) {
                 self.unload(s, &l, 0..1, &mut w);
                 return false;

@@ -9,24 +9,31 @@
 //! - `state.rs`: [`PageState`], the page records, the segment map, the
 //!   victim lists and victim choice;
 //! - `handler.rs`: the handler threads, message dispatch and wake-ups;
-//! - `fault.rs`: resolving one fault, loads and readahead;
+//! - `fault.rs`: resolving one fault (what each page state calls for);
+//! - `load.rs`: a stored page brought back with no lock held (start, load,
+//!   re-check and map), readahead;
 //! - `events.rs`: remove, unmap and remap events;
 //! - `evict.rs`: the evictor thread and an eviction batch's steps;
 //! - `fork.rs`: the fork hooks;
 //! - `check.rs`: `check_invariants`.
 //!
 //! # Lock order
-//! 1. `Shared::gate` (raw mutex: one eviction batch or one fork at a time)
-//! 2. `Shared::dispatch` (the handlers, while they read and handle a batch;
-//!    the evictor takes it, holding nothing else but the gate, after each
-//!    discard: a barrier behind which every event of that call was
-//!    handled). Handlers never take the gate.
+//! 1. `Shared::gate` (one eviction batch or one fork at a time; a guard
+//!    everywhere but in the fork hooks, which hold it from prepare to
+//!    parent/child)
+//! 2. `Shared::dispatch` (the handlers, while they read and handle a batch,
+//!    and while they map a load: re-check and `UFFDIO_COPY`, see
+//!    `load.rs`; the evictor takes it, holding nothing else but the gate,
+//!    after each discard: a barrier behind which every event of that call
+//!    was handled). Handlers never take the gate.
 //! 3. `Shared::state`
 //! 4. the store's internal locks (taken inside `PageStore` calls)
 //!
 //! No thread holds `state` across a call that may need the handler to make
 //! progress: `madvise` on a registered range (it waits until the handler has
-//! read the remove event) or a read of region memory (it may fault). The
+//! read the remove event) or a read of region memory (it may fault). No
+//! thread holds any pager lock across a load from the store (its read,
+//! decompression, decryption, retry pauses): see `load.rs`. The
 //! handler itself never waits for the evictor: a fault that must wait is
 //! *parked* (a flag on the page) and woken by whoever settles the page.
 
