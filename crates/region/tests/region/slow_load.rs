@@ -4,72 +4,21 @@
 //! that takes the page meanwhile wins over the load.
 
 use crate::common::*;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
 use std::time::Duration;
-use uzswap_region::{
-    LoadError, LoadMode, Loaded, MemStore, PageState, PageStore, Pager, PagerConfig, StoreError,
-    StoreStats, Stored,
-};
-
-/// A [`MemStore`] whose loads of offset `hold` wait until `open` is set.
-struct SlowStore {
-    inner: MemStore,
-    hold: AtomicU64,
-    entered: AtomicBool,
-    open: AtomicBool,
-}
-
-impl SlowStore {
-    fn new() -> SlowStore {
-        SlowStore {
-            inner: MemStore::new(),
-            hold: AtomicU64::new(u64::MAX),
-            entered: AtomicBool::new(false),
-            open: AtomicBool::new(false),
-        }
-    }
-}
-
-impl PageStore for SlowStore {
-    fn open_area(&self, area: u32) {
-        self.inner.open_area(area)
-    }
-    fn store(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {
-        self.inner.store(area, offset, page)
-    }
-    fn load(
-        &self,
-        area: u32,
-        offset: u64,
-        page: &mut [u8],
-        mode: LoadMode,
-    ) -> Result<Loaded, LoadError> {
-        if offset == self.hold.load(Ordering::SeqCst) {
-            self.entered.store(true, Ordering::SeqCst);
-            while !self.open.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-        self.inner.load(area, offset, page, mode)
-    }
-    fn invalidate(&self, area: u32, offset: u64) {
-        self.inner.invalidate(area, offset)
-    }
-    fn invalidate_area(&self, area: u32) {
-        self.inner.invalidate_area(area)
-    }
-    fn stats(&self) -> StoreStats {
-        self.inner.stats()
-    }
-}
+use uzswap_region::{PageState, Pager, PagerConfig, Region};
 
 const HELD: usize = 3;
 
 /// A region of 32 pages, each written, pages `HELD` and 10 evicted alone
 /// (their neighbours resident: no readahead), loads of `HELD` held.
-fn setup(cfg: PagerConfig) -> (Pager, Arc<SlowStore>, uzswap_region::Region) {
-    let store = Arc::new(SlowStore::new());
+fn setup(cfg: PagerConfig) -> (Pager, Arc<TestStore>, Region) {
+    let store = Arc::new(TestStore {
+        hold_load: Some(HELD as u64),
+        ..TestStore::default()
+    });
     let pager = Pager::new(store.clone(), cfg).unwrap();
     let r = pager.region(32 * PAGE).unwrap();
     for p in 0..32 {
@@ -77,8 +26,15 @@ fn setup(cfg: PagerConfig) -> (Pager, Arc<SlowStore>, uzswap_region::Region) {
     }
     assert_eq!(r.evict(HELD..HELD + 1), 1);
     assert_eq!(r.evict(10..11), 1);
-    store.hold.store(HELD as u64, Ordering::SeqCst);
     (pager, store, r)
+}
+
+/// A thread reads page `HELD` of the region at `base`; returns once its
+/// load is held in the store. The thread returns the page's bytes.
+fn read_held(base: usize, store: &TestStore) -> JoinHandle<Vec<u8>> {
+    let reader = std::thread::spawn(move || page_mut(base as *mut u8, HELD).to_vec());
+    assert!(eventually(|| store.held.load(Ordering::SeqCst)));
+    reader
 }
 
 /// Runs `f` on another thread; whether it returned within 2 s.
@@ -107,8 +63,7 @@ fn a_slow_load_leaves_the_pager_and_the_evictor_free() {
     let pager = Arc::new(pager);
     let r = Arc::new(r);
     let base = r.as_ptr() as usize;
-    let reader = std::thread::spawn(move || page_mut(base as *mut u8, HELD).to_vec());
-    assert!(eventually(|| store.entered.load(Ordering::SeqCst)));
+    let reader = read_held(base, &store);
     assert_eq!(r.page_state(HELD), Some(PageState::Loading));
     let p = pager.clone();
     assert!(returns_soon(move || {
@@ -120,14 +75,14 @@ fn a_slow_load_leaves_the_pager_and_the_evictor_free() {
         assert!(returns_soon(move || assert_eq!(r2.evict(20..24), 4)));
         assert_eq!(r.page_state(21), Some(PageState::Stored));
     }
-    store.open.store(true, Ordering::SeqCst);
+    store.release.store(true, Ordering::SeqCst);
     assert_eq!(reader.join().unwrap(), wants(HELD));
     assert_eq!(r.page_state(HELD), Some(PageState::Clean));
     pager.check_invariants().unwrap();
 }
 
 /// A second handler (`cpu_handlers`), if the machine gives one.
-fn with_cpu_handlers() -> Option<(Pager, Arc<SlowStore>, uzswap_region::Region)> {
+fn with_cpu_handlers() -> Option<(Pager, Arc<TestStore>, Region)> {
     let mut cfg = PagerConfig::new(64);
     cfg.cpu_handlers = true;
     let (pager, store, r) = setup(cfg);
@@ -147,15 +102,14 @@ fn another_fault_completes_while_a_load_waits() {
         return;
     };
     let base = r.as_ptr() as usize;
-    let reader = std::thread::spawn(move || page_mut(base as *mut u8, HELD).to_vec());
-    assert!(eventually(|| store.entered.load(Ordering::SeqCst)));
+    let reader = read_held(base, &store);
     assert!(returns_soon(move || {
         assert_eq!(page_mut(base as *mut u8, 10), &wants(10)[..]);
     }));
     assert_eq!(r.page_state(HELD), Some(PageState::Loading));
     assert_eq!(r.page_state(10), Some(PageState::Clean));
     pager.check_invariants().unwrap();
-    store.open.store(true, Ordering::SeqCst);
+    store.release.store(true, Ordering::SeqCst);
     assert_eq!(reader.join().unwrap(), wants(HELD));
     pager.check_invariants().unwrap();
 }
@@ -170,8 +124,7 @@ fn a_discard_during_a_load_wins() {
         return;
     };
     let base = r.as_ptr() as usize;
-    let reader = std::thread::spawn(move || page_mut(base as *mut u8, HELD).to_vec());
-    assert!(eventually(|| store.entered.load(Ordering::SeqCst)));
+    let reader = read_held(base, &store);
     assert!(returns_soon(move || {
         // SAFETY: one page of the live region whose contents we drop.
         let rc = unsafe {
@@ -186,7 +139,7 @@ fn a_discard_during_a_load_wins() {
     assert!(eventually(|| r.page_state(HELD) == Some(PageState::Absent)));
     assert!(!store.inner.contains(r.area(), HELD as u64));
     pager.check_invariants().unwrap();
-    store.open.store(true, Ordering::SeqCst);
+    store.release.store(true, Ordering::SeqCst);
     assert_eq!(reader.join().unwrap(), vec![0u8; PAGE]);
     let st = pager.stats();
     assert_eq!(st.load_errors, 0, "{st:?}");
