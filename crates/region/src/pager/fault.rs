@@ -1,6 +1,7 @@
-//! Resolving one fault: zeros for a page never stored, a load (and its
-//! readahead) for a stored one, unprotection for a write to a clean page,
-//! parking for a page the evictor is working on.
+//! Resolving one fault: zeros for a page never stored, the start of a load
+//! (finished in `load.rs`, with no lock held) for a stored one,
+//! unprotection for a write to a clean page, parking for a page the
+//! evictor or a load is working on.
 
 use super::handler::{PageBuf, Wakes};
 use super::load::Load;
