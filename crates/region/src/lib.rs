@@ -7,8 +7,9 @@
 //!   userfaultfd for missing and write-protect faults ([`Region`]).
 //! - **area**: a region's id; the store's keys are `(area, page index)`.
 //! - **resident**: a page that may be mapped (states `Dirty`, `Clean`,
-//!   `Evicting`, `EvictAborted`, `Discarding` of [`PageState`]). The pager
-//!   keeps `resident ≤ limit` for all its regions together.
+//!   `Evicting`, `EvictAborted`, `Discarding` of [`PageState`]) or is about
+//!   to be (`Loading`: the budget is reserved for it). The pager keeps
+//!   `resident ≤ limit` for all its regions together.
 //! - **limit**: the budget less the *charge*, memory outside the regions
 //!   that the budget pays for (`PagerConfig::charge`: `uzswap run` charges
 //!   its own heap, as a memory cgroup charges the kernel's allocations for
@@ -17,8 +18,9 @@
 //!   (`CHARGE_PERIOD`), also while nothing faults.
 //! - **store**: where evicted pages go ([`PageStore`]; the real one is
 //!   `uzswap_cache::Cache`, [`MemStore`] serves tests).
-//! - **parked fault**: a fault on a page the evictor is working on; the
-//!   handler only flags it, and whoever settles the page wakes it.
+//! - **parked fault**: a fault on a page the evictor is working on, or one
+//!   a load is bringing back; the handler only flags it, and whoever
+//!   settles the page (or ends the load) wakes it.
 //!
 //! # Moving parts
 //! One [`Pager`] owns one userfaultfd, one handler thread (`uzswap-uffd`),
@@ -37,9 +39,9 @@
 //! - **missing fault, `Stored` page**: load it with `LoadMode::Keep` plus
 //!   the run of `Stored` pages after it (readahead; the window doubles up to
 //!   `readahead_max` while faults land right after the previous window and
-//!   halves otherwise). The faulting page is mapped first, alone, so its
-//!   thread is woken at once; then the followers are loaded and mapped with
-//!   one `UFFDIO_COPY`. Pages are mapped in `MODE_WP` and become `Clean`
+//!   halves otherwise), with no lock held (see "Loads" below). The faulting
+//!   page is mapped first, alone, so its thread is woken at once; then the
+//!   followers are loaded and mapped with one `UFFDIO_COPY`. Pages are mapped in `MODE_WP` and become `Clean`
 //!   (write-protected, the store keeps an identical copy). For a write
 //!   fault the faulting page is mapped writable instead and its entry
 //!   invalidated (`Dirty`).
@@ -53,6 +55,8 @@
 //!   writer). → `Dirty`.
 //! - **any fault on a page mid-eviction**: park it (see below). A
 //!   write-protect fault on an `Evicting` page also aborts that eviction.
+//! - **any fault on a `Loading` page**: park it; the load wakes it when it
+//!   mapped the page or gave it up.
 //! - **a fault on a page already resolved** (several threads faulted on it,
 //!   or a readahead mapped it): `UFFDIO_WAKE`. `EEXIST` from COPY/ZEROPAGE
 //!   means the same and is treated as resolved. A second such fault before
@@ -88,9 +92,40 @@
 //!   every 20 ms (faults do not cut the pause short); the first batch the
 //!   store takes whole makes it hard again.
 //! - **load failure**: a failed load is tried twice more (1 and 4 ms later,
-//!   `load_retries`): a transient device error or a torn read is survived.
+//!   `load_retries`, no lock held): a transient device error or a torn read
+//!   is survived.
 //!   If it still fails, the page gets a poison marker (`UFFDIO_POISON`), so
 //!   the access raises SIGBUS as a swap read error does; never made-up data.
+//!
+//! # Loads: no lock across the store
+//! As the cache holds no lock across compression, decompression or I/O,
+//! the pager holds none across a load (the store's read, decompression,
+//! decryption, the retry pauses): two handlers load at once, and a slow
+//! read stalls neither the evictor nor the rest of the pager. A load goes
+//! in three steps (`pager/load.rs`):
+//! 1. *start* (state lock): the faulting page and its stored followers
+//!    become `Loading`: resident (the budget is reserved), on no list (never
+//!    a victim, never in a discard span's gap), each with a ticket (its
+//!    queue generation, bumped; every way out of `Loading` but the load's
+//!    own bumps it again).
+//! 2. *load* (no lock): `PageStore::load`, retried as above. Meanwhile a
+//!    remove or unmap event takes the page as it takes a `Stored` one (the
+//!    entry is invalidated, the page `Absent`), a region drop removes it,
+//!    a remap moves it; a fault on it parks.
+//! 3. *map* (dispatch lock, then state lock): a page still `Loading` with
+//!    its ticket, at the same address, is mapped (`UFFDIO_COPY`) and
+//!    committed; otherwise the event won: the bytes are thrown away, pages
+//!    still the load's go back to `Stored`, parked faults and the faulting
+//!    thread are woken and fault again against the page as it is now. The
+//!    dispatch lock is held from the re-check to the copy because the
+//!    program's `MADV_DONTNEED` zaps the page as soon as a handler has
+//!    *read* its remove event: with no event read in between, a copy never
+//!    lands after a discard it did not see. EAGAIN from the copy gives the
+//!    pages back and retries the fault.
+//!
+//! With the main handler alone, faults are still resolved one at a time
+//! (the handler is busy with the load); what the release buys there is the
+//! evictor, the fork hook and the API (`stats`, region drops) going on.
 //!
 //! Kernel-mode accesses (`read(2)` into, `write(2)` from region memory) fault
 //! through the same handler: this is why the pager runs a handler thread
@@ -197,7 +232,7 @@
 //!    → drop the stored copy, unprotect (which wakes the writer), `Dirty`;
 //!    anything else (the program discarded the page meanwhile) → drop the
 //!    stored copy.
-//! 5. drop the page. A span of at most 4 victims is *moved* out, page by
+//! 5. *drop* the page: (5a) a span of at most 4 victims is *moved* out, page by
 //!    page (`UFFDIO_MOVE`), into a staging area registered with a second
 //!    userfaultfd that has no events (`sys::Staging`), and the staging
 //!    pages are dropped together after the batch: no remove event, so no
@@ -213,7 +248,7 @@
 //!    EAGAIN across its retries, so a move that met one and then a hole
 //!    spins in the kernel for ever (a test hung so), and one that met one
 //!    and then moved the page reports EEXIST for it, which `Staging::take`
-//!    checks with `mincore` (the slot was empty before). Longer spans,
+//!    checks with `mincore` (the slot was empty before). (5b) Longer spans,
 //!    pages the kernel will not move (EBUSY: shared with a forked child;
 //!    EINVAL: a mapping with other flags) and kernels without
 //!    `UFFDIO_MOVE` get `MADV_DONTNEED` of the span. Because EVENT_REMOVE
@@ -285,9 +320,11 @@
 //!
 //! # Lock order
 //! `gate` (one eviction batch or fork at a time) → `dispatch` (a handler
-//! reading and handling a batch; the evictor takes it, empty, after each
-//! discard) → `state` → the store's locks. Handlers never take `gate`. `state` is never held across `MADV_DONTNEED` of region memory or a
-//! read of it (both may need the handler, which needs `state`).
+//! reading and handling a batch, or mapping a load; the evictor takes it,
+//! empty, after each discard) → `state` → the store's locks. Handlers
+//! never take `gate`. `state` is never held across `MADV_DONTNEED` of
+//! region memory or a read of it (both may need the handler, which needs
+//! `state`), nor across a load from the store; no lock is.
 
 mod cache_store;
 pub mod pager;

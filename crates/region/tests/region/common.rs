@@ -82,13 +82,18 @@ impl Drop for Watchdog {
     }
 }
 
-/// A [`MemStore`] that counts plain and cold stores and can fail the
-/// loads of one offset (as a corrupt backing file would).
+/// A [`MemStore`] that counts plain and cold stores, can fail the loads of
+/// one offset (as a corrupt backing file would) and hold those of another
+/// (as a slow read would).
 #[derive(Default)]
 pub struct TestStore {
     pub inner: uzswap_region::MemStore,
     /// Loads of this offset fail with `LoadError::Corrupt`.
     pub fail_load: Option<u64>,
+    /// Loads of this offset set `held` and wait until `release` is set.
+    pub hold_load: Option<u64>,
+    pub held: std::sync::atomic::AtomicBool,
+    pub release: std::sync::atomic::AtomicBool,
     pub plain: std::sync::atomic::AtomicU64,
     pub cold: std::sync::atomic::AtomicU64,
 }
@@ -115,6 +120,12 @@ impl uzswap_region::PageStore for TestStore {
     ) -> Result<Loaded, LoadError> {
         if self.fail_load == Some(offset) {
             return Err(LoadError::Corrupt);
+        }
+        if self.hold_load == Some(offset) {
+            self.held.store(true, std::sync::atomic::Ordering::SeqCst);
+            while !self.release.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
         self.inner.load(area, offset, page, mode)
     }

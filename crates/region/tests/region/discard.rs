@@ -226,7 +226,12 @@ fn rewrite_right_after_discard_survives_the_evictors_drop() {
                 rounds.fetch_add(1, Ordering::Relaxed);
             }
         });
-        std::thread::sleep(std::time::Duration::from_millis(3200));
+        // The pager's invariants hold at every moment it is not mid-step.
+        let end = std::time::Instant::now() + std::time::Duration::from_millis(3200);
+        while std::time::Instant::now() < end {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            pager.check_invariants().unwrap();
+        }
         stop.store(true, Ordering::Relaxed);
     });
     let st = pager.stats();

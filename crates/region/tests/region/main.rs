@@ -10,6 +10,7 @@ mod full;
 mod lifecycle;
 mod load_error;
 mod policy;
+mod slow_load;
 mod soak;
 mod staging;
 mod stress;

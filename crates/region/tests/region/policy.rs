@@ -91,6 +91,7 @@ fn victims_outside_the_working_set_are_stored_cold() {
             assert_eq!(page_mut(base, p), &want[..], "page {p}, round {round}");
             fill(page_mut(base, p), p, round + 1);
         }
+        pager.check_invariants().unwrap();
     }
     let (plain, cold) = (store.plain.load(Relaxed), store.cold.load(Relaxed));
     eprintln!("stores: {plain} plain, {cold} cold");

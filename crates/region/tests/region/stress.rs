@@ -361,6 +361,11 @@ fn discards_and_syscalls(cfg: uzswap_region::PagerConfig) {
                 }
             });
         }
+        // The pager's invariants hold at every moment it is not mid-step.
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            pager.check_invariants().unwrap();
+        }
     });
     assert_eq!(errors.load(Ordering::Relaxed), 0);
     let mut want = vec![0u8; PAGE];

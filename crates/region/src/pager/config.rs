@@ -1,0 +1,140 @@
+//! What a [`Pager`](super::Pager) is made with: its settings
+//! ([`PagerConfig`], [`VictimPolicy`], [`Charge`]) and the errors of making
+//! a pager or a region.
+
+use crate::sys::OpenError;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How victims are chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum VictimPolicy {
+    /// Two lists with second chance and refault-distance activation (see
+    /// the crate documentation). The default.
+    Workingset,
+    /// Plain first-in first-out, for comparison.
+    Fifo,
+}
+
+/// Settings of a [`Pager`].
+#[derive(Clone, Debug)]
+pub struct PagerConfig {
+    /// Most pages of all regions resident at once. At least 16.
+    pub budget_pages: usize,
+    /// Most stored neighbours brought back with a faulting page.
+    pub readahead_max: usize,
+    /// Victim choice.
+    pub policy: VictimPolicy,
+    /// How long the handler spins on the descriptor after its last message
+    /// before blocking in poll (a wake-up from poll costs several µs).
+    pub spin: Duration,
+    /// Pages evicted per batch.
+    pub evict_batch: usize,
+    /// Run a fault handler on each CPU the process may use (at most
+    /// [`MAX_CPU_HANDLERS`]), so that a fault is resolved on the faulting
+    /// thread's own CPU (see the crate documentation, "CPU handlers").
+    pub cpu_handlers: bool,
+    /// How long the CPU handlers keep spinning after the last fault before
+    /// they block (they spin only on CPUs with nothing else to run).
+    pub cpu_spin: Duration,
+    /// Keep the store's copy of a page brought back, and map it
+    /// write-protected (`Clean`): evicting it again unwritten then needs no
+    /// compression, at the cost of pool memory for resident pages. `false`
+    /// frees the copy as soon as the page is mapped (writable, `Dirty`), as
+    /// the kernel's zswap frees an entry on load: less memory, more
+    /// compression.
+    pub keep_clean: bool,
+    /// Bring every evicted page back before `fork()` (see `crate` docs).
+    pub fork_prefault: bool,
+    /// Drop victims of short spans by moving them into a staging area
+    /// (`UFFDIO_MOVE`, where the kernel has it), which raises no remove
+    /// event, instead of `MADV_DONTNEED` on the region (see `crate` docs,
+    /// "Eviction").
+    pub evict_by_move: bool,
+    /// Called first on each helper thread the pager starts (the handler
+    /// and the evictor), e.g. to mark them as the runtime's own threads.
+    pub thread_start: Option<fn()>,
+    /// Memory outside the regions that the budget pays for, in bytes (the
+    /// store's index, the host's own heap, ...), read by the evictor about
+    /// every [`CHARGE_PERIOD`]: the pages resident in regions are then kept
+    /// within `budget_pages` minus that, as a memory cgroup charges the
+    /// kernel's own allocations for a task to its limit. The regions keep
+    /// at least a quarter of the budget whatever the charge. `None`: the
+    /// budget is for region pages alone.
+    pub charge: Option<Charge>,
+    /// Test hook: pretend userfaultfd(2) failed with this errno and
+    /// /dev/userfaultfd with EACCES.
+    #[doc(hidden)]
+    pub inject_open_errno: Option<i32>,
+}
+
+impl PagerConfig {
+    /// Defaults for a budget of `budget_pages`.
+    pub fn new(budget_pages: usize) -> PagerConfig {
+        PagerConfig {
+            budget_pages,
+            readahead_max: 8,
+            policy: VictimPolicy::Workingset,
+            spin: Duration::from_micros(50),
+            evict_batch: 64,
+            cpu_handlers: false,
+            cpu_spin: Duration::from_millis(2),
+            fork_prefault: true,
+            evict_by_move: true,
+            keep_clean: true,
+            thread_start: None,
+            charge: None,
+            inject_open_errno: None,
+        }
+    }
+}
+
+/// How often the evictor reads [`PagerConfig::charge`].
+pub const CHARGE_PERIOD: Duration = Duration::from_millis(10);
+
+/// Most CPU handlers one pager starts.
+pub const MAX_CPU_HANDLERS: usize = 16;
+
+/// A reading of memory the budget pays for (see [`PagerConfig::charge`]).
+/// It runs on the evictor thread with no pager lock held, and must not
+/// touch region memory.
+#[derive(Clone)]
+pub struct Charge(pub Arc<dyn Fn() -> u64 + Send + Sync>);
+
+impl std::fmt::Debug for Charge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Charge(..)")
+    }
+}
+
+/// Why a pager could not be made. Nothing is left set up.
+#[derive(Debug, thiserror::Error)]
+pub enum PagerError {
+    /// userfaultfd could not be opened or negotiated.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// The configuration is unusable.
+    #[error("invalid pager configuration: {0}")]
+    Config(&'static str),
+    /// A helper thread or descriptor could not be created.
+    #[error("could not start the pager: {0}")]
+    Start(io::Error),
+}
+
+/// Why a region could not be made. Nothing is left set up.
+#[derive(Debug, thiserror::Error)]
+pub enum RegionError {
+    /// Zero-sized region.
+    #[error("a region needs at least one page")]
+    Empty,
+    /// `region_at` was given an address or length that is not page aligned.
+    #[error("region_at({addr:#x}, {len}): address and length must be multiples of the page size")]
+    Unaligned { addr: usize, len: usize },
+    /// mmap failed.
+    #[error("could not map the region: {0}")]
+    Map(io::Error),
+    /// UFFDIO_REGISTER failed.
+    #[error("could not register the region with userfaultfd: {0}")]
+    Register(io::Error),
+}

@@ -1,0 +1,529 @@
+//! The evictor thread: when to evict, which pages (`claim`), and the steps
+//! of an eviction batch (`evict`), as the crate documentation numbers them.
+
+use super::config::{Charge, VictimPolicy, CHARGE_PERIOD};
+use super::state::{lookup, OwnSpan, PageState, State};
+use super::Shared;
+use crate::sys::{self, PAGE_SIZE};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Spans of at most this many victims leave by moves (one `UFFDIO_MOVE`
+/// and one TLB flush per page) rather than one `MADV_DONTNEED` (one remove
+/// event through a handler and one TLB flush per span).
+pub(super) const MOVE_MAX_SPAN: usize = 4;
+
+/// Victims of a batch (indexes, by address) that one call serves, and the
+/// range it covers: from the first victim to the end of the last.
+pub(super) struct Span {
+    pub(super) victims: Vec<usize>,
+    pub(super) lo: usize,
+    pub(super) hi: usize,
+}
+
+/// A victim inside an eviction batch.
+pub(super) struct Victim {
+    pub(super) area: u32,
+    pub(super) page: u32,
+    pub(super) addr: usize,
+    /// The page was `Clean`: nothing to store.
+    pub(super) clean: bool,
+    /// Stored successfully (dirty victims).
+    pub(super) stored: bool,
+    /// `MADV_DONTNEED` is to be (or was) issued.
+    pub(super) discard: bool,
+    pub(super) unprotect: bool,
+    /// Never on the active list this residency: stored with
+    /// `PageStore::store_cold`.
+    pub(super) cold: bool,
+}
+
+impl State {
+    /// The victims (sorted by address) that pass `keep`, in spans:
+    /// neighbours share one when no page between them is resident
+    /// (`gap_is_empty`), so that one call serves the span.
+    fn spans(&self, victims: &[Victim], keep: impl Fn(&Victim) -> bool) -> Vec<Span> {
+        let mut out: Vec<Span> = Vec::new();
+        let mut prev: Option<&Victim> = None;
+        for (i, v) in victims.iter().enumerate() {
+            if !keep(v) {
+                continue;
+            }
+            let join = prev.is_some_and(|u| {
+                u.area == v.area
+                    && self.gap_is_empty(v.area, (u.addr, u.page as u64), (v.addr, v.page as u64))
+            });
+            match out.last_mut() {
+                Some(span) if join => {
+                    span.victims.push(i);
+                    span.hi = v.addr + PAGE_SIZE;
+                }
+                _ => out.push(Span {
+                    victims: vec![i],
+                    lo: v.addr,
+                    hi: v.addr + PAGE_SIZE,
+                }),
+            }
+            prev = Some(v);
+        }
+        out
+    }
+}
+
+impl Shared {
+    /// Resident pages at which eviction starts.
+    pub(super) fn start_threshold(&self, s: &State) -> usize {
+        s.limit.saturating_sub(self.margin)
+    }
+
+    /// Resident pages at which eviction stops.
+    pub(super) fn stop_threshold(&self, s: &State) -> usize {
+        s.limit.saturating_sub(2 * self.margin)
+    }
+
+    /// Reads the charge (if any) and moves the limit. Called by the
+    /// evictor without the state lock.
+    pub(super) fn recharge(&self) {
+        let Some(Charge(f)) = &self.cfg.charge else {
+            return;
+        };
+        let bytes = f();
+        let budget = self.cfg.budget_pages;
+        let charged = (bytes.div_ceil(PAGE_SIZE as u64) as usize).min(budget - budget / 4);
+        let mut s = self.state.lock();
+        s.limit = budget - charged;
+        s.stats.charged_bytes = bytes;
+        s.stats.limit_pages = s.limit as u64;
+    }
+
+    /// Clears write protection from a thread other than the handler,
+    /// retrying while an event is being delivered.
+    pub(super) fn unprotect_retry(&self, addr: usize) {
+        loop {
+            match self.uffd.writeprotect(addr, PAGE_SIZE, false, false) {
+                Err(e) if e.errno == libc::EAGAIN => std::thread::yield_now(),
+                _ => return,
+            }
+        }
+    }
+
+    pub(super) fn evictor_loop(self: Arc<Self>) {
+        let charging = self.cfg.charge.is_some();
+        let mut charged_at = Instant::now();
+        loop {
+            loop {
+                {
+                    let mut s = self.state.lock();
+                    if self.shutdown.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    if s.resident > self.start_threshold(&s) {
+                        break;
+                    }
+                    if !charging {
+                        self.work_cv.wait(&mut s);
+                        continue;
+                    }
+                    // A charge can grow while nothing faults: look again
+                    // at the next reading.
+                    self.work_cv.wait_until(&mut s, charged_at + CHARGE_PERIOD);
+                }
+                if charged_at.elapsed() >= CHARGE_PERIOD {
+                    self.recharge();
+                    charged_at = Instant::now();
+                }
+            }
+            {
+                let mut s = self.state.lock();
+                if s.store_full {
+                    // The store refused the last batch: try again after a
+                    // pause (the program may free memory, the pool shrink).
+                    // Every fault notifies the condition variable; only the
+                    // deadline (or shutdown) ends the pause, or the evictor
+                    // would offer batches to a full store at fault rate.
+                    let until = Instant::now() + Duration::from_millis(20);
+                    loop {
+                        if self.shutdown.load(Ordering::Relaxed)
+                            || self.work_cv.wait_until(&mut s, until).timed_out()
+                        {
+                            break;
+                        }
+                    }
+                }
+            }
+            loop {
+                if charging && charged_at.elapsed() >= CHARGE_PERIOD {
+                    self.recharge();
+                    charged_at = Instant::now();
+                }
+                let gate = self.gate.lock();
+                let n = {
+                    let s = self.state.lock();
+                    s.resident
+                        .saturating_sub(self.stop_threshold(&s))
+                        .min(self.cfg.evict_batch)
+                };
+                let gone = if n > 0 {
+                    let victims = {
+                        let mut s = self.state.lock();
+                        let v = s.select(n, self.cfg.policy);
+                        self.claim(&mut s, v)
+                    };
+                    let (gone, refused) = self.evict(victims);
+                    self.note_progress(refused, gone);
+                    gone
+                } else {
+                    0
+                };
+                drop(gate);
+                if self.throttled.swap(false, Ordering::Relaxed) {
+                    self.wake.signal();
+                }
+                if gone == 0 || self.shutdown.load(Ordering::Relaxed) {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Step 1, *claim*: marks chosen pages as in eviction (under the state
+    /// lock): `Dirty` → `Evicting`, `Clean` → `Discarding`.
+    pub(super) fn claim(&self, s: &mut State, v: Vec<(u32, u64)>) -> Vec<Victim> {
+        let mut out = Vec::with_capacity(v.len());
+        for (area, page) in v {
+            let Some(addr) = Shared::page_addr(s, area, page) else {
+                continue;
+            };
+            let m = s.meta(area, page);
+            let clean = match m.st {
+                PageState::Dirty => {
+                    m.st = PageState::Evicting;
+                    false
+                }
+                PageState::Clean => {
+                    m.st = PageState::Discarding;
+                    m.zapping = true;
+                    true
+                }
+                _ => continue,
+            };
+            let m = s.meta(area, page);
+            m.claimed = true;
+            let cold = !m.warm;
+            s.areas.get_mut(&area).expect("area").inflight += 1;
+            out.push(Victim {
+                area,
+                page: page as u32,
+                addr,
+                clean,
+                stored: false,
+                discard: clean,
+                unprotect: false,
+                cold,
+            });
+        }
+        out
+    }
+
+    /// Records what a batch did: `refused` victims the store would not
+    /// take, `gone` that left memory. A batch that freed nothing because
+    /// the store refused makes the budget soft until one is taken whole,
+    /// and lets held-back faults through (a batch whose victims were all
+    /// written meanwhile says nothing about the store; one taken in part
+    /// leaves the state as it was).
+    pub(super) fn note_progress(&self, refused: usize, gone: usize) {
+        let mut s = self.state.lock();
+        if gone > 0 && refused == 0 {
+            s.store_full = false;
+        } else if gone == 0 && refused > 0 && !s.store_full {
+            s.store_full = true;
+            s.stats.store_full_episodes += 1;
+            drop(s);
+            self.throttled.store(false, Ordering::Relaxed);
+            self.wake.signal();
+        }
+    }
+
+    /// Steps 2 to 6 for claimed victims: write-protect, copy out and store,
+    /// commit, drop (move or discard), settle. Runs without the state lock
+    /// except to commit and settle.
+    /// Returns how many left memory, and how many the store refused.
+    pub(super) fn evict(&self, mut victims: Vec<Victim>) -> (usize, usize) {
+        let mut refused = 0;
+        // By address: victims with no resident page between them are
+        // protected and discarded with one call per span (see `OwnSpan`).
+        // Each `MADV_DONTNEED` is a round trip through the handler (a
+        // remove event; while it is pending the handler's copies fail with
+        // EAGAIN), and each call flushes the TLB of every CPU the program
+        // runs on.
+        victims.sort_unstable_by_key(|v| v.addr);
+        let wp_spans = self.state.lock().spans(&victims, |v| !v.clean);
+        let mut buf = Vec::new();
+        let mut addrs = Vec::new();
+        // 2. Write-protect dirty victims. After this no CPU can write them:
+        //    a write faults (WP) and the handler parks or aborts. The pages
+        //    between them were not resident: protecting nothing there (one
+        //    a fault mapped since is protected too, and its first write
+        //    only faults and is unprotected, as any `Dirty` page's).
+        // 3. Copy each out and store it.
+        for span in wp_spans {
+            let wp = loop {
+                match self
+                    .uffd
+                    .writeprotect(span.lo, span.hi - span.lo, true, false)
+                {
+                    Err(e) if e.errno == libc::EAGAIN => std::thread::yield_now(),
+                    r => break r,
+                }
+            };
+            if wp.is_err() {
+                continue;
+            }
+            addrs.clear();
+            addrs.extend(span.victims.iter().map(|&i| victims[i].addr));
+            buf.resize(addrs.len() * PAGE_SIZE, 0);
+            // One read for the span; page by page if part of it is gone.
+            let whole = sys::read_own_pages(&addrs, &mut buf).is_ok();
+            for (k, &i) in span.victims.iter().enumerate() {
+                let v = &mut victims[i];
+                let page = &mut buf[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
+                if !whole && sys::read_own_pages(&[v.addr], page).is_err() {
+                    continue;
+                }
+                let stored = if v.cold {
+                    self.store.store_cold(v.area, v.page as u64, page)
+                } else {
+                    self.store.store(v.area, v.page as u64, page)
+                };
+                match stored {
+                    Ok(_) => v.stored = true,
+                    Err(_) => refused += 1,
+                }
+            }
+        }
+        let mut discards;
+        let mut moves = Vec::new();
+        // 4. Commit: a victim still `Evicting` becomes `Discarding`; one a
+        //    write reached goes back to `Dirty`; one the program discarded
+        //    meanwhile loses what we stored.
+        {
+            let mut g = self.state.lock();
+            let s = &mut *g;
+            s.stats.store_rejected += refused as u64;
+            for v in victims.iter_mut().filter(|v| !v.clean) {
+                let (area, page) = (v.area, v.page as u64);
+                let st = s.meta(area, page).st;
+                match st {
+                    PageState::Evicting if v.stored => {
+                        let m = s.meta(area, page);
+                        m.st = PageState::Discarding;
+                        m.zapping = true;
+                        v.discard = true;
+                    }
+                    PageState::Evicting | PageState::EvictAborted => {
+                        if v.stored {
+                            self.store.invalidate(area, page);
+                        }
+                        if st == PageState::EvictAborted {
+                            s.stats.evictions_aborted += 1;
+                        }
+                        let m = s.meta(area, page);
+                        m.st = PageState::Dirty;
+                        m.parked = false; // the unprotect below wakes them
+                        v.unprotect = true;
+                        // A written page is hot; a refused one goes round again.
+                        let hot = st == PageState::EvictAborted;
+                        s.enqueue(
+                            area,
+                            page,
+                            hot && self.cfg.policy == VictimPolicy::Workingset,
+                        );
+                    }
+                    _ => {
+                        if v.stored {
+                            self.store.invalidate(area, page);
+                        }
+                    }
+                }
+            }
+            debug_assert!(s.own.is_empty(), "one eviction batch at a time");
+            let mut spans = s.spans(&victims, |v| v.discard);
+            // Short spans leave by moves while the staging area has room.
+            if let Some(st) = &self.staging {
+                let mut room = st.pages();
+                spans.retain(|span| {
+                    let n = span.victims.len();
+                    let move_it = n <= MOVE_MAX_SPAN && n <= room;
+                    if move_it {
+                        room -= n;
+                        moves.extend_from_slice(&span.victims);
+                    }
+                    !move_it
+                });
+            }
+            s.own
+                .extend(spans.iter().map(|span| OwnSpan::new(span.lo, span.hi)));
+            discards = spans;
+        }
+        for v in victims.iter().filter(|v| v.unprotect) {
+            self.unprotect_retry(v.addr);
+        }
+        // 5a. Drop by moving victims of short spans into the staging area,
+        //     one page at a time: no remove event, so no handler round trip
+        //     and no EAGAIN for the faults meanwhile (see `sys::Staging`). A
+        //     missing fault on a moved page parks (`zapping`) until step 6,
+        //     as after a discard; the program's own discard of one is its
+        //     event, as the page is in no span of ours. A page the kernel
+        //     will not move (shared with a forked child, a mapping with
+        //     other flags) is discarded below in a span of its own.
+        let mut moved = 0u64;
+        if let Some(st) = &self.staging {
+            let mut refused = Vec::new();
+            let mut slot = 0;
+            let mut gone = false;
+            for &i in &moves {
+                match st.take(slot, victims[i].addr) {
+                    sys::Taken::Moved => slot += 1,
+                    sys::Taken::Gone => gone = true,
+                    sys::Taken::Refused(_) => refused.push(Span {
+                        victims: vec![i],
+                        lo: victims[i].addr,
+                        hi: victims[i].addr + PAGE_SIZE,
+                    }),
+                }
+            }
+            st.clear(slot);
+            moved = slot as u64;
+            if gone {
+                // The program discarded the page: the kernel zaps only after
+                // a handler read the remove event, and whoever reads a batch
+                // with an event handles it under the dispatch lock. Once we
+                // had that lock the page is `Absent`, and step 6 leaves it so.
+                drop(self.dispatch.lock());
+            }
+            if !refused.is_empty() {
+                // Nothing to re-check: the pages stay `zapping` (ours) until
+                // settle; their spans only have to exist before the call.
+                let mut s = self.state.lock();
+                s.own
+                    .extend(refused.iter().map(|span| OwnSpan::new(span.lo, span.hi)));
+                s.own.sort_unstable_by_key(|o| o.lo);
+                discards.extend(refused);
+            }
+        }
+        // 5b. Drop by discarding, one call per span. The remove event each
+        //     raises is recognised by the handler through `State::own`.
+        //
+        // With CPU handlers, discard at the idle policy: the handler that
+        // reads our remove event wakes us, and woken at the normal policy
+        // we would preempt it (on its CPU, where we slept) while it holds
+        // the dispatch lock, holding up every fault until we sleep again.
+        // At the idle policy we wait until it yields. (Where the process
+        // may not leave the idle policy again, the discards stay normal.)
+        let calls = discards.len() as u64;
+        for &Span { lo, hi, .. } in &discards {
+            let idle = self.idle_discards
+                && self.cpu_handlers.load(Ordering::Relaxed) > 0
+                && sys::set_idle(true).is_ok();
+            // SAFETY: every victim of the span is held by the store and
+            // `Discarding` (or clean), and no page between them is
+            // resident: faults there wait until the call returned. The
+            // addresses were taken from the segment map under the lock
+            // (see the crate docs on remaps).
+            let _ = unsafe { sys::dontneed(lo, hi - lo) };
+            if idle {
+                let _ = sys::set_idle(false);
+            }
+            // The call returned, so every event it raised was read, and a
+            // batch with an event is handled by whoever read it before the
+            // dispatch lock is released: once we had that lock, a later
+            // event is the program's. Faults parked between victims may go.
+            drop(self.dispatch.lock());
+            let parked = {
+                let mut g = self.state.lock();
+                let s = &mut *g;
+                let k = s.own_at(lo).expect("a span lives until its call returned");
+                let o = s.own.remove(k);
+                for &a in &o.parked {
+                    if let Some((area, page)) = lookup(&s.segs, a) {
+                        s.meta(area, page).parked = false;
+                    }
+                }
+                o.parked
+            };
+            for a in parked {
+                let _ = self.uffd.wake(a, PAGE_SIZE);
+            }
+            // Faults that met our remove event (EAGAIN) can go now.
+            if self.again_waiting.swap(false, Ordering::Relaxed) {
+                self.wake.signal();
+            }
+        }
+        // 6. Settle: `Discarding` → `Stored`, wake parked faults.
+        let mut wake = Vec::new();
+        let mut gone = 0;
+        {
+            let mut g = self.state.lock();
+            let s = &mut *g;
+            s.stats.discard_calls += calls;
+            s.stats.evict_moved_pages += moved;
+            for v in &victims {
+                let (area, page) = (v.area, v.page as u64);
+                if v.discard {
+                    s.meta(area, page).zapping = false;
+                    if s.meta(area, page).st == PageState::Discarding {
+                        s.leave(area, page);
+                        let clock = s.evict_clock;
+                        s.evict_clock = clock.wrapping_add(1);
+                        let m = s.meta(area, page);
+                        m.st = PageState::Stored;
+                        m.evicted_at = clock;
+                        gone += 1;
+                        if v.clean {
+                            s.stats.clean_drops += 1;
+                        } else {
+                            s.stats.evictions += 1;
+                        }
+                    }
+                    // The drop returned: parked faults may go, whatever the
+                    // page became meanwhile (`discard_range` leaves faults
+                    // on a `zapping` page parked for us to wake).
+                    if std::mem::replace(&mut s.meta(area, page).parked, false) {
+                        wake.push(v.addr);
+                    }
+                }
+                s.meta(area, page).claimed = false;
+                let a = s.areas.get_mut(&area).expect("area");
+                a.inflight -= 1;
+                if a.dying && a.inflight == 0 {
+                    self.done_cv.notify_all();
+                }
+            }
+        }
+        for a in wake {
+            let _ = self.uffd.wake(a, PAGE_SIZE);
+        }
+        (gone, refused)
+    }
+
+    /// Evicts the given pages of `area` now, on the calling thread.
+    pub(crate) fn evict_pages(&self, area: u32, pages: std::ops::Range<u64>) -> usize {
+        let _gate = self.gate.lock();
+        let victims = {
+            let mut s = self.state.lock();
+            let v: Vec<(u32, u64)> = pages
+                .filter(|p| {
+                    s.areas
+                        .get(&area)
+                        .and_then(|a| a.meta.get(*p as usize))
+                        .is_some_and(|m| matches!(m.st, PageState::Dirty | PageState::Clean))
+                })
+                .map(|p| (area, p))
+                .collect();
+            self.claim(&mut s, v)
+        };
+        let (gone, _) = self.evict(victims);
+        gone
+    }
+}

@@ -1,0 +1,286 @@
+//! Resolving one fault: zeros for a page never stored, the start of a load
+//! (finished in `load.rs`, with no lock held) for a stored one,
+//! unprotection for a write to a clean page, parking for a page the
+//! evictor or a load is working on.
+
+use super::handler::{PageBuf, Wakes};
+use super::load::Load;
+use super::state::{lookup, PageState, State};
+use super::Shared;
+use crate::sys::{self, PAGE_SIZE};
+use std::time::Instant;
+
+/// What handling a fault came to.
+pub(super) enum Outcome {
+    Done,
+    /// A load was started: finish it (`Shared::finish_load`) once the
+    /// dispatch lock is released.
+    Load(Load),
+    /// Retry later: the budget is full.
+    Defer,
+    /// Retry later: EAGAIN, an event is being delivered (it must be read,
+    /// and the thread that raised it must go on, before any resolving
+    /// ioctl succeeds).
+    Again,
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct Fault {
+    pub(super) addr: usize,
+    pub(super) write: bool,
+    pub(super) wp: bool,
+    pub(super) t0: Instant,
+    /// Deferred before (counters count a fault once).
+    pub(super) retried: bool,
+}
+
+impl Shared {
+    /// Resolves one fault. Never blocks on the evictor. Wakes the faulting
+    /// thread as `w` says.
+    pub(super) fn fault(&self, f: Fault, buf: &mut PageBuf, w: &mut Wakes) -> Outcome {
+        let mut g = self.state.lock();
+        let s = &mut *g;
+        let Some((area, page)) = lookup(&s.segs, f.addr) else {
+            // Not ours (grown by mremap, or a region being dropped): serve
+            // it as plain memory.
+            s.stats.faults_foreign += 1;
+            drop(g);
+            let r = if f.wp {
+                self.unprotect(w, f.addr)
+            } else {
+                self.zeropage(w, f.addr)
+            };
+            return match r {
+                Err(e) if e.errno == libc::EAGAIN => Outcome::Again,
+                _ => Outcome::Done,
+            };
+        };
+        let m = *s.meta(area, page);
+        if f.wp {
+            match m.st {
+                PageState::Clean => {
+                    // The store's copy goes stale with this write.
+                    self.store.invalidate(area, page);
+                    let mm = s.meta(area, page);
+                    mm.st = PageState::Dirty;
+                    mm.referenced = true;
+                    s.stats.faults_wp += 1;
+                    drop(g);
+                    return self.unprotect_once(w, f.addr);
+                }
+                PageState::Evicting => {
+                    let mm = s.meta(area, page);
+                    mm.st = PageState::EvictAborted;
+                    mm.parked = true;
+                    s.stats.faults_parked += 1;
+                }
+                // Loading: not mapped yet, or the write would not fault;
+                // it goes once the load mapped the page (or gave it up).
+                PageState::EvictAborted | PageState::Discarding | PageState::Loading => {
+                    s.meta(area, page).parked = true;
+                    s.stats.faults_parked += 1;
+                }
+                PageState::Dirty => {
+                    drop(g);
+                    return self.unprotect_once(w, f.addr);
+                }
+                PageState::Absent | PageState::Stored => {
+                    // A write-protect marker left on a page that is not
+                    // present (it was discarded or evicted while protected):
+                    // waking alone would fault again forever. Clearing the
+                    // marker turns the retry into a missing-page fault,
+                    // served from the store (or as zeros).
+                    drop(g);
+                    return self.unprotect_once(w, f.addr);
+                }
+            }
+            return Outcome::Done;
+        }
+        if m.zapping {
+            s.meta(area, page).parked = true;
+            s.stats.faults_parked += 1;
+            return Outcome::Done;
+        }
+        if let Some(k) = s.own_at(f.addr) {
+            // Between victims of a discard in flight: wait for it. (Listed
+            // once per fault: waking twice is harmless, never waking not.)
+            s.meta(area, page).parked = true;
+            s.own[k].parked.push(f.addr & !(PAGE_SIZE - 1));
+            s.stats.faults_parked += 1;
+            return Outcome::Done;
+        }
+        match m.st {
+            PageState::Dirty | PageState::Clean => {
+                // Usually resolved already (by a readahead or an earlier
+                // message): waking is enough. But if the program's own
+                // MADV_DONTNEED took the page after its remove event was
+                // handled and a fault had mapped it again, nothing is
+                // mapped and waking alone would fault again forever; the
+                // contents were discarded by the program, so zeros are
+                // right. The second fault in a row tells (`woken`).
+                if !std::mem::replace(&mut s.meta(area, page).woken, true) {
+                    drop(g);
+                    w.wake(self, f.addr, PAGE_SIZE);
+                    return Outcome::Done;
+                }
+                match self.zeropage(w, f.addr) {
+                    Ok(()) => {
+                        // Mapped again as zeros: no copy may stand for it.
+                        s.stats.faults_rezeroed += 1;
+                        if m.st == PageState::Clean {
+                            self.store.invalidate(area, page);
+                            s.meta(area, page).st = PageState::Dirty;
+                        }
+                    }
+                    Err(e) if e.errno == libc::EAGAIN => return Outcome::Again,
+                    Err(_) => w.wake(self, f.addr, PAGE_SIZE),
+                }
+                Outcome::Done
+            }
+            PageState::Evicting | PageState::EvictAborted | PageState::Discarding => {
+                s.meta(area, page).parked = true;
+                s.stats.faults_parked += 1;
+                Outcome::Done
+            }
+            PageState::Loading => {
+                // Another handler loads it: it wakes this fault when done.
+                s.meta(area, page).parked = true;
+                Outcome::Done
+            }
+            PageState::Absent => {
+                if s.resident >= s.limit && !m.claimed && !s.store_full {
+                    if !f.retried {
+                        s.stats.faults_throttled += 1;
+                    }
+                    return Outcome::Defer;
+                }
+                let r = if f.write {
+                    // A write would copy the zero page at once: give a page.
+                    buf.page(0).fill(0);
+                    // SAFETY: buf page 0 is readable memory we own.
+                    unsafe { self.copy(w, f.addr, buf.addr(0), PAGE_SIZE, false) }
+                } else {
+                    self.zeropage(w, f.addr)
+                };
+                match r {
+                    Ok(()) => {}
+                    Err(e) if e.errno == libc::EAGAIN => return Outcome::Again,
+                    Err(e) if e.errno == libc::EEXIST => {}
+                    Err(_) => return Outcome::Done, // ENOENT: range gone
+                }
+                s.meta(area, page).st = PageState::Dirty;
+                s.resident += 1;
+                s.enqueue_new(area, page, false);
+                s.stats.faults_zero += 1;
+                s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.resident as u64);
+                s.lat_zero.record(f.t0.elapsed().as_nanos() as u64);
+                self.kick(s, w);
+                Outcome::Done
+            }
+            PageState::Stored => self.fault_stored(s, f, area, page),
+        }
+    }
+
+    /// A missing fault on a stored page: step 1 of a load (see `load.rs`).
+    /// The faulting page and its run of stored followers (readahead)
+    /// become `Loading`, counted resident so that the budget is reserved;
+    /// the caller finishes the load with [`Shared::finish_load`] once it
+    /// released the dispatch lock.
+    pub(super) fn fault_stored(&self, s: &mut State, f: Fault, area: u32, page: u64) -> Outcome {
+        let mut free = s.limit.saturating_sub(s.resident);
+        if s.store_full {
+            free = free.max(1); // the budget is soft (see `store_full`)
+        }
+        if free == 0 {
+            if !f.retried {
+                s.stats.faults_throttled += 1;
+            }
+            return Outcome::Defer;
+        }
+        // Readahead window: grows while faults follow the previous window,
+        // halves otherwise.
+        let (npages, window) = {
+            let a = s.areas.get_mut(&area).expect("area");
+            if page == a.ra_next {
+                a.ra_window = (a.ra_window * 2).max(2).min(self.cfg.readahead_max);
+            } else {
+                a.ra_window /= 2;
+            }
+            (a.meta.len() as u64, a.ra_window)
+        };
+        let seg_end = {
+            let (_, seg) = s.segs.range(..=f.addr).next_back().expect("segment");
+            seg.first + (seg.len / PAGE_SIZE) as u64
+        };
+        let limit = (page + 1 + window.min(free - 1) as u64)
+            .min(npages)
+            .min(seg_end);
+        let mut n = 1usize;
+        // Not into a discard in flight: it would drop what is mapped there.
+        while page + (n as u64) < limit
+            && {
+                let m = *s.meta(area, page + n as u64);
+                m.st == PageState::Stored && !m.zapping
+            }
+            && s.own_at(f.addr + n * PAGE_SIZE).is_none()
+        {
+            n += 1;
+        }
+        Outcome::Load(s.start_load(f, area, page, n))
+    }
+
+    /// Wakes the evictor when the resident set nears the budget (after the
+    /// faulting thread, with deferred wakes).
+    pub(super) fn kick(&self, s: &State, w: &mut Wakes) {
+        if s.resident > self.start_threshold(s) {
+            if w.defer {
+                w.kick = true;
+            } else {
+                self.work_cv.notify_one();
+            }
+        }
+    }
+
+    /// `UFFDIO_COPY` on the fault path, waking as `w` says.
+    ///
+    /// # Safety
+    /// As [`Uffd::copy`].
+    pub(super) unsafe fn copy(
+        &self,
+        w: &mut Wakes,
+        dst: usize,
+        src: *const u8,
+        len: usize,
+        wp: bool,
+    ) -> Result<(), sys::UffdError> {
+        // SAFETY: the caller's promise, passed on.
+        let r = unsafe { self.uffd.copy(dst, src, len, wp, w.defer) };
+        w.resolved(dst, &r, len);
+        r
+    }
+
+    /// `UFFDIO_ZEROPAGE` of one page on the fault path, waking as `w` says.
+    pub(super) fn zeropage(&self, w: &mut Wakes, addr: usize) -> Result<(), sys::UffdError> {
+        let r = self.uffd.zeropage(addr, PAGE_SIZE, w.defer);
+        w.resolved(addr, &r, PAGE_SIZE);
+        r
+    }
+
+    /// Clears write protection of one page on the fault path, waking as `w`
+    /// says.
+    pub(super) fn unprotect(&self, w: &mut Wakes, addr: usize) -> Result<(), sys::UffdError> {
+        let r = self.uffd.writeprotect(addr, PAGE_SIZE, false, w.defer);
+        w.resolved(addr, &r, PAGE_SIZE);
+        r
+    }
+
+    /// Clears write protection from a handler. EAGAIN (an event is
+    /// pending, and only a handler can read it) defers the fault: the page
+    /// is `Dirty` by then, so the retry unprotects again.
+    pub(super) fn unprotect_once(&self, w: &mut Wakes, addr: usize) -> Outcome {
+        match self.unprotect(w, addr) {
+            Err(e) if e.errno == libc::EAGAIN => Outcome::Again,
+            _ => Outcome::Done,
+        }
+    }
+}

@@ -1,0 +1,429 @@
+//! The pager: one userfaultfd, one handler thread, one evictor thread, one
+//! [`PageStore`] and one resident budget shared by all its regions.
+//!
+//! See the crate documentation for the protocol; this folder implements
+//! it, one job a file:
+//! - `mod.rs`: [`Pager`] and its public API, the shared state (`Shared`)
+//!   and region lifecycle (made, dropped);
+//! - `config.rs`: [`PagerConfig`], [`VictimPolicy`], [`Charge`], errors;
+//! - `state.rs`: [`PageState`], the page records, the segment map, the
+//!   victim lists and victim choice;
+//! - `handler.rs`: the handler threads, message dispatch and wake-ups;
+//! - `fault.rs`: resolving one fault (what each page state calls for);
+//! - `load.rs`: a stored page brought back with no lock held (start, load,
+//!   re-check and map), readahead;
+//! - `events.rs`: remove, unmap and remap events;
+//! - `evict.rs`: the evictor thread and an eviction batch's steps;
+//! - `fork.rs`: the fork hooks;
+//! - `check.rs`: `check_invariants`.
+//!
+//! # Lock order
+//! 1. `Shared::gate` (one eviction batch or one fork at a time; a guard
+//!    everywhere but in the fork hooks, which hold it from prepare to
+//!    parent/child)
+//! 2. `Shared::dispatch` (the handlers, while they read and handle a batch,
+//!    and while they map a load: re-check and `UFFDIO_COPY`, see
+//!    `load.rs`; the evictor takes it, holding nothing else but the gate,
+//!    after each discard: a barrier behind which every event of that call
+//!    was handled). Handlers never take the gate.
+//! 3. `Shared::state`
+//! 4. the store's internal locks (taken inside `PageStore` calls)
+//!
+//! No thread holds `state` across a call that may need the handler to make
+//! progress: `madvise` on a registered range (it waits until the handler has
+//! read the remove event) or a read of region memory (it may fault). No
+//! thread holds any pager lock across a load from the store (its read,
+//! decompression, decryption, retry pauses): see `load.rs`. The
+//! handler itself never waits for the evictor: a fault that must wait is
+//! *parked* (a flag on the page) and woken by whoever settles the page.
+
+mod check;
+mod config;
+mod events;
+mod evict;
+mod fault;
+mod fork;
+mod handler;
+mod load;
+mod state;
+
+pub use config::{
+    Charge, PagerConfig, PagerError, RegionError, VictimPolicy, CHARGE_PERIOD, MAX_CPU_HANDLERS,
+};
+pub use state::PageState;
+
+use crate::stats::{Histogram, PagerStats};
+use crate::store::PageStore;
+use crate::sys::{self, feature, Uffd, PAGE_SIZE};
+use handler::Dispatch;
+use parking_lot::{Condvar, Mutex};
+use state::{zeroed_meta, Area, Seg, State};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+use uzswap_cache::spawn_helper;
+
+pub(crate) struct Shared {
+    uffd: Uffd,
+    store: Arc<dyn PageStore>,
+    cfg: PagerConfig,
+    state: Mutex<State>,
+    /// The evictor waits here for work.
+    work_cv: Condvar,
+    /// Region drops wait here for in-flight evictions of their area.
+    done_cv: Condvar,
+    /// Serialises eviction batches with each other and with fork.
+    /// The one lock taken without a guard: the fork hooks hold it from
+    /// `fork_prepare` to `fork_parent`/`fork_child` (see `fork.rs`).
+    gate: Mutex<()>,
+    shutdown: AtomicBool,
+    /// The handler holds faults back (budget full): wake it after a batch.
+    throttled: AtomicBool,
+    wake: sys::EventFd,
+    pid: i32,
+    /// Eviction starts at `limit - margin` and stops at `limit - 2·margin`.
+    margin: usize,
+    /// Messages read and not yet handled (see [`Dispatch`]).
+    dispatch: Mutex<Dispatch>,
+    /// When a message was last read, in ns since `epoch`: the CPU handlers
+    /// spin while it is recent.
+    last_read_ns: AtomicU64,
+    epoch: Instant,
+    /// Wakes blocked CPU handlers at shutdown (never drained).
+    stop: sys::EventFd,
+    /// CPU handlers running.
+    cpu_handlers: AtomicUsize,
+    /// The evictor discards at the idle policy while CPU handlers run (see
+    /// `evict`); only where it may go back (`sys::may_leave_idle`).
+    idle_discards: bool,
+    /// Where victims of short spans are moved to leave without a remove
+    /// event (see `evict`); None without `UFFDIO_MOVE` or with
+    /// `evict_by_move` off. Used by the evictor under `gate`.
+    staging: Option<sys::Staging>,
+    /// Faults a CPU handler resolved on the CPU they came from (as far as
+    /// it can tell), and faults it took over from another CPU.
+    faults_local: AtomicU64,
+    faults_remote: AtomicU64,
+    /// Faults deferred by EAGAIN (`PagerStats::faults_again`).
+    faults_again: AtomicU64,
+    /// A fault waits for an event's thread to go on: whoever raised the
+    /// event and knows it returned (the evictor) signals `wake`.
+    again_waiting: AtomicBool,
+}
+
+/// Owns the helper threads; the last `Pager` or `Region` handle stops them.
+pub(crate) struct Owner {
+    pub(crate) sh: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        if self.sh.pid != sys::getpid() {
+            // A forked child: the threads do not exist here.
+            return;
+        }
+        // Relaxed is enough: the flag is re-read after every wake-up below,
+        // and the condvar/eventfd provide the ordering.
+        self.sh.shutdown.store(true, Ordering::Relaxed);
+        self.sh.wake.signal();
+        self.sh.stop.signal();
+        {
+            let _g = self.sh.state.lock();
+            self.sh.work_cv.notify_all();
+        }
+        for t in self.threads.lock().drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A set of regions sharing a handler, a store and a budget.
+pub struct Pager {
+    owner: Arc<Owner>,
+}
+
+impl Pager {
+    /// Opens userfaultfd and starts the handler and evictor threads.
+    pub fn new(store: Arc<dyn PageStore>, cfg: PagerConfig) -> Result<Pager, PagerError> {
+        if cfg.budget_pages < 16 {
+            return Err(PagerError::Config("budget_pages must be at least 16"));
+        }
+        if cfg.evict_batch == 0 {
+            return Err(PagerError::Config("evict_batch must be at least 1"));
+        }
+        let uffd = Uffd::open(feature::POISON, cfg.inject_open_errno)?;
+        let wake = sys::EventFd::new().map_err(PagerError::Start)?;
+        let stop = sys::EventFd::new().map_err(PagerError::Start)?;
+        let idle_discards = cfg.cpu_handlers && sys::may_leave_idle();
+        let staging = if cfg.evict_by_move {
+            sys::Staging::new(cfg.evict_batch)
+        } else {
+            None
+        };
+        let sh = Arc::new(Shared {
+            uffd,
+            staging,
+            store,
+            margin: (cfg.budget_pages / 32).clamp(2, 256),
+            state: Mutex::new(State {
+                areas: HashMap::new(),
+                segs: BTreeMap::new(),
+                inactive: VecDeque::new(),
+                active: VecDeque::new(),
+                n_active: 0,
+                resident: 0,
+                evict_clock: 0,
+                own: Vec::new(),
+                loading: 0,
+                next_area: 1,
+                stats: PagerStats {
+                    budget_pages: cfg.budget_pages as u64,
+                    limit_pages: cfg.budget_pages as u64,
+                    ..PagerStats::default()
+                },
+                lat_store: Histogram::default(),
+                lat_zero: Histogram::default(),
+                lat_copy: Histogram::default(),
+                store_full: false,
+                limit: cfg.budget_pages,
+            }),
+            cfg,
+            work_cv: Condvar::new(),
+            done_cv: Condvar::new(),
+            gate: Mutex::new(()),
+            shutdown: AtomicBool::new(false),
+            throttled: AtomicBool::new(false),
+            wake,
+            pid: sys::getpid(),
+            dispatch: Mutex::new(Dispatch::default()),
+            last_read_ns: AtomicU64::new(0),
+            epoch: Instant::now(),
+            stop,
+            cpu_handlers: AtomicUsize::new(0),
+            idle_discards,
+            faults_local: AtomicU64::new(0),
+            faults_remote: AtomicU64::new(0),
+            faults_again: AtomicU64::new(0),
+            again_waiting: AtomicBool::new(false),
+        });
+        // The first reading before any region exists, so that no fault is
+        // served against the whole budget.
+        sh.recharge();
+        let owner = Arc::new(Owner {
+            sh: sh.clone(),
+            threads: Mutex::new(Vec::new()),
+        });
+        let h = sh.clone();
+        let t1 = spawn_helper("uzswap-uffd", sh.cfg.thread_start, move || h.handler_loop())
+            .map_err(PagerError::Start)?;
+        owner.threads.lock().push(t1);
+        let e = sh.clone();
+        let t2 = spawn_helper("uzswap-evict", sh.cfg.thread_start, move || {
+            e.evictor_loop()
+        })
+        .map_err(PagerError::Start)?;
+        owner.threads.lock().push(t2);
+        if sh.cfg.cpu_handlers {
+            // Without an affinity mask there are no CPU handlers: the main
+            // handler serves every fault, as it does anyway as a backstop.
+            let cpus = sys::allowed_cpus().unwrap_or_default();
+            for cpu in cpus.into_iter().take(MAX_CPU_HANDLERS) {
+                let c = sh.clone();
+                let t = spawn_helper("uzswap-uffd-cpu", sh.cfg.thread_start, move || {
+                    c.cpu_handler_loop(cpu)
+                })
+                .map_err(PagerError::Start)?;
+                owner.threads.lock().push(t);
+            }
+        }
+        fork::register(&sh);
+        Ok(Pager { owner })
+    }
+
+    /// Maps a new region of `bytes` (rounded up to pages).
+    pub fn region(&self, bytes: usize) -> Result<crate::Region, RegionError> {
+        let len = bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        if len == 0 {
+            return Err(RegionError::Empty);
+        }
+        let addr = sys::map_anon(len).map_err(RegionError::Map)?;
+        self.adopt(addr, len)
+    }
+
+    /// Maps a new region of `len` bytes at `addr`, replacing whatever the
+    /// caller had mapped there (typically its own `PROT_NONE` reservation,
+    /// so that all regions of a program lie in one address range).
+    ///
+    /// # Safety
+    /// `addr..addr + len` must be page aligned and owned by the caller, with
+    /// nothing in it still in use: its old contents are gone.
+    pub unsafe fn region_at(&self, addr: usize, len: usize) -> Result<crate::Region, RegionError> {
+        if len == 0 {
+            return Err(RegionError::Empty);
+        }
+        if !addr.is_multiple_of(PAGE_SIZE) || !len.is_multiple_of(PAGE_SIZE) {
+            return Err(RegionError::Unaligned { addr, len });
+        }
+        // SAFETY: the caller owns the range and gives up its contents.
+        unsafe { sys::map_anon_at(addr, len) }.map_err(RegionError::Map)?;
+        self.adopt(addr, len)
+    }
+
+    /// Registers the fresh anonymous mapping `addr..addr + len` and makes
+    /// it a region; unmaps it if that fails.
+    fn adopt(&self, addr: usize, len: usize) -> Result<crate::Region, RegionError> {
+        let sh = &self.owner.sh;
+        // Best effort: a kernel without THP refuses the advice, harmlessly.
+        let _ = sys::no_huge_pages(addr, len);
+        if let Err(e) = sh.uffd.register(addr, len) {
+            // SAFETY: we just mapped it and nobody has seen the address.
+            unsafe { sys::unmap(addr, len) };
+            return Err(RegionError::Register(e));
+        }
+        let area = {
+            let mut s = sh.state.lock();
+            let area = s.next_area;
+            s.next_area += 1;
+            s.areas.insert(
+                area,
+                Area {
+                    meta: zeroed_meta(len / PAGE_SIZE),
+                    dying: false,
+                    inflight: 0,
+                    ra_next: u64::MAX,
+                    ra_window: 0,
+                },
+            );
+            s.segs.insert(
+                addr,
+                Seg {
+                    len,
+                    area,
+                    first: 0,
+                },
+            );
+            area
+        };
+        sh.store.open_area(area);
+        Ok(crate::Region::new(self.owner.clone(), area, addr, len))
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> PagerStats {
+        self.owner.sh.stats()
+    }
+
+    /// Brings every evicted page of every region back (what the fork hook
+    /// does). Returns the pages brought back.
+    pub fn prefault_all(&self) -> usize {
+        let sh = &self.owner.sh;
+        let _gate = sh.gate.lock();
+        sh.prefault_all_locked()
+    }
+
+    /// Whether victims can leave by a move into the staging area
+    /// (`PagerConfig::evict_by_move` on and the kernel has `UFFDIO_MOVE`).
+    pub fn evicts_by_move(&self) -> bool {
+        self.owner.sh.staging.is_some()
+    }
+
+    /// Negotiated userfaultfd feature bits (see `sys::feature`).
+    pub fn features(&self) -> u64 {
+        self.owner.sh.uffd.features()
+    }
+
+    /// Checks the pager's invariants (see `Shared::check_invariants`).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.owner.sh.check_invariants()
+    }
+}
+
+impl Shared {
+    fn stats(&self) -> PagerStats {
+        let mut st = {
+            let s = self.state.lock();
+            let mut st = s.stats.clone();
+            st.resident_pages = s.resident as u64;
+            st.over_budget = s.store_full;
+            st.fault_latency = s.lat_store.summary();
+            st.zero_fault_latency = s.lat_zero.summary();
+            st.copy_latency = s.lat_copy.summary();
+            st
+        };
+        st.cpu_handlers = self.cpu_handlers.load(Ordering::Relaxed) as u64;
+        st.faults_local = self.faults_local.load(Ordering::Relaxed);
+        st.faults_remote = self.faults_remote.load(Ordering::Relaxed);
+        st.faults_again = self.faults_again.load(Ordering::Relaxed);
+        st.store = self.store.stats();
+        st.stored_pages = st.store.pages;
+        st
+    }
+
+    fn page_addr(s: &State, area: u32, page: u64) -> Option<usize> {
+        s.segs.iter().find_map(|(start, seg)| {
+            (seg.area == area
+                && page >= seg.first
+                && page < seg.first + (seg.len / PAGE_SIZE) as u64)
+                .then(|| start + (page - seg.first) as usize * PAGE_SIZE)
+        })
+    }
+
+    /// Drops a region: waits for evictions in flight, unregisters, unmaps,
+    /// and drops the store's entries.
+    pub(crate) fn drop_area(&self, area: u32) {
+        if self.pid != sys::getpid() {
+            return; // a forked child: the pager is not ours to touch
+        }
+        let segs = {
+            let mut s = self.state.lock();
+            if let Some(a) = s.areas.get_mut(&area) {
+                a.dying = true;
+            }
+            while s.areas.get(&area).is_some_and(|a| a.inflight > 0) {
+                self.done_cv.wait(&mut s);
+            }
+            let segs: Vec<(usize, Seg)> = s
+                .segs
+                .iter()
+                .filter(|(_, seg)| seg.area == area)
+                .map(|(a, seg)| (*a, *seg))
+                .collect();
+            for (a, _) in &segs {
+                s.segs.remove(a);
+            }
+            if let Some(a) = s.areas.remove(&area) {
+                let r = a.meta.iter().filter(|m| m.st.resident()).count();
+                let act = a
+                    .meta
+                    .iter()
+                    .filter(|m| m.st.resident() && m.active)
+                    .count();
+                s.resident -= r;
+                s.n_active -= act;
+            }
+            segs
+        };
+        for (addr, seg) in segs {
+            let _ = self.uffd.unregister(addr, seg.len);
+            // SAFETY: the region is being dropped; its segments were ours
+            // and are no longer known to the handler or the evictor.
+            unsafe { sys::unmap(addr, seg.len) };
+        }
+        self.store.invalidate_area(area);
+    }
+
+    pub(crate) fn page_state(&self, area: u32, page: u64) -> Option<PageState> {
+        let s = self.state.lock();
+        s.areas.get(&area)?.meta.get(page as usize).map(|m| m.st)
+    }
+
+    pub(crate) fn area_resident(&self, area: u32) -> usize {
+        let s = self.state.lock();
+        s.areas
+            .get(&area)
+            .map_or(0, |a| a.meta.iter().filter(|m| m.st.resident()).count())
+    }
+}

@@ -1,0 +1,537 @@
+//! Page state and the victim lists: what the pager knows of every page
+//! ([`PageState`], `PageMeta`), the segment map from addresses to pages,
+//! the evictor's own discards in flight (`OwnSpan`), and the two lists
+//! victims are chosen from (`State::select`). Everything here lives under
+//! `Shared::state`; nothing here makes a system call.
+
+use super::config::VictimPolicy;
+use crate::stats::{Histogram, PagerStats};
+use crate::sys::PAGE_SIZE;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+/// How far from a victim the evictor looks for more inactive pages to take
+/// with it (pages, either side).
+pub(super) const CLUSTER_SCAN: usize = 256;
+
+/// The most pages between two victims that one discard may span.
+pub(super) const MAX_GAP: u64 = 512;
+
+/// The state of one page of a region.
+///
+/// "mapped" means a page may be present at the page's address; the store
+/// "holds" it when an entry equal to the page's contents exists.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[repr(u8)]
+pub enum PageState {
+    /// Not mapped, not held: a fault maps zeros. Zero, so that a zeroed
+    /// [`PageMeta`] is a default one (see [`zeroed_meta`]).
+    #[default]
+    Absent = 0,
+    /// Not mapped, held: a fault loads it.
+    Stored,
+    /// Mapped and writable; the store holds nothing for it.
+    Dirty,
+    /// Mapped write-protected; the store holds an identical copy (loaded
+    /// with `LoadMode::Keep`), so eviction only drops it.
+    Clean,
+    /// Mapped write-protected while the evictor copies and stores it.
+    Evicting,
+    /// Like `Evicting`, but a write is waiting: the evictor will drop what
+    /// it stored, unprotect the page and make it `Dirty`.
+    EvictAborted,
+    /// Held; the evictor is discarding the mapping (`MADV_DONTNEED`).
+    Discarding,
+    /// Held, not mapped yet: a handler (or the fork hook) is loading it
+    /// with no lock held and will map it if it is still `Loading` with the
+    /// same ticket afterwards (see `pager/load.rs`). Counted resident (the
+    /// budget is reserved for it), on no list: never a victim. A fault on
+    /// it is parked and woken when the load ends; a remove or unmap event
+    /// takes it as it takes a `Stored` page (the load then throws its bytes
+    /// away).
+    Loading,
+}
+
+impl PageState {
+    pub(super) fn resident(self) -> bool {
+        !matches!(self, PageState::Absent | PageState::Stored)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct PageMeta {
+    pub(super) st: PageState,
+    /// A fault on this page waits for the evictor to settle it; whoever
+    /// settles the page (evictor commit/settle, or a remove event) clears
+    /// the flag and wakes the range. Set in `Evicting`, `EvictAborted` and
+    /// `Discarding`, on a `zapping` page, and on a page between victims of
+    /// a discard in flight (`OwnSpan`, which lists it for the wake-up),
+    /// and in `Loading` (the load's end wakes it).
+    pub(super) parked: bool,
+    /// A write was seen since the page was queued (second chance).
+    pub(super) referenced: bool,
+    /// The page is a victim of the eviction batch in flight (from claim to
+    /// settle). The evictor reads such a page; if the program discarded it
+    /// meanwhile that read faults, and the handler must serve it even with
+    /// the budget full (the evictor is the one that would make room).
+    pub(super) claimed: bool,
+    /// The page is on the active list (only meaningful while resident).
+    pub(super) active: bool,
+    /// The evictor will drop (`MADV_DONTNEED`) the page's mapping and has
+    /// not yet done so. A missing fault on such a page waits for the drop
+    /// (`parked`) whatever the state: if the program discarded the page
+    /// meanwhile (remove event: `Absent`) and a fault mapped a new page,
+    /// the evictor's drop would take that page and what was written to it.
+    /// Set when a victim is committed to discarding, cleared (waking the
+    /// parked) when the drop returned.
+    pub(super) zapping: bool,
+    /// A missing fault found the page `Dirty`/`Clean` and was only woken
+    /// (the usual case: a readahead mapped it meanwhile). A second such
+    /// fault before the page is queued again means nothing is mapped.
+    pub(super) woken: bool,
+    /// Spared once this residency for its active neighbours (`select`).
+    pub(super) spared: bool,
+    /// On the active list at some point this residency (activated at its
+    /// refault, seen written, or spared): part of the working set, so its
+    /// eviction uses the store's fast codec (`PageStore::store_cold`
+    /// serves the others).
+    pub(super) warm: bool,
+    /// Generation of the page's queue entry; older entries are stale.
+    /// It is also a load's ticket: bumped when the page becomes `Loading`
+    /// and by every way out of a resident state (`State::leave`), so a
+    /// load that finds it unchanged knows nobody took the page meanwhile.
+    pub(super) qgen: u32,
+    /// Eviction clock when the page was last evicted (valid if `Stored`).
+    pub(super) evicted_at: u32,
+}
+
+/// `n` default page records from zeroed memory: the allocator maps zero
+/// pages, which the kernel backs only once written, so a region's records
+/// cost resident memory where its pages are used, not where they are only
+/// mapped (a program's reservations, a space's chunk not yet reached).
+pub(super) fn zeroed_meta(n: usize) -> Vec<PageMeta> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let layout =
+        std::alloc::Layout::array::<PageMeta>(n).expect("a region's records fit in memory");
+    // SAFETY: the layout's size is not zero. All-zero bits are a valid
+    // `PageMeta::default()`: `PageState::Absent` is 0 (`repr(u8)`), the
+    // flags false, the counters 0; so the allocation holds `n` initialised
+    // records, and the Vec frees it with the layout it was made with.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout).cast::<PageMeta>();
+        if p.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Vec::from_raw_parts(p, n, n)
+    }
+}
+
+pub(super) struct Area {
+    pub(super) meta: Vec<PageMeta>,
+    /// The region is being dropped: no new victims from it.
+    pub(super) dying: bool,
+    /// Victims of this area inside an eviction batch.
+    pub(super) inflight: usize,
+    /// Readahead: page index of the last missing fault, and the window.
+    pub(super) ra_next: u64,
+    pub(super) ra_window: usize,
+}
+
+/// A registered address range: `len` bytes starting at the key, holding
+/// pages `first..` of `area`. Split and moved by remap events.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Seg {
+    pub(super) len: usize,
+    pub(super) area: u32,
+    pub(super) first: u64,
+}
+
+/// One `MADV_DONTNEED` of the evictor: victims and the pages between them,
+/// none of which was resident when it was chosen (so the call drops only
+/// victims, and one remove event and one TLB flush serve them all).
+/// Lives from the commit that chose it until the call returned:
+/// - a remove event for a page whose `unseen` bit is set is ours (the bit
+///   is cleared); any other is the program's. If the program discards the
+///   same page at the same moment, both events count, whichever is read
+///   first, and the page ends `Absent` either way;
+/// - a missing fault on any of its pages waits (`parked`, woken when the
+///   call returned): mapped now, the page would be dropped by the call with
+///   whatever the program wrote to it. Victims park through
+///   `PageMeta::zapping`, the pages between them here.
+pub(super) struct OwnSpan {
+    pub(super) lo: usize,
+    pub(super) hi: usize,
+    /// A bit per page: its remove event has not been read yet.
+    pub(super) unseen: Vec<u64>,
+    /// Pages between victims whose faults wait for the call to return.
+    pub(super) parked: Vec<usize>,
+}
+
+impl OwnSpan {
+    pub(super) fn new(lo: usize, hi: usize) -> Self {
+        let n = (hi - lo) / PAGE_SIZE;
+        let mut unseen = vec![u64::MAX; n.div_ceil(64)];
+        if !n.is_multiple_of(64) {
+            *unseen.last_mut().expect("a span holds a page") = (1u64 << (n % 64)) - 1;
+        }
+        OwnSpan {
+            lo,
+            hi,
+            unseen,
+            parked: Vec::new(),
+        }
+    }
+
+    /// Clears the bit of the page at `addr` (inside the span); whether it
+    /// was set.
+    pub(super) fn take(&mut self, addr: usize) -> bool {
+        let i = (addr - self.lo) / PAGE_SIZE;
+        let (w, b) = (i / 64, 1u64 << (i % 64));
+        let set = self.unseen[w] & b != 0;
+        self.unseen[w] &= !b;
+        set
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct QEntry {
+    pub(super) area: u32,
+    pub(super) page: u32,
+    pub(super) qgen: u32,
+}
+
+pub(super) struct State {
+    pub(super) areas: HashMap<u32, Area>,
+    pub(super) segs: BTreeMap<usize, Seg>,
+    pub(super) inactive: VecDeque<QEntry>,
+    pub(super) active: VecDeque<QEntry>,
+    /// Resident pages on the active list.
+    pub(super) n_active: usize,
+    /// Pages in a resident state, over all areas.
+    pub(super) resident: usize,
+    /// Pages of loads between their start and their end (`Loading`, or
+    /// taken from a load by an event and not yet seen so by it).
+    pub(super) loading: usize,
+    /// Evictions so far (wrapping), for refault distances.
+    pub(super) evict_clock: u32,
+    /// The ranges the evictor is discarding (one `MADV_DONTNEED` each),
+    /// by address, from the commit that chose them until the call returned
+    /// (see [`OwnSpan`]).
+    pub(super) own: Vec<OwnSpan>,
+    pub(super) next_area: u32,
+    pub(super) stats: PagerStats,
+    pub(super) lat_store: Histogram,
+    pub(super) lat_zero: Histogram,
+    /// Time inside the UFFDIO_COPY of store faults (includes waking the
+    /// faulting thread).
+    pub(super) lat_copy: Histogram,
+    /// The store refused the last whole batch: faults are not held back by
+    /// the budget until a store succeeds (holding them would wait forever).
+    pub(super) store_full: bool,
+    /// Pages resident in regions may reach this: the budget less what
+    /// `PagerConfig::charge` reported (never below a quarter of it).
+    pub(super) limit: usize,
+}
+
+pub(super) fn lookup(segs: &BTreeMap<usize, Seg>, addr: usize) -> Option<(u32, u64)> {
+    let (start, seg) = segs.range(..=addr).next_back()?;
+    if addr >= start + seg.len {
+        return None;
+    }
+    Some((seg.area, seg.first + ((addr - start) / PAGE_SIZE) as u64))
+}
+
+impl State {
+    pub(super) fn meta(&mut self, area: u32, page: u64) -> &mut PageMeta {
+        &mut self.areas.get_mut(&area).expect("area of a segment").meta[page as usize]
+    }
+
+    /// Puts a page that just became resident on a list: a new residency,
+    /// not yet warm.
+    pub(super) fn enqueue_new(&mut self, area: u32, page: u64, active: bool) {
+        self.meta(area, page).warm = false;
+        self.enqueue(area, page, active);
+    }
+
+    /// Puts a resident page on a list.
+    pub(super) fn enqueue(&mut self, area: u32, page: u64, active: bool) {
+        let m = self.meta(area, page);
+        m.warm |= active;
+        m.qgen = m.qgen.wrapping_add(1);
+        m.referenced = false;
+        m.woken = false;
+        let was_active = m.active;
+        m.active = active;
+        let e = QEntry {
+            area,
+            page: page as u32,
+            qgen: m.qgen,
+        };
+        if active {
+            self.active.push_back(e);
+        } else {
+            self.inactive.push_back(e);
+        }
+        match (was_active, active) {
+            (false, true) => self.n_active += 1,
+            (true, false) => self.n_active -= 1,
+            _ => {}
+        }
+    }
+
+    /// Accounting for a page that stops being resident.
+    pub(super) fn leave(&mut self, area: u32, page: u64) {
+        let m = self.meta(area, page);
+        m.qgen = m.qgen.wrapping_add(1);
+        m.spared = false;
+        let was_active = std::mem::replace(&mut m.active, false);
+        if was_active {
+            self.n_active -= 1;
+        }
+        self.resident -= 1;
+    }
+
+    pub(super) fn entry_valid(&self, e: QEntry) -> Option<PageMeta> {
+        let a = self.areas.get(&e.area)?;
+        if a.dying {
+            return None;
+        }
+        let m = a.meta[e.page as usize];
+        (m.qgen == e.qgen && m.st.resident()).then_some(m)
+    }
+
+    /// Picks up to `want` victims among `Dirty`/`Clean` pages.
+    pub(super) fn select(&mut self, want: usize, policy: VictimPolicy) -> Vec<(u32, u64)> {
+        let mut out = Vec::new();
+        let mut taken = HashSet::new();
+        let mut budget = 4 * (self.inactive.len() + self.active.len()) + 16;
+        while out.len() < want && budget > 0 {
+            budget -= 1;
+            // Keep the active list at most 7/8 of what is resident.
+            let demote = policy == VictimPolicy::Workingset
+                && (self.n_active * 8 > self.resident * 7 || self.inactive.is_empty());
+            if demote {
+                if let Some(e) = self.active.pop_front() {
+                    if let Some(m) = self.entry_valid(e) {
+                        if m.active {
+                            self.enqueue(e.area, e.page as u64, false);
+                        }
+                    }
+                    continue;
+                }
+            }
+            let Some(e) = self.inactive.pop_front() else {
+                break;
+            };
+            let Some(m) = self.entry_valid(e) else {
+                continue;
+            };
+            if !matches!(m.st, PageState::Dirty | PageState::Clean) {
+                continue;
+            }
+            if policy == VictimPolicy::Workingset && m.referenced {
+                self.enqueue(e.area, e.page as u64, true);
+                continue;
+            }
+            // An inactive page between two active ones is likely in use as
+            // they are (memory is used in neighbourhoods; the kernel's
+            // multi-gen LRU looks around a young page for the same reason),
+            // and alone it would also cost a discard call of its own: it
+            // gets one turn on the active list per residency.
+            if policy == VictimPolicy::Workingset
+                && !m.spared
+                && self.between_active(e.area, e.page as u64)
+            {
+                self.meta(e.area, e.page as u64).spared = true;
+                self.enqueue(e.area, e.page as u64, true);
+                continue;
+            }
+            if !taken.insert((e.area, e.page)) {
+                continue;
+            }
+            out.push((e.area, e.page as u64));
+            if policy == VictimPolicy::Workingset {
+                self.take_neighbours(e.area, e.page as u64, want, &mut out, &mut taken);
+            }
+        }
+        out
+    }
+
+    /// Adds to `out` the inactive pages near `page`, up to [`CLUSTER_SCAN`]
+    /// pages either side and no further than a resident page that is not
+    /// one (active, or in flight). Pages not resident in between cost
+    /// nothing: the victims and the gaps between them leave in one call
+    /// (see [`OwnSpan`]), where scattered victims would cost a remove
+    /// event and a TLB flush each. Which inactive pages go first matters
+    /// little: none of them has been seen in use since it came in.
+    pub(super) fn take_neighbours(
+        &mut self,
+        area: u32,
+        page: u64,
+        want: usize,
+        out: &mut Vec<(u32, u64)>,
+        taken: &mut HashSet<(u32, u32)>,
+    ) {
+        let a = &self.areas[&area];
+        let n = a.meta.len() as u64;
+        for dir in [1i64, -1] {
+            let mut p = page;
+            for _ in 0..CLUSTER_SCAN {
+                if out.len() >= want {
+                    return;
+                }
+                let next = p as i64 + dir;
+                if next < 0 || next as u64 >= n {
+                    break;
+                }
+                p = next as u64;
+                let m = a.meta[p as usize];
+                if !m.st.resident() {
+                    continue;
+                }
+                let candidate = matches!(m.st, PageState::Dirty | PageState::Clean)
+                    && !m.active
+                    && !m.referenced
+                    && !m.claimed;
+                if !candidate {
+                    break;
+                }
+                if taken.insert((area, p as u32)) {
+                    out.push((area, p));
+                }
+            }
+        }
+    }
+
+    /// Both neighbours of `page` are resident and on the active list.
+    pub(super) fn between_active(&self, area: u32, page: u64) -> bool {
+        let meta = &self.areas[&area].meta;
+        let active = |p: Option<u64>| {
+            p.and_then(|p| meta.get(p as usize))
+                .is_some_and(|m| m.st.resident() && m.active)
+        };
+        active(page.checked_sub(1)) && active(Some(page + 1))
+    }
+
+    /// The span of `own` holding `addr`.
+    pub(super) fn own_at(&self, addr: usize) -> Option<usize> {
+        let i = self.own.partition_point(|o| o.hi <= addr);
+        (i < self.own.len() && self.own[i].lo <= addr).then_some(i)
+    }
+
+    /// Whether every page strictly between the victims at `a` and `b`
+    /// (`a < b`, page indexes of `area`) is not resident and neither is
+    /// being dropped: one call may then act on `[a, b]`. Both must lie in
+    /// the same segment, at most [`MAX_GAP`] pages apart.
+    pub(super) fn gap_is_empty(&self, area: u32, a: (usize, u64), b: (usize, u64)) -> bool {
+        if b.1 <= a.1 || b.1 - a.1 > MAX_GAP || b.0 - a.0 != (b.1 - a.1) as usize * PAGE_SIZE {
+            return false;
+        }
+        let (Some((sa, _)), Some((sb, _))) = (
+            self.segs.range(..=a.0).next_back(),
+            self.segs.range(..=b.0).next_back(),
+        ) else {
+            return false;
+        };
+        if sa != sb {
+            return false;
+        }
+        self.areas[&area].meta[a.1 as usize + 1..b.1 as usize]
+            .iter()
+            .all(|m| !m.st.resident() && !m.zapping)
+    }
+}
+
+/// Removes the parts of segments inside `[start, end)` and returns them
+/// (keyed by their start address); parts outside stay.
+pub(super) fn split_out(
+    segs: &mut BTreeMap<usize, Seg>,
+    start: usize,
+    end: usize,
+) -> Vec<(usize, Seg)> {
+    let hits: Vec<(usize, Seg)> = segs
+        .range(..end)
+        .filter(|(s, seg)| **s + seg.len > start)
+        .map(|(s, seg)| (*s, *seg))
+        .collect();
+    let mut out = Vec::new();
+    for (s, seg) in hits {
+        segs.remove(&s);
+        let e = s + seg.len;
+        let pages = |a: usize| ((a - s) / PAGE_SIZE) as u64;
+        if s < start {
+            segs.insert(
+                s,
+                Seg {
+                    len: start - s,
+                    ..seg
+                },
+            );
+        }
+        if e > end {
+            segs.insert(
+                end,
+                Seg {
+                    len: e - end,
+                    area: seg.area,
+                    first: seg.first + pages(end),
+                },
+            );
+        }
+        let ms = s.max(start);
+        let me = e.min(end);
+        out.push((
+            ms,
+            Seg {
+                len: me - ms,
+                area: seg.area,
+                first: seg.first + pages(ms),
+            },
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeroed_records_are_default_ones() {
+        assert!(zeroed_meta(0).is_empty());
+        let v = zeroed_meta(3000);
+        assert_eq!(v.len(), 3000);
+        assert!(v.iter().all(|m| *m == PageMeta::default()));
+        assert_eq!(PageState::Absent as u8, 0);
+    }
+
+    fn seg(len_pages: usize, first: u64) -> Seg {
+        Seg {
+            len: len_pages * PAGE_SIZE,
+            area: 1,
+            first,
+        }
+    }
+
+    #[test]
+    fn split_out_middle_and_edges() {
+        let mut segs = BTreeMap::new();
+        let b = 0x10_0000;
+        segs.insert(b, seg(10, 0));
+        let out = split_out(&mut segs, b + 2 * PAGE_SIZE, b + 5 * PAGE_SIZE);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, b + 2 * PAGE_SIZE);
+        assert_eq!((out[0].1.len, out[0].1.first), (3 * PAGE_SIZE, 2));
+        assert_eq!(segs.len(), 2);
+        assert_eq!(segs[&b].len, 2 * PAGE_SIZE);
+        let tail = segs[&(b + 5 * PAGE_SIZE)];
+        assert_eq!((tail.len, tail.first), (5 * PAGE_SIZE, 5));
+        assert_eq!(lookup(&segs, b + 6 * PAGE_SIZE), Some((1, 6)));
+        assert_eq!(lookup(&segs, b + 3 * PAGE_SIZE), None);
+        // A range over both remaining parts and beyond.
+        let out = split_out(&mut segs, b, b + 20 * PAGE_SIZE);
+        assert_eq!(out.len(), 2);
+        assert!(segs.is_empty());
+    }
+}
