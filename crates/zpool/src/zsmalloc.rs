@@ -20,13 +20,18 @@
 //! with one object per one-page zspage is a *huge* class.
 //!
 //! # Handles
-//! A handle encodes `tag:10 | class:8 | gen:18 | slot:28` (high to low). The
-//! slot indexes the class's handle table, whose entry says where the object
-//! lives now (zspage id, object index) and its size. Compaction moves objects
-//! by rewriting handle-table entries, so handles held by callers never
-//! change. The generation is bumped on free, so a freed handle is detected as
-//! stale until the 18-bit generation wraps (262,144 reuses of the same slot);
-//! the tag names the pool, so handles of other pools are refused.
+//! A handle encodes `tag:8 | class:10 | gen:18 | slot:28` (high to low;
+//! `TAG_BITS`, `CLASS_BITS`, `GEN_BITS`, `SLOT_BITS`). The class field
+//! indexes the pool's table of the classes of all shards (shard k's classes
+//! follow shard k-1's): at most 256 classes (one per rounded size) times
+//! `MAX_SHARDS` (4) fit its 10 bits. The tag is never 0, so neither is a
+//! handle. The slot indexes the class's handle table, whose entry says
+//! where the object lives now (zspage id, object index) and its size.
+//! Compaction moves objects by rewriting handle-table entries, so handles
+//! held by callers never change. The generation is bumped on free, so a
+//! freed handle is detected as stale until the 18-bit generation wraps
+//! (262,144 reuses of the same slot); the tag names the pool, so handles of
+//! other pools are refused.
 //!
 //! # Locks
 //! Lock order, outer to inner:
