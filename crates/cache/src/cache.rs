@@ -46,9 +46,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 // The locks and atomics of the protocol (not the statistics counters) come
-// from the allocator's sync module, so that the `shuttle` feature
-// model-checks them (tests/shuttle.rs).
-use uzswap_zpool::sync::{
+// from the sync shim, so that the `shuttle` feature model-checks them
+// (tests/shuttle.rs).
+use uzswap_os::sync::{
     thread_local, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Condvar, Mutex, RwLock,
 };
 use uzswap_zpool::{Handle, PoolStats, Zpool};
@@ -360,7 +360,7 @@ impl Cache {
         let writer = (has_backing && cfg.background_writer)
             .then(|| {
                 let inner = inner.clone();
-                uzswap_zpool::spawn_helper("uzswap-writer", cfg.thread_start, move || {
+                uzswap_os::spawn_helper("uzswap-writer", cfg.thread_start, move || {
                     inner.writer_loop()
                 })
             })
@@ -1280,7 +1280,7 @@ impl Inner {
             {
                 let mut w = self.wake.0.lock();
                 if !*w {
-                    w = uzswap_zpool::sync::wait_for(&self.wake.1, w, tick);
+                    w = uzswap_os::sync::wait_for(&self.wake.1, w, tick);
                 }
                 *w = false;
             }

@@ -28,7 +28,7 @@
 use crate::cache::KeyHasher;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
-use uzswap_zpool::sync::Mutex;
+use uzswap_os::sync::Mutex;
 use uzswap_zpool::Handle;
 
 const SHARDS: usize = 64;

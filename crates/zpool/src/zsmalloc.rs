@@ -63,12 +63,13 @@
 //! - per pool: `pages_held == Σ_zspage committed`.
 
 use crate::stats::FULLNESS_BUCKETS;
-use crate::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, RwLock};
-use crate::sys::{PageArena, ReleaseBatch, MAX_RUN_PAGES, PAGE_SIZE};
+use crate::sys::{PageArena, ReleaseBatch, MAX_RUN_PAGES};
 use crate::{check_size, ClassStats, CompactReport, Error, Handle, PoolStats, Zpool};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
+use uzswap_os::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, RwLock};
+use uzswap_os::PAGE_SIZE;
 
 /// Objects are rounded up to a multiple of this.
 pub const CLASS_STEP: usize = 16;
@@ -127,7 +128,7 @@ pub struct ZsConfig {
     /// own last partial page per class, so more shards cost a little memory.
     /// `None`: one per CPU, at most 4.
     pub shards: Option<usize>,
-    /// Run first on the compaction thread (see [`crate::spawn_helper`]).
+    /// Run first on the compaction thread (see [`uzswap_os::spawn_helper`]).
     pub thread_start: Option<fn()>,
 }
 
@@ -495,7 +496,7 @@ impl ZsPool {
                 let started = match config.thread_start {
                     #[cfg(not(feature = "shuttle"))]
                     Some(f) => {
-                        crate::spawn_helper("zs-compact", Some(f), move || compactor_main(weak))
+                        uzswap_os::spawn_helper("zs-compact", Some(f), move || compactor_main(weak))
                     }
                     // (A model-checked build starts its threads in the model.)
                     _ => sync::thread::Builder::new()
