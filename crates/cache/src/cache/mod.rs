@@ -33,12 +33,12 @@
 //!    `check_invariants`, so that the check never sees an entry half
 //!    written back. The one cache lock held across decompression and I/O:
 //!    batches share it, and only the check waits for it.
-//! 2. `Inner::slots` (the backing slot map): held alone to allocate slots
-//!    and to free one, including across the hole punch
-//!    (`BackingStore::discard`) that a free may do: once the lock is
-//!    released the extent may be handed out and written, and a late punch
-//!    would erase the new data. `check_invariants` holds it while it walks
-//!    the shards, the dedup index and the pool.
+//! 2. `Inner::slots` (the backing slot map): taken under no lock but
+//!    `wb_gate` to allocate slots and to free one, and held across the
+//!    hole punch (`BackingStore::discard`) that a free may do: once the
+//!    lock is released the extent may be handed out and written, and a
+//!    late punch would erase the new data. `check_invariants` holds it
+//!    while it walks the shards, the dedup index and the pool.
 //! 3. `Inner::shards[i]` (an index shard: its entries and LRU queue): never
 //!    two at once (a path takes its key's shard; a walk of all shards takes
 //!    them one after another), and never across compression,
