@@ -25,10 +25,10 @@
 //! - The `same` callback runs under the shard lock (it compares one
 //!   candidate's bytes): it must not call back into the index.
 
-use crate::cache::KeyHasher;
+use crate::index::KeyHasher;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
-use uzswap_zpool::sync::Mutex;
+use uzswap_os::sync::Mutex;
 use uzswap_zpool::Handle;
 
 const SHARDS: usize = 64;

@@ -16,9 +16,8 @@
 //! The price is sparse use: an offset alone in its leaf costs the whole
 //! leaf (`LEAF` entries). A leaf is freed when its last entry goes.
 
-use crate::cache::KeyHasher;
 use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// Offsets per leaf.
 pub(crate) const LEAF: usize = 16;
@@ -26,6 +25,31 @@ const LEAF_BITS: u32 = LEAF.trailing_zeros();
 
 /// `(area, offset)`.
 pub(crate) type Key = (u32, u64);
+
+/// The hasher of the leaf map below, for `(u32, u64)` keys: multiply and
+/// fold. Keys are page numbers or content hashes, not attacker-chosen
+/// strings; the shard already spread them. (The dedup index uses it too:
+/// SipHash cost a few percent of the store path there.)
+#[derive(Default)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_u64(&mut self, v: u64) {
+        let x = (self.0 ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = x ^ (x >> 29);
+    }
+}
 
 struct Leaf<V> {
     used: usize,

@@ -41,7 +41,10 @@ pub use config::{
     Reject, StoreError, MAX_AREAS,
 };
 pub use stats::CacheStats;
-pub use uzswap_zpool::{spawn_helper, AllocatorKind, PoolStats};
+/// The page size the cache works in (the OS page).
+pub use uzswap_os::PAGE_SIZE;
+pub use uzswap_zpool::{AllocatorKind, PoolStats};
 
-/// The page size the cache works in.
-pub const PAGE_SIZE: usize = 4096;
+/// Kept for the region and preload crates, which start their threads with
+/// it; new code takes it from [`uzswap_os`].
+pub use uzswap_os::spawn_helper;

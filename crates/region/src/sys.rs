@@ -26,8 +26,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-/// Size of an OS page.
-pub const PAGE_SIZE: usize = 4096;
+pub use uzswap_os::{rss_bytes, PAGE_SIZE};
 
 // ---- UAPI: linux/userfaultfd.h ------------------------------------------
 
@@ -933,17 +932,6 @@ pub fn mincore_count(addr: usize, len: usize) -> io::Result<usize> {
         return Err(io::Error::last_os_error());
     }
     Ok(v.iter().filter(|b| **b & 1 != 0).count())
-}
-
-/// Resident set size of this process in bytes, from `/proc/self/statm`.
-pub fn rss_bytes() -> io::Result<u64> {
-    let s = std::fs::read_to_string("/proc/self/statm")?;
-    let resident: u64 = s
-        .split_whitespace()
-        .nth(1)
-        .and_then(|f| f.parse().ok())
-        .ok_or_else(|| io::Error::other("unexpected /proc/self/statm format"))?;
-    Ok(resident * PAGE_SIZE as u64)
 }
 
 /// The CPUs this thread may run on (its affinity mask), in order.

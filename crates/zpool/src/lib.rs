@@ -3,7 +3,9 @@
 //! This crate is the lowest layer of uzswap. It knows nothing of caches,
 //! compression or faults: it hands out *handles* to objects of 1..=4096 bytes
 //! and keeps them readable while it moves objects around to fight
-//! fragmentation. It depends on no other crate of the project.
+//! fragmentation. Of the project's crates it depends only on uzswap-os
+//! (page size, helper threads, and the sync shim that the `shuttle` feature
+//! switches to the model checker's primitives).
 //!
 //! # Glossary
 //! - **page**: a 4096-byte OS page, the unit the pool takes from and gives
@@ -26,17 +28,19 @@
 //! Both implement [`Zpool`], so a cache can take either, chosen at creation.
 
 pub mod stats;
-#[doc(hidden)]
-pub mod sync;
 mod sys;
 pub mod xcf;
 pub mod zsmalloc;
 
 pub use stats::{ClassStats, CompactReport, PoolStats};
-pub use sys::{rss_bytes, PAGE_SIZE, RELEASE_BATCH_PAGES};
+pub use sys::RELEASE_BATCH_PAGES;
+/// Kept for the `uzswap` binary's `bench usemem`; new code takes it from
+/// [`uzswap_os`].
+pub use uzswap_os::rss_bytes;
 pub use zsmalloc::{ZsConfig, ZsPool};
 
 use std::num::NonZeroU64;
+use uzswap_os::PAGE_SIZE;
 
 /// Largest object a pool stores: one page.
 pub const MAX_OBJECT_SIZE: usize = PAGE_SIZE;
@@ -203,7 +207,7 @@ impl std::str::FromStr for AllocatorKind {
 
 /// Builds a pool of the given kind with a hard limit (None: unlimited);
 /// `thread_start` is run first on any helper thread the pool starts (see
-/// [`spawn_helper`]).
+/// [`uzswap_os::spawn_helper`]).
 #[allow(clippy::needless_update)] // the configs grow; defaults fill the rest
 pub fn new_pool(
     kind: AllocatorKind,
@@ -221,38 +225,6 @@ pub fn new_pool(
             ..xcf::XcfConfig::default()
         })?),
     })
-}
-
-/// Starts a named helper thread that runs `thread_start` (if any) and then
-/// `body`, and returns only once `thread_start` has returned on it.
-///
-/// Why wait: a host that tells its own threads apart through
-/// `thread_start` (the preload runtime sends their `malloc` to a different
-/// heap) must know that the thread's start-up, including the allocations
-/// the thread library makes before `body` runs, is over before it switches
-/// anything on.
-pub fn spawn_helper<F>(
-    name: &str,
-    thread_start: Option<fn()>,
-    body: F,
-) -> std::io::Result<std::thread::JoinHandle<()>>
-where
-    F: FnOnce() + Send + 'static,
-{
-    let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
-    let t = std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            if let Some(f) = thread_start {
-                f();
-            }
-            let _ = tx.send(());
-            drop(tx);
-            body()
-        })?;
-    rx.recv()
-        .map_err(|_| std::io::Error::other(format!("helper thread {name} died at start")))?;
-    Ok(t)
 }
 
 /// Checks an object size against the range every pool accepts.

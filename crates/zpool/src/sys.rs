@@ -32,12 +32,10 @@
 //! list per run length. Virtual address space is cheap; resident memory is
 //! what is given back.
 
-use crate::sync::Mutex;
 use crate::Error;
 use std::ptr::NonNull;
-
-/// Size of an OS page, and the unit of everything in the pool.
-pub const PAGE_SIZE: usize = 4096;
+use uzswap_os::sync::Mutex;
+use uzswap_os::PAGE_SIZE;
 
 /// Longest run the arena hands out, in pages.
 pub const MAX_RUN_PAGES: usize = 16;
@@ -226,7 +224,7 @@ impl PageArena {
             self.release(b);
         }
         while self.inner.lock().in_flight_pages > 0 {
-            crate::sync::thread::yield_now();
+            uzswap_os::sync::thread::yield_now();
         }
     }
 
@@ -426,17 +424,6 @@ fn self_pidfd() -> Option<i32> {
         return self_pidfd();
     }
     (fd >= 0).then_some(fd)
-}
-
-/// Resident set size of this process in bytes, from `/proc/self/statm`.
-pub fn rss_bytes() -> std::io::Result<u64> {
-    let s = std::fs::read_to_string("/proc/self/statm")?;
-    let resident: u64 = s
-        .split_whitespace()
-        .nth(1)
-        .and_then(|f| f.parse().ok())
-        .ok_or_else(|| std::io::Error::other("unexpected /proc/self/statm format"))?;
-    Ok(resident * PAGE_SIZE as u64)
 }
 
 #[cfg(all(test, not(feature = "shuttle")))]

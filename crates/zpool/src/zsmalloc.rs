@@ -20,13 +20,18 @@
 //! with one object per one-page zspage is a *huge* class.
 //!
 //! # Handles
-//! A handle encodes `tag:10 | class:8 | gen:18 | slot:28` (high to low). The
-//! slot indexes the class's handle table, whose entry says where the object
-//! lives now (zspage id, object index) and its size. Compaction moves objects
-//! by rewriting handle-table entries, so handles held by callers never
-//! change. The generation is bumped on free, so a freed handle is detected as
-//! stale until the 18-bit generation wraps (262,144 reuses of the same slot);
-//! the tag names the pool, so handles of other pools are refused.
+//! A handle encodes `tag:8 | class:10 | gen:18 | slot:28` (high to low;
+//! `TAG_BITS`, `CLASS_BITS`, `GEN_BITS`, `SLOT_BITS`). The class field
+//! indexes the pool's table of the classes of all shards (shard k's classes
+//! follow shard k-1's): at most 256 classes (one per rounded size) times
+//! `MAX_SHARDS` (4) fit its 10 bits. The tag is never 0, so neither is a
+//! handle. The slot indexes the class's handle table, whose entry says
+//! where the object lives now (zspage id, object index) and its size.
+//! Compaction moves objects by rewriting handle-table entries, so handles
+//! held by callers never change. The generation is bumped on free, so a
+//! freed handle is detected as stale until the 18-bit generation wraps
+//! (262,144 reuses of the same slot); the tag names the pool, so handles of
+//! other pools are refused.
 //!
 //! # Locks
 //! Lock order, outer to inner:
@@ -58,12 +63,13 @@
 //! - per pool: `pages_held == Σ_zspage committed`.
 
 use crate::stats::FULLNESS_BUCKETS;
-use crate::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, RwLock};
-use crate::sys::{PageArena, ReleaseBatch, MAX_RUN_PAGES, PAGE_SIZE};
+use crate::sys::{PageArena, ReleaseBatch, MAX_RUN_PAGES};
 use crate::{check_size, ClassStats, CompactReport, Error, Handle, PoolStats, Zpool};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
+use uzswap_os::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, RwLock};
+use uzswap_os::PAGE_SIZE;
 
 /// Objects are rounded up to a multiple of this.
 pub const CLASS_STEP: usize = 16;
@@ -122,7 +128,7 @@ pub struct ZsConfig {
     /// own last partial page per class, so more shards cost a little memory.
     /// `None`: one per CPU, at most 4.
     pub shards: Option<usize>,
-    /// Run first on the compaction thread (see [`crate::spawn_helper`]).
+    /// Run first on the compaction thread (see [`uzswap_os::spawn_helper`]).
     pub thread_start: Option<fn()>,
 }
 
@@ -490,7 +496,7 @@ impl ZsPool {
                 let started = match config.thread_start {
                     #[cfg(not(feature = "shuttle"))]
                     Some(f) => {
-                        crate::spawn_helper("zs-compact", Some(f), move || compactor_main(weak))
+                        uzswap_os::spawn_helper("zs-compact", Some(f), move || compactor_main(weak))
                     }
                     // (A model-checked build starts its threads in the model.)
                     _ => sync::thread::Builder::new()

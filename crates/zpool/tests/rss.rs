@@ -2,7 +2,8 @@
 //! /proc/self/statm, falls when a filled pool is emptied. One test in its own
 //! binary, so no other test's allocations blur the figure.
 
-use uzswap_zpool::{new_pool, rss_bytes, AllocatorKind};
+use uzswap_os::rss_bytes;
+use uzswap_zpool::{new_pool, AllocatorKind};
 
 #[test]
 fn emptied_pool_gives_memory_back_to_the_os() {

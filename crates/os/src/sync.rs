@@ -1,16 +1,22 @@
-//! The allocator's synchronization primitives, in one place so that tests
-//! can swap them for shuttle's model-checked ones (cargo feature
-//! `shuttle`): under that feature every lock, atomic and thread of the pool
-//! is scheduled by shuttle, which explores interleavings.
+//! The synchronization primitives of the allocator's and the cache's
+//! protocols, in one place so that tests can swap them for shuttle's
+//! model-checked ones (cargo feature `shuttle`): under that feature every
+//! lock, atomic, thread and thread-local taken from here is scheduled by
+//! shuttle, which explores interleavings.
 //!
 //! The API is parking_lot's (no poisoning), plus [`wait`] and [`wait_for`],
 //! which take and return the guard so both backends fit.
 //!
-//! The cache crate uses the same module, so that one feature switch puts
-//! the allocator and the cache together under the model checker. Its
-//! `thread_local!` is shuttle's under the feature: shuttle runs every model
-//! thread on one OS thread, so per-thread scratch buffers held across a
-//! lock would otherwise be shared between model threads.
+//! The zpool and cache crates both take their primitives from here, and
+//! each one's `shuttle` feature turns on this crate's, so one feature
+//! switch puts the allocator and the cache together under the model
+//! checker. Its `thread_local!` is shuttle's under the feature: shuttle
+//! runs every model thread on one OS thread, so per-thread scratch buffers
+//! held across a lock would otherwise be shared between model threads.
+//!
+//! What the model checker need not schedule (statistics counters, the
+//! backing store's test-only fault switch, the xcf allocator, which is not
+//! model-checked) takes std's or parking_lot's types directly.
 
 #[cfg(not(feature = "shuttle"))]
 mod imp {

@@ -1,0 +1,634 @@
+//! The cache itself: an index from `(area, offset)` to where a page lives
+//! (a same-filled word, a pool object, or a backing slot), and the paths
+//! that change it. This file holds the data layout, the lock order, the
+//! public [`Cache`] handle and the helpers every path uses; each path has
+//! its own file:
+//!
+//! - `store.rs`: the store path (same-filled pages, IO admission,
+//!   compression, duplicate sharing, the pool, direct writes to the backing
+//!   tier);
+//! - `load.rs`: the load path in both modes, and reading a place;
+//! - `entry.rs`: putting entries into the index and taking them out, the
+//!   gauges they move, and freeing what a removed entry held;
+//! - `writeback.rs`: one writeback batch (victims from the LRU queues,
+//!   sealing, vectored writes, commit);
+//! - `writer.rs`: the writer thread (wake-up, reclaim, proactive
+//!   writeback);
+//! - `check.rs`: the invariant check.
+//!
+//! # Layout
+//! The index is split into [`SHARDS`] shards, each a mutex over a dense
+//! index (`index.rs`: leaves of 16 neighbouring offsets, one shard per
+//! leaf) and that shard's LRU queue of pool entries. An [`Entry`] names
+//! its page's [`Place`]: a same-filled word, a pool object ([`Obj`]), or a
+//! sealed backing slot. Queue items ([`LruItem`]) are not removed when
+//! their entry changes: an item whose `gen` no longer matches its entry's
+//! is skipped, and `Shard::trim_lru` drops such items when they pile up.
+//!
+//! # Locks
+//! Lock order, outer to inner (a path takes a lock only while it holds
+//! none below it in this list):
+//! 1. `Inner::wb_gate` (`RwLock<()>`, guards no data): held shared by each
+//!    writeback batch from start to end, taken exclusively only by
+//!    `check_invariants`, so that the check never sees an entry half
+//!    written back. The one cache lock held across decompression and I/O:
+//!    batches share it, and only the check waits for it.
+//! 2. `Inner::slots` (the backing slot map): taken under no lock but
+//!    `wb_gate` to allocate slots and to free one, and held across the
+//!    hole punch (`BackingStore::discard`) that a free may do: once the
+//!    lock is released the extent may be handed out and written, and a
+//!    late punch would erase the new data. `check_invariants` holds it
+//!    while it walks the shards, the dedup index and the pool.
+//! 3. `Inner::shards[i]` (an index shard: its entries and LRU queue): never
+//!    two at once (a path takes its key's shard; a walk of all shards takes
+//!    them one after another), and never across compression,
+//!    decompression or I/O. Only `check_invariants` calls the pool under
+//!    it (object sizes).
+//! 4. The dedup index's shard locks (`dedup.rs`): one at a time, never with
+//!    an index shard held. A lookup compares a candidate's bytes under it
+//!    (`object_is`), which reads the pool object.
+//! 5. The pool's locks (`uzswap_zpool`, in the allocator's own order, e.g.
+//!    zsmalloc.rs's class, arena, compactor). A `map_read` callback runs
+//!    under the object's class lock, which keeps the object in place for a
+//!    zero-copy read: loads and writeback decompress there, and the dedup
+//!    lookup compares there. Such a callback never calls into the cache.
+//! 6. `Inner::wake.0` (the writer's wake-up flag, with `wake.1`, its
+//!    condvar): a leaf, taken with no other cache lock held.
+//!
+//! A backing store's own locks (`FaultInjector`'s switch) are leaves,
+//! reached under `slots` through `discard` and under none otherwise. The
+//! per-thread buffers `OUT` and `SCRATCH` (store.rs) are not locks: each
+//! thread compresses into its own. Counters, the limit, the full flag and
+//! the areas' open flags are atomics, read and written without a lock.
+//!
+//! # Versions
+//! Every change of an entry's place gives it a new `gen`. A reader copies
+//! `(gen, place)` under the lock, reads the object or slot without it, then
+//! checks under the lock that `gen` is unchanged: if it is, the object (or
+//! slot) was not freed while it was read, because resources are released
+//! only after the change that detaches them. If it changed, the read is
+//! retried. So no load ever returns bytes of a freed and reused object.
+
+mod check;
+mod entry;
+mod load;
+mod store;
+mod writeback;
+mod writer;
+
+pub use store::same_filled_word;
+
+use crate::admission::{IoAdmission, IoLimits};
+use crate::backing::{BackingStore, FileBacking, SlotMap};
+use crate::codec::{Codec, Compressor};
+use crate::config::{
+    validate, Backing, CacheConfig, DedupScope, Error, Incompressible, LoadError, PoolLimit,
+    Proactive, StoreError, MAX_AREAS,
+};
+use crate::dedup::DedupIndex;
+use crate::index::{leaf_of, DenseIndex, Key};
+use crate::seal::Sealer;
+use crate::stats::{CacheStats, Counters};
+use crate::PAGE_SIZE;
+use crossbeam_utils::CachePadded;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+// The locks and atomics of the protocol (not the statistics counters) come
+// from the sync shim, so that the `shuttle` feature model-checks them
+// (tests/shuttle.rs).
+use uzswap_os::sync::{
+    AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Condvar, Mutex, RwLock,
+};
+use uzswap_zpool::{Handle, PoolStats, Zpool};
+
+/// Index shards (a power of two).
+pub const SHARDS: usize = 256;
+
+const RELAXED: Ordering = Ordering::Relaxed;
+
+/// What a successful store kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Stored {
+    /// Compressed into the pool, `bytes` long.
+    Compressed {
+        /// Compressed size.
+        bytes: usize,
+    },
+    /// Kept uncompressed in the pool: it did not compress enough.
+    Raw,
+    /// One repeated word: no pool memory.
+    SameFilled,
+    /// Identical to a stored page: shares its object.
+    Duplicate {
+        /// The shared object's size.
+        bytes: usize,
+    },
+    /// Written to the backing tier (pool full or refused, or IO admission).
+    Backing,
+}
+
+/// Where a load found the page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Loaded {
+    /// Decompressed from the pool.
+    Pool,
+    /// Read from the backing tier.
+    Backing,
+    /// Rebuilt from its word.
+    SameFilled,
+}
+
+/// Whether a load keeps the entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadMode {
+    /// The entry is freed (the kernel's exclusive load).
+    Exclusive,
+    /// The entry stays, marked recently used.
+    Keep,
+}
+
+// A leaf slot costs what an entry does; a queue item is 16 bytes.
+const _: () = assert!(std::mem::size_of::<LruItem>() == 16);
+const _: () = assert!(std::mem::size_of::<Option<Entry>>() == std::mem::size_of::<Entry>());
+
+/// A page's pool object.
+#[derive(Clone, Copy, Debug)]
+struct Obj {
+    /// The object; live while an entry (or, shared, several) names it.
+    handle: Handle,
+    /// Its size in bytes (the encoded page).
+    size: u32,
+    /// How the page is encoded in it (`Codec::Raw`: not compressed).
+    codec: Codec,
+    /// The dedup hash the object is registered under, if it is.
+    dedup: Option<u64>,
+}
+
+/// Where a page lives.
+#[derive(Clone, Copy, Debug)]
+enum Place {
+    /// A same-filled page: the word it repeats; no memory.
+    Same(u64),
+    /// In the pool, and in its shard's LRU queue.
+    Pool(Obj),
+    /// In backing slot `slot`, sealed with sequence number `seq` (unique
+    /// per write) and authentication tag `tag`.
+    Backing { slot: u64, seq: u64, tag: [u8; 16] },
+}
+
+/// An index entry: one stored page.
+#[derive(Debug)]
+struct Entry {
+    /// Bumped (from the shard's counter) by every change of `place`: a
+    /// reader that dropped the shard lock compares it to know whether what
+    /// it read is still the entry's.
+    gen: u32,
+    /// Seconds since the cache was made, when stored.
+    born: u32,
+    /// Loaded (Keep) since it entered the LRU or was last passed over.
+    referenced: bool,
+    /// A writeback batch holds it (only while `place` is `Pool`): it is
+    /// being sealed and written; loads still read the pool object.
+    writeback: bool,
+    /// Where the page is.
+    place: Place,
+}
+
+/// A queued entry: its key and the `gen` it had when queued. Fields laid
+/// out by hand in 16 bytes (a `(Key, u32)` takes 24).
+#[derive(Clone, Copy, Debug)]
+struct LruItem {
+    offset: u64,
+    area: u32,
+    gen: u32,
+}
+
+impl LruItem {
+    fn new(key: Key, gen: u32) -> LruItem {
+        LruItem {
+            offset: key.1,
+            area: key.0,
+            gen,
+        }
+    }
+
+    fn key(&self) -> Key {
+        (self.area, self.offset)
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    map: DenseIndex<Entry>,
+    lru: VecDeque<LruItem>,
+    next_gen: u32,
+}
+
+impl Shard {
+    fn bump(&mut self) -> u32 {
+        self.next_gen = self.next_gen.wrapping_add(1);
+        self.next_gen
+    }
+
+    /// Drops queue items of entries that left the pool, when they pile up.
+    fn trim_lru(&mut self) {
+        if self.lru.len() > 2 * self.map.len() + 64 {
+            let map = &self.map;
+            self.lru.retain(|it| {
+                map.get(&it.key())
+                    .is_some_and(|e| e.gen == it.gen && matches!(e.place, Place::Pool(_)))
+            });
+        }
+    }
+}
+
+/// The shard of a key: all keys of one index leaf (neighbouring offsets)
+/// share it.
+fn shard_of(key: Key) -> usize {
+    let key = leaf_of(key);
+    let h = (u64::from(key.0).wrapping_mul(0xff51_afd7_ed55_8ccd))
+        ^ key.1.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h >> 56) as usize % SHARDS
+}
+
+/// The cache's state, shared by the handle and the writer thread. Locks
+/// (see the order above): `wb_gate` (1), `slots` (2), `shards` (3), the
+/// dedup index's (4), the pool's (5), `wake.0` (6); the rest is immutable
+/// after creation or atomic.
+struct Inner {
+    /// The allocator of the pool objects.
+    pool: Arc<dyn Zpool>,
+    /// The index, [`SHARDS`] mutexes: lock 3.
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
+    /// 1 per open area.
+    areas: Box<[AtomicU8]>,
+    /// The compressor of new stores, packed (`Compressor::pack`).
+    compressor: AtomicU64,
+    /// `CacheConfig::cold_compressor`.
+    cold_compressor: Option<Compressor>,
+    /// The pool limit in bytes (`u64::MAX`: none).
+    limit: AtomicU64,
+    /// The pool reached its limit and has not yet fallen below the accept
+    /// threshold (`pool_full`'s hysteresis).
+    full: AtomicBool,
+    accept_percent: u64,
+    /// Largest compressed size kept as compressed, in bytes.
+    max_compressed: usize,
+    incompressible: Incompressible,
+    same_filled: bool,
+    dedup_on: AtomicBool,
+    dedup_scope: DedupScope,
+    /// Shares identical objects; its shard locks are lock 4.
+    dedup: DedupIndex,
+    /// The backing tier, if any.
+    backing: Option<Box<dyn BackingStore>>,
+    /// Which backing slots are used: lock 2.
+    slots: Mutex<SlotMap>,
+    sealer: Sealer,
+    /// The next seal sequence number (unique per sealed write).
+    seq: AtomicU64,
+    /// Pages per writeback batch.
+    batch: usize,
+    io_limits: IoLimits,
+    admission: IoAdmission,
+    /// Reads and writes of the backing tier under way (IO admission).
+    inflight_reads: AtomicU32,
+    inflight_writes: AtomicU32,
+    proactive: Option<Proactive>,
+    counters: Counters,
+    /// A wake-up of the writer is on its way (writer.rs).
+    wake_pending: AtomicBool,
+    /// The writer's wake-up flag (lock 6) and its condvar.
+    wake: (Mutex<bool>, Condvar),
+    /// Tells the writer thread to end.
+    stop: AtomicBool,
+    /// The shard where the next victim pick starts.
+    cursor: AtomicUsize,
+    /// Time 0 of the entries' `born`.
+    epoch: Instant,
+    /// Held (shared) by every writeback batch; taken exclusively by the
+    /// invariant check so that no entry is half written back: lock 1.
+    wb_gate: RwLock<()>,
+}
+
+/// The compressed page cache. Cheap to share: wrap it in an `Arc`.
+pub struct Cache {
+    inner: Arc<Inner>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("compressor", &self.compressor())
+            .field("cold_compressor", &self.inner.cold_compressor)
+            .field("pool_bytes", &self.inner.pool.pool_bytes())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cache {
+    /// Builds a cache; starts its writer thread when it has a backing tier.
+    pub fn new(cfg: CacheConfig) -> Result<Cache, Error> {
+        validate(&cfg)?;
+        let backing: Option<Box<dyn BackingStore>> = match cfg.backing {
+            Backing::None => None,
+            Backing::File(path) => Some(Box::new(
+                FileBacking::create(&path)
+                    .map_err(|source| Error::BackingCreate { path, source })?,
+            )),
+            Backing::Store(s) => Some(s),
+        };
+        let has_backing = backing.is_some();
+        let inner = Arc::new(Inner {
+            pool: uzswap_zpool::new_pool(cfg.allocator, None, cfg.thread_start)?,
+            shards: (0..SHARDS)
+                .map(|_| CachePadded::new(Mutex::default()))
+                .collect(),
+            areas: (0..MAX_AREAS).map(|_| AtomicU8::new(0)).collect(),
+            compressor: AtomicU64::new(cfg.compressor.pack()),
+            cold_compressor: cfg.cold_compressor,
+            limit: AtomicU64::new(cfg.pool_limit.bytes()),
+            full: AtomicBool::new(false),
+            accept_percent: u64::from(cfg.accept_threshold_percent),
+            max_compressed: PAGE_SIZE * usize::from(cfg.max_compressed_percent) / 100,
+            incompressible: cfg.incompressible,
+            same_filled: cfg.same_filled,
+            dedup_on: AtomicBool::new(cfg.dedup),
+            dedup_scope: cfg.dedup_scope,
+            dedup: cfg
+                .dedup_hasher
+                .map_or_else(DedupIndex::default, DedupIndex::with_hasher),
+            backing,
+            slots: Mutex::new(SlotMap::new(
+                cfg.backing_max_bytes.map(|b| b / PAGE_SIZE as u64),
+            )),
+            sealer: Sealer::new(cfg.encrypt).map_err(Error::Random)?,
+            seq: AtomicU64::new(1),
+            batch: cfg.writeback_batch,
+            io_limits: cfg.io_limits,
+            admission: IoAdmission::default(),
+            inflight_reads: AtomicU32::new(0),
+            inflight_writes: AtomicU32::new(0),
+            proactive: cfg.proactive,
+            counters: Counters::default(),
+            wake_pending: AtomicBool::new(false),
+            wake: (Mutex::new(false), Condvar::new()),
+            stop: AtomicBool::new(false),
+            cursor: AtomicUsize::new(0),
+            epoch: Instant::now(),
+            wb_gate: RwLock::new(()),
+        });
+        let writer = (has_backing && cfg.background_writer)
+            .then(|| {
+                let inner = inner.clone();
+                uzswap_os::spawn_helper("uzswap-writer", cfg.thread_start, move || {
+                    inner.writer_loop()
+                })
+            })
+            .transpose()
+            .map_err(|e| Error::Config(format!("cannot start the writer thread: {e}")))?;
+        Ok(Cache { inner, writer })
+    }
+
+    /// Opens an area (idempotent). Keys of an area are valid until
+    /// [`Cache::invalidate_area`].
+    pub fn open_area(&self, area: u32) -> Result<(), Error> {
+        self.inner.area_slot(area)?.store(1, RELAXED);
+        Ok(())
+    }
+
+    /// Stores a copy of `page` under `(area, offset)`, replacing any entry.
+    /// A refused store drops the old entry too (it is older than the page
+    /// the caller still holds), as the kernel's zswap does.
+    pub fn store(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {
+        self.store_with(area, offset, page, false)
+    }
+
+    /// As [`Cache::store`], for a page the caller does not expect back soon:
+    /// compressed with `CacheConfig::cold_compressor` if one is set.
+    pub fn store_cold(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {
+        self.store_with(area, offset, page, true)
+    }
+
+    fn store_with(
+        &self,
+        area: u32,
+        offset: u64,
+        page: &[u8],
+        cold: bool,
+    ) -> Result<Stored, StoreError> {
+        self.inner.check(area, page.len())?;
+        self.inner.store(area, offset, page, cold).map_err(|e| {
+            self.inner.remove(area, offset);
+            e.into()
+        })
+    }
+
+    /// Fills `page` with the bytes stored under `(area, offset)`.
+    pub fn load(
+        &self,
+        area: u32,
+        offset: u64,
+        page: &mut [u8],
+        mode: LoadMode,
+    ) -> Result<Loaded, LoadError> {
+        self.inner.check(area, page.len())?;
+        self.inner.load(area, offset, page, mode)
+    }
+
+    /// Drops the entry for `(area, offset)`; `true` if there was one.
+    pub fn invalidate(&self, area: u32, offset: u64) -> Result<bool, Error> {
+        self.inner.check(area, PAGE_SIZE)?;
+        let had = self.inner.remove(area, offset);
+        if had {
+            self.inner.counters.invalidated_pages.fetch_add(1, RELAXED);
+        }
+        Ok(had)
+    }
+
+    /// Drops every entry of `area` and closes it. No store to the area may
+    /// run concurrently (as with swapoff).
+    pub fn invalidate_area(&self, area: u32) -> Result<u64, Error> {
+        let inner = &*self.inner;
+        inner.check(area, PAGE_SIZE)?;
+        inner.area_slot(area)?.store(0, RELAXED);
+        let mut n = 0;
+        for shard in inner.shards.iter() {
+            let mut dropped = Vec::new();
+            shard.lock().map.retain(|k, e| {
+                if k.0 == area {
+                    dropped.push(e.place);
+                    false
+                } else {
+                    true
+                }
+            });
+            n += dropped.len() as u64;
+            // Out of the index under the lock: nothing else reaches these
+            // places any more, so they are freed without it.
+            for p in dropped {
+                inner.detach(area, p);
+            }
+        }
+        inner.counters.invalidated_pages.fetch_add(n, RELAXED);
+        Ok(n)
+    }
+
+    /// The compressor new stores use.
+    pub fn compressor(&self) -> Compressor {
+        Compressor::unpack(self.inner.compressor.load(RELAXED))
+    }
+
+    /// Switches the compressor; stored pages stay readable.
+    pub fn set_compressor(&self, c: Compressor) -> Result<(), Error> {
+        self.inner.compressor.store(c.validate()?.pack(), RELAXED);
+        Ok(())
+    }
+
+    /// Changes the pool limit. Lowering it below the pool's size makes the
+    /// writer write back (with a backing tier) and stores refuse meanwhile.
+    pub fn set_pool_limit(&self, limit: PoolLimit) -> Result<(), Error> {
+        match limit {
+            PoolLimit::Percent(p) if !(1..=100).contains(&p) => {
+                return Err(Error::Config(format!(
+                    "pool limit percent must be 1..=100, got {p}"
+                )))
+            }
+            PoolLimit::Bytes(0) => {
+                return Err(Error::Config("pool limit of 0 bytes".into()));
+            }
+            _ => {}
+        }
+        self.inner.limit.store(limit.bytes(), RELAXED);
+        self.inner.full.store(false, RELAXED);
+        self.inner.wake_writer();
+        Ok(())
+    }
+
+    /// Turns duplicate sharing on or off. Stored pages are unaffected.
+    pub fn set_dedup(&self, on: bool) {
+        self.inner.dedup_on.store(on, RELAXED);
+    }
+
+    /// Writes back up to `max_pages` of the least recently used pool
+    /// entries now; returns how many went.
+    pub fn writeback(&self, max_pages: usize) -> Result<usize, Error> {
+        if self.inner.backing.is_none() {
+            return Err(Error::NoBacking);
+        }
+        let mut done = 0;
+        while done < max_pages {
+            let n = self
+                .inner
+                .writeback_batch(self.inner.batch.min(max_pages - done), None);
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+
+    /// Compacts the pool now.
+    pub fn compact(&self) -> uzswap_zpool::CompactReport {
+        self.inner.pool.compact()
+    }
+
+    /// Counters, with the kernel's names where the kernel has them.
+    pub fn stats(&self) -> CacheStats {
+        let inner = &*self.inner;
+        let mut s = inner.counters.snapshot();
+        s.pool_total_size = inner.pool.pool_bytes();
+        s.index_bytes = inner.index_bytes();
+        s.backing_slots_used = inner.slots.lock().used();
+        s.pool_limit_bytes = inner.limit.load(RELAXED);
+        s.pool_full = u64::from(inner.full.load(RELAXED));
+        s
+    }
+
+    /// The allocator's per-class table and totals.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.inner.pool.stats()
+    }
+
+    /// Whether written-back pages are encrypted.
+    pub fn encrypts(&self) -> bool {
+        self.inner.sealer.encrypts()
+    }
+
+    /// Re-derives every gauge from the index and checks it against the
+    /// counters, the allocator, the dedup index and the slot map. Call when
+    /// no other thread uses the cache (the writer may run: it is paused).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.inner.check_invariants()
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        self.inner.stop_writer();
+        if let Some(t) = self.writer.take() {
+            let _ = t.join();
+        }
+        // The pool's memory goes with Inner; the backing file, unlinked,
+        // vanishes with its descriptor.
+    }
+}
+
+impl Inner {
+    fn shard(&self, key: Key) -> &Mutex<Shard> {
+        &self.shards[shard_of(key)]
+    }
+
+    fn area_slot(&self, area: u32) -> Result<&AtomicU8, Error> {
+        self.areas
+            .get(area as usize)
+            .ok_or(Error::AreaOutOfRange { area })
+    }
+
+    fn check(&self, area: u32, len: usize) -> Result<(), Error> {
+        if len != PAGE_SIZE {
+            return Err(Error::BadPageSize { len });
+        }
+        if self.area_slot(area)?.load(RELAXED) == 0 {
+            return Err(Error::UnknownArea { area });
+        }
+        Ok(())
+    }
+
+    fn now(&self) -> u32 {
+        self.epoch.elapsed().as_secs() as u32
+    }
+
+    fn scope(&self, area: u32) -> u32 {
+        match self.dedup_scope {
+            DedupScope::Area => area,
+            DedupScope::Global => u32::MAX,
+        }
+    }
+
+    fn limit_share(&self, percent: u64) -> u64 {
+        let limit = self.limit.load(RELAXED);
+        if limit == u64::MAX {
+            u64::MAX
+        } else {
+            limit / 100 * percent
+        }
+    }
+
+    fn index_bytes(&self) -> u64 {
+        let item = std::mem::size_of::<LruItem>();
+        let index: usize = self
+            .shards
+            .iter()
+            .map(|s| {
+                let s = s.lock();
+                s.map.heap_bytes() + s.lru.capacity() * item
+            })
+            .sum();
+        index as u64 + self.dedup.metadata_bytes()
+    }
+}
