@@ -164,7 +164,7 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
             ..uzswap_region::PagerConfig::new(args.w.budget_mib() << 8)
         },
     )?);
-    let base_rss = uzswap_zpool::rss_bytes().unwrap_or(0);
+    let base_rss = uzswap_os::rss_bytes().unwrap_or(0);
     let mut region = pager.region(args.w.mib() << 20)?;
     let stop = Arc::new(AtomicBool::new(false));
     let peak_rss = Arc::new(AtomicU64::new(0));
@@ -179,7 +179,7 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
         );
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                let rss = uzswap_zpool::rss_bytes()
+                let rss = uzswap_os::rss_bytes()
                     .unwrap_or(0)
                     .saturating_sub(base_rss);
                 peak_rss.fetch_max(rss, Ordering::Relaxed);

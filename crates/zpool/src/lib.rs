@@ -34,9 +34,6 @@ pub mod zsmalloc;
 
 pub use stats::{ClassStats, CompactReport, PoolStats};
 pub use sys::RELEASE_BATCH_PAGES;
-/// Kept for the `uzswap` binary's `bench usemem`; new code takes it from
-/// [`uzswap_os`].
-pub use uzswap_os::rss_bytes;
 pub use zsmalloc::{ZsConfig, ZsPool};
 
 use std::num::NonZeroU64;

@@ -63,7 +63,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
-use uzswap_cache::spawn_helper;
+use uzswap_os::spawn_helper;
 
 pub(crate) struct Shared {
     uffd: Uffd,
