@@ -300,7 +300,7 @@ fn demo(mib: u32) -> Result<()> {
     for _ in 0..600 {
         std::thread::sleep(std::time::Duration::from_millis(50));
         let Ok(v) = stats::get(pid) else { continue };
-        if v.pointer("/pager/faults_pool").and_then(|x| x.as_u64()) > Some(0) {
+        if v.pager.faults_pool > 0 {
             writeln!(out, "live, from `uzswap stats {pid}`:")?;
             write!(out, "{}", stats::text(&v))?;
             break;

@@ -59,6 +59,25 @@ pub struct Snapshot {
     pub pool_table: String,
 }
 
+impl Default for Snapshot {
+    /// This schema's version, all counters zero, a default configuration:
+    /// for tests of what renders a snapshot.
+    fn default() -> Snapshot {
+        Snapshot {
+            version: SCHEMA_VERSION,
+            pid: 0,
+            uptime_s: 0.0,
+            config: RunConfig::default(),
+            pager: PagerStats::default(),
+            cache: CacheStats::default(),
+            space: SpaceStats::default(),
+            runtime_heap: RuntimeHeap::default(),
+            pool: PoolSection::default(),
+            pool_table: String::new(),
+        }
+    }
+}
+
 /// The managed address space: one reservation carved into the program's
 /// mappings.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -344,6 +363,11 @@ mod tests {
         let back = Snapshot::from_json(s.to_json().unwrap().as_bytes()).unwrap();
         assert_eq!(back, s);
         assert_eq!(back.to_string(), s.to_json().unwrap());
+        let empty = Snapshot::default();
+        assert_eq!(
+            Snapshot::from_json(empty.to_string().as_bytes()).unwrap(),
+            empty
+        );
     }
 
     #[test]
