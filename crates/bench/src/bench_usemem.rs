@@ -179,9 +179,7 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
         );
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                let rss = uzswap_os::rss_bytes()
-                    .unwrap_or(0)
-                    .saturating_sub(base_rss);
+                let rss = uzswap_os::rss_bytes().unwrap_or(0).saturating_sub(base_rss);
                 peak_rss.fetch_max(rss, Ordering::Relaxed);
                 let st = cache.stats();
                 let own = pager.stats().resident_pages * 4096 + st.pool_total_size + st.index_bytes;

@@ -44,7 +44,3 @@ pub use stats::CacheStats;
 /// The page size the cache works in (the OS page).
 pub use uzswap_os::PAGE_SIZE;
 pub use uzswap_zpool::{AllocatorKind, PoolStats};
-
-/// Kept for the region and preload crates, which start their threads with
-/// it; new code takes it from [`uzswap_os`].
-pub use uzswap_os::spawn_helper;

@@ -1,7 +1,7 @@
 //! The cache's counters. Names up to `same_filled_pages` are the kernel's
 //! zswap debugfs names with the kernel's meanings; the rest are uzswap's.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 macro_rules! counters {
@@ -12,7 +12,7 @@ macro_rules! counters {
         pub(crate) struct Counters { $( pub $name: AtomicU64, )* }
 
         /// A snapshot of the cache's counters.
-        #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+        #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
         pub struct CacheStats {
             $( $(#[$doc])* pub $name: u64, )*
             /// Bytes the pool holds (pages × 4096): the kernel's

@@ -45,7 +45,7 @@ pub fn demo(mib: u32) -> Result<()> {
         let Ok(v) = crate::stats::get(pid) else {
             continue;
         };
-        if v.pointer("/pager/faults_pool").and_then(|x| x.as_u64()) > Some(0) {
+        if v.pager.faults_pool > 0 {
             writeln!(out, "live, from `uzswap stats {pid}`:")?;
             write!(out, "{}", crate::stats::text(&v))?;
             break;

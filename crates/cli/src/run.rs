@@ -4,18 +4,19 @@
 //! (it exists and is executable, it is dynamically linked and not setuid,
 //! userfaultfd is usable, the preload library is found); then the program
 //! runs with `crates/preload` in `LD_PRELOAD` and its settings in
-//! `UZSWAP_*` variables, and this process waits, passes its exit status on
-//! (a signal `N` becomes `128 + N`, as shells do) and prints a summary of
-//! the final statistics the program's runtime wrote.
+//! `UZSWAP_*` variables (a `uzswap_contract::RunConfig`, validated here
+//! first), and this process waits, passes its exit status on (a signal `N`
+//! becomes `128 + N`, as shells do) and prints a summary of the final
+//! statistics the program's runtime wrote (a `uzswap_contract::Snapshot`).
 
 use anyhow::{bail, Context, Result};
-use serde_json::Value;
 use std::ffi::OsString;
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
+use uzswap_contract::{final_stats_path, names, RunConfig, Snapshot};
 
 /// The preload library's file name (crates/preload, cdylib).
 const PRELOAD_NAME: &str = "libuzswap_preload.so";
@@ -236,7 +237,7 @@ fn find_preload(explicit: Option<&Path>) -> Result<PathBuf> {
                   or name it with --preload-lib or UZSWAP_PRELOAD_LIB";
     if let Some(p) = explicit
         .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("UZSWAP_PRELOAD_LIB").map(PathBuf::from))
+        .or_else(|| std::env::var_os(names::PRELOAD_LIB).map(PathBuf::from))
     {
         if !p.is_file() {
             bail!("preload library {} not found: {remedy}", p.display());
@@ -310,41 +311,44 @@ pub struct Outcome {
     /// Peak resident memory of the program, in bytes (`ru_maxrss`).
     pub max_rss: u64,
     pub seconds: f64,
-    /// The final statistics its runtime wrote, if it got to write them.
-    pub stats: Option<Value>,
+    /// The final statistics its runtime wrote.
+    pub stats: FinalStats,
 }
 
-/// Sets `name` to `value` in the program's environment, or removes it.
-fn env_opt(
-    cmd: &mut std::process::Command,
-    name: &str,
-    value: Option<impl AsRef<std::ffi::OsStr>>,
-) {
-    match value {
-        Some(v) => cmd.env(name, v),
-        None => cmd.env_remove(name),
+/// The final statistics of a run.
+pub enum FinalStats {
+    /// What the program's runtime wrote at exit.
+    Read(Box<Snapshot>),
+    /// Nothing was written: the program ended without running its exit
+    /// handlers.
+    Missing,
+    /// Something was written that is not a snapshot of this build's schema
+    /// (or could not be read): why.
+    Unreadable(String),
+}
+
+/// The configuration the program's runtime gets: the flags, and
+/// `UZSWAP_RESERVE` from this process's environment (there is no flag for
+/// it). Checked here, before anything runs.
+fn run_config(a: &Args) -> Result<RunConfig> {
+    let config = RunConfig {
+        memory_max: a.memory_max,
+        pool_max: a.pool_max,
+        compressor: a.compressor,
+        cold_compressor: a.cold_compressor,
+        backing: a.backing_file.clone(),
+        keep_clean: a.keep_clean,
+        cpu_handlers: a.cpu_handlers,
+        dedup: a.dedup,
+        final_stats: None, // set once its directory exists
+        reserve: RunConfig::reserve_from_lookup(|n: &str| std::env::var_os(n))?,
     };
-}
-
-/// A switch as the preload library reads it (`env_flag`: 1 or 0).
-fn switch(on: bool) -> &'static str {
-    if on {
-        "1"
-    } else {
-        "0"
-    }
+    config.validate()?;
+    Ok(config)
 }
 
 pub fn run(a: &Args) -> Result<Outcome> {
-    if a.memory_max < 64 << 10 {
-        bail!(
-            "--memory-max {}: the budget must be at least 64K (16 pages)",
-            a.memory_max
-        );
-    }
-    if a.pool_max == Some(0) {
-        bail!("--pool-max 0: the pool needs room (omit it for 20% of RAM)");
-    }
+    let mut config = run_config(a)?;
     let Some(prog) = a.prog.first() else {
         bail!("no program given: uzswap run --memory-max SIZE -- PROG [ARGS...]");
     };
@@ -370,6 +374,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
     let lib = find_preload(a.preload_lib.as_deref())?;
     let tmp = TempDir::new()?;
     let final_base = tmp.0.join("stats.json");
+    config.final_stats = Some(final_base.clone());
 
     let mut preload = lib.as_os_str().to_owned();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
@@ -377,28 +382,13 @@ pub fn run(a: &Args) -> Result<Outcome> {
         preload.push(old);
     }
     let mut cmd = std::process::Command::new(&path);
-    cmd.arg0(prog)
-        .args(&a.prog[1..])
-        .env("LD_PRELOAD", preload)
-        .env("UZSWAP_MEMORY_MAX", a.memory_max.to_string())
-        .env("UZSWAP_COMPRESSOR", a.compressor.to_string())
-        .env("UZSWAP_KEEP_CLEAN", switch(a.keep_clean))
-        .env("UZSWAP_DEDUP", switch(a.dedup))
-        .env("UZSWAP_CPU_HANDLERS", switch(a.cpu_handlers))
-        .env("UZSWAP_FINAL_STATS", &final_base);
-    // Unset ones are removed: a value inherited from our own environment
-    // must not reach the runtime as if asked for.
-    env_opt(
-        &mut cmd,
-        "UZSWAP_COLD_COMPRESSOR",
-        a.cold_compressor.map(|c| c.to_string()),
-    );
-    env_opt(
-        &mut cmd,
-        "UZSWAP_POOL_MAX",
-        a.pool_max.map(|p| p.to_string()),
-    );
-    env_opt(&mut cmd, "UZSWAP_BACKING", a.backing_file.as_ref());
+    cmd.arg0(prog).args(&a.prog[1..]).env("LD_PRELOAD", preload);
+    // Every variable the runtime reads is removed first: a value inherited
+    // from our own environment must not reach it as if asked for.
+    for name in names::ALL {
+        cmd.env_remove(name);
+    }
+    cmd.envs(config.to_env());
     // The terminal's ^C and ^\ reach the program directly; this process
     // waits for it to finish. Termination requests are passed on.
     // SAFETY: installing handlers that only call kill(2), and ignoring
@@ -448,15 +438,18 @@ pub fn run(a: &Args) -> Result<Outcome> {
     } else {
         (libc::WEXITSTATUS(status), None)
     };
-    // The runtime appends its pid (`uzswap_preload::stats::final_stats_path`:
-    // every exec'd image writes its own), so the program's own file is read.
-    let final_path = tmp.0.join(format!("stats.json.{pid}"));
-    let stats = std::fs::read(&final_path)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
-    if let (Some(dest), Some(v)) = (&a.stats_json, &stats) {
-        std::fs::write(dest, format!("{v}\n"))
-            .with_context(|| format!("cannot write --stats-json {}", dest.display()))?;
+    // The runtime appends its pid (every exec'd image writes its own), so
+    // the program's own file is read.
+    let stats = read_final(&final_stats_path(&final_base, pid as u32));
+    match (&a.stats_json, &stats) {
+        (Some(dest), FinalStats::Read(s)) => {
+            let body = s.to_json().context("cannot encode the final statistics")?;
+            std::fs::write(dest, body + "\n")
+                .with_context(|| format!("cannot write --stats-json {}", dest.display()))?;
+        }
+        // Without a summary, the error must still be told.
+        (_, FinalStats::Unreadable(why)) if a.quiet => eprintln!("uzswap: error: {why}"),
+        _ => {}
     }
     Ok(Outcome {
         code,
@@ -465,6 +458,19 @@ pub fn run(a: &Args) -> Result<Outcome> {
         seconds,
         stats,
     })
+}
+
+/// The final statistics in `path`.
+fn read_final(path: &Path) -> FinalStats {
+    let what = "the final statistics the program's runtime wrote";
+    match std::fs::read(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => FinalStats::Missing,
+        Err(e) => FinalStats::Unreadable(format!("cannot read {what}: {e}")),
+        Ok(body) => match Snapshot::from_json(&body) {
+            Ok(s) => FinalStats::Read(Box::new(s)),
+            Err(e) => FinalStats::Unreadable(format!("cannot read {what}: {e}")),
+        },
+    }
 }
 
 fn wait4(pid: i32) -> Result<(i32, libc::rusage)> {
@@ -523,24 +529,31 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
         human(o.max_rss),
         human(a.memory_max)
     );
-    let Some(v) = &o.stats else {
-        s += "uzswap: no final statistics: the program ended without running its exit \
-              handlers (a signal, _exit, or exec)\n";
-        return s;
+    let v = match &o.stats {
+        FinalStats::Read(v) => v,
+        FinalStats::Missing => {
+            s += "uzswap: no final statistics: the program ended without running its exit \
+                  handlers (a signal, _exit, or exec)\n";
+            return s;
+        }
+        FinalStats::Unreadable(why) => {
+            s += &format!("uzswap: error: {why}\n");
+            return s;
+        }
     };
-    let n = |p: &str| v.pointer(p).and_then(Value::as_f64).unwrap_or(0.0);
+    let (pager, cache) = (&v.pager, &v.cache);
     s += &format!("uzswap: {}\n", crate::stats::faults_line(v));
-    let stored = n("/cache/stored_pages");
-    let pool = n("/cache/pool_total_size");
+    let stored = cache.stored_pages;
+    let pool = cache.pool_total_size;
     s += &format!(
-        "uzswap: evicted {:.0} pages, wrote back {:.0}; at exit the pool held {stored:.0} pages in {} ({:.2}x)\n",
-        n("/pager/evictions"),
-        n("/cache/written_back_pages"),
-        human(pool as u64),
-        if pool > 0.0 { stored * 4096.0 / pool } else { 0.0 },
+        "uzswap: evicted {} pages, wrote back {}; at exit the pool held {stored} pages in {} ({:.2}x)\n",
+        pager.evictions,
+        cache.written_back_pages,
+        human(pool),
+        if pool > 0 { stored as f64 * 4096.0 / pool as f64 } else { 0.0 },
     );
-    let over = (n("/pager/peak_resident_pages") - n("/pager/budget_pages")).max(0.0);
-    if n("/pager/store_full_episodes") > 0.0 && over > 0.0 {
+    let over = pager.peak_resident_pages.saturating_sub(pager.budget_pages);
+    if pager.store_full_episodes > 0 && over > 0 {
         let remedy = if a.backing_file.is_some() {
             "the backing file could not take them either (is its disk full?)"
         } else {
@@ -548,26 +561,26 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
         };
         s += &format!(
             "uzswap: WARNING: the pool ({}) refused pages, so the program went over its budget \
-             by up to {over:.0} pages rather than stop; {remedy}\n",
-            human(n("/cache/pool_limit_bytes") as u64),
+             by up to {over} pages rather than stop; {remedy}\n",
+            human(cache.pool_limit_bytes),
         );
     }
     // Pages the program could not get back (it got SIGBUS); failed reads
     // that a retry fixed are reported apart: they point at the device.
-    let errors = n("/pager/load_errors");
-    if errors > 0.0 {
+    let errors = pager.load_errors;
+    if errors > 0 {
         s += &format!(
-            "uzswap: WARNING: {errors:.0} pages could not be loaded back (see the statistics)\n"
+            "uzswap: WARNING: {errors} pages could not be loaded back (see the statistics)\n"
         );
     }
-    let retried = n("/pager/load_retries");
-    if retried > 0.0 {
+    let retried = pager.load_retries;
+    if retried > 0 {
         s += &format!(
-            "uzswap: WARNING: {retried:.0} loads failed ({} unreadable, {} corrupt, {} undecodable) and were \
+            "uzswap: WARNING: {retried} loads failed ({} unreadable, {} corrupt, {} undecodable) and were \
              tried again; check the device under the backing file\n",
-            n("/cache/backing_read_fail"),
-            n("/cache/backing_corrupt"),
-            n("/cache/decompress_fail"),
+            cache.backing_read_fail,
+            cache.backing_corrupt,
+            cache.decompress_fail,
         );
     }
     s
@@ -584,36 +597,68 @@ mod tests {
         run: Args,
     }
 
-    fn summary_of(stats: Value) -> String {
+    fn summary_of(stats: FinalStats) -> String {
         let a = Cli::parse_from(["x", "--memory-max", "1M", "--", "prog"]).run;
         let o = Outcome {
             code: 0,
             signal: None,
             max_rss: 1 << 20,
             seconds: 1.0,
-            stats: Some(stats),
+            stats,
         };
         summary(&a, &o)
     }
 
+    /// A snapshot with the given load retries and errors, and failed reads
+    /// (unreadable, corrupt).
+    fn loads(retries: u64, errors: u64, unreadable: u64, corrupt: u64) -> FinalStats {
+        let mut s = Snapshot::default();
+        s.pager.load_retries = retries;
+        s.pager.load_errors = errors;
+        s.cache.backing_read_fail = unreadable;
+        s.cache.backing_corrupt = corrupt;
+        FinalStats::Read(Box::new(s))
+    }
+
     #[test]
     fn summary_tells_lost_pages_from_retried_reads() {
-        let clean = summary_of(serde_json::json!({"pager": {}, "cache": {}}));
+        let clean = summary_of(loads(0, 0, 0, 0));
         assert!(!clean.contains("WARNING"), "{clean}");
-        let retried = summary_of(serde_json::json!({
-            "pager": {"load_retries": 3, "load_errors": 0},
-            "cache": {"backing_read_fail": 2, "backing_corrupt": 1},
-        }));
+        let retried = summary_of(loads(3, 0, 2, 1));
         assert!(
             retried.contains("3 loads failed (2 unreadable, 1 corrupt"),
             "{retried}"
         );
         assert!(!retried.contains("could not be loaded back"), "{retried}");
-        let lost = summary_of(serde_json::json!({
-            "pager": {"load_retries": 2, "load_errors": 1},
-            "cache": {"backing_read_fail": 3},
-        }));
+        let lost = summary_of(loads(2, 1, 3, 0));
         assert!(lost.contains("1 pages could not be loaded back"), "{lost}");
+    }
+
+    /// A final statistics file of another schema is an error in the
+    /// summary, not a summary of zeros.
+    #[test]
+    fn unreadable_final_statistics_are_an_error() {
+        let dir = TempDir::new().unwrap();
+        let path = dir.0.join("stats.json.1");
+        assert!(matches!(read_final(&path), FinalStats::Missing));
+        let mut v = serde_json::to_value(Snapshot::default()).unwrap();
+        let pager = v["pager"].as_object_mut().unwrap();
+        let evictions = pager.remove("evictions").unwrap();
+        pager.insert("evicted".into(), evictions);
+        std::fs::write(&path, v.to_string()).unwrap();
+        let stats = read_final(&path);
+        let FinalStats::Unreadable(why) = &stats else {
+            panic!("a renamed field was read");
+        };
+        assert!(why.contains("evict"), "{why}");
+        let s = summary_of(stats);
+        assert!(
+            s.contains("uzswap: error: cannot read the final statistics"),
+            "{s}"
+        );
+        assert!(!s.contains("evicted 0 pages"), "{s}");
+        std::fs::write(&path, Snapshot::default().to_json().unwrap()).unwrap();
+        assert!(matches!(read_final(&path), FinalStats::Read(_)));
     }
 
     #[test]

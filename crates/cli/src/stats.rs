@@ -1,26 +1,30 @@
 //! `uzswap stats PID`: the live statistics of a program under `uzswap run`,
 //! read from the abstract unix socket its runtime serves
-//! (`crates/preload/src/stats.rs` names it), as text, JSON or Prometheus
-//! exposition format.
+//! (`uzswap_contract::socket_name`) as a `uzswap_contract::Snapshot`, and
+//! shown as text, JSON or Prometheus exposition format.
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::io::Read;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
+use uzswap_contract::snapshot::pager_section;
+use uzswap_contract::{socket_name, PoolSection, Snapshot};
 
-/// Must match `uzswap_preload::stats::socket_name`.
-fn socket_name(pid: u32) -> String {
-    format!("uzswap-stats.{pid}")
-}
-
-fn fetch(pid: u32) -> std::io::Result<Value> {
+/// What the runtime of `pid` answers on its socket.
+fn fetch(pid: u32) -> std::io::Result<String> {
     let addr = SocketAddr::from_abstract_name(socket_name(pid))?;
     let mut s = UnixStream::connect_addr(&addr)?;
     s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
     let mut body = String::new();
     s.read_to_string(&mut body)?;
-    serde_json::from_str(&body).map_err(std::io::Error::other)
+    Ok(body)
+}
+
+/// The snapshot in the answer of `pid`'s runtime.
+fn parse(pid: u32, body: &str) -> Result<Snapshot> {
+    Snapshot::from_json(body.as_bytes())
+        .with_context(|| format!("process {pid} answered with statistics this uzswap cannot read"))
 }
 
 /// The children of `pid` (to find the program when given the pid of the
@@ -37,18 +41,19 @@ pub fn children(pid: u32) -> Vec<u32> {
     out
 }
 
-/// The statistics of `pid`, or of its child if `pid` is `uzswap run`.
-pub fn get(pid: u32) -> Result<Value> {
+/// The statistics of `pid`, or of its child if `pid` is `uzswap run`. An
+/// answer that does not parse is an error, not a reason to try a child.
+pub fn get(pid: u32) -> Result<Snapshot> {
     if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
         bail!("no process {pid}");
     }
     let first = match fetch(pid) {
-        Ok(v) => return Ok(v),
+        Ok(body) => return parse(pid, &body),
         Err(e) => e,
     };
     for c in children(pid) {
-        if let Ok(v) = fetch(c) {
-            return Ok(v);
+        if let Ok(body) = fetch(c) {
+            return parse(c, &body);
         }
     }
     Err(first).with_context(|| {
@@ -59,19 +64,27 @@ pub fn get(pid: u32) -> Result<Value> {
     })
 }
 
-/// Prometheus text exposition: every number in the snapshot as a gauge
-/// `uzswap_<path>` labelled with the pid; the per-class pool table as
-/// `uzswap_pool_class_<column>{class="N"}`.
-pub fn prometheus(v: &Value) -> String {
-    let pid = v.get("pid").and_then(Value::as_u64).unwrap_or(0);
-    let mut out = String::new();
-    fn walk(prefix: &str, v: &Value, pid: u64, out: &mut String) {
+/// Prometheus text exposition: every number of the snapshot's sections as
+/// a gauge `uzswap_<section>_<field>` labelled with the pid; the per-class
+/// pool table as `uzswap_pool_class_<column>{class="N"}`.
+pub fn prometheus(s: &Snapshot) -> String {
+    // Every field named: one added to the schema must be placed here.
+    let Snapshot {
+        version: _,
+        pid,
+        uptime_s,
+        config,
+        pager,
+        cache,
+        space,
+        runtime_heap,
+        pool,
+        pool_table: _,
+    } = s;
+    fn walk(prefix: &str, v: &Value, pid: u32, out: &mut String) {
         match v {
             Value::Object(m) => {
                 for (k, x) in m {
-                    if prefix == "uzswap_pool" && k == "classes" {
-                        continue;
-                    }
                     let name: String = format!("{prefix}_{k}")
                         .chars()
                         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
@@ -93,27 +106,44 @@ pub fn prometheus(v: &Value) -> String {
             _ => {}
         }
     }
-    let mut top = v.clone();
-    if let Some(o) = top.as_object_mut() {
-        o.remove("pid");
-        o.remove("version");
-        o.remove("pool_table");
+    // Plain structs of numbers, strings and lists: they always serialize.
+    let value = |v: Result<Value, serde_json::Error>| v.unwrap_or(Value::Null);
+    // The classes have a family of their own (below).
+    let pool_totals = PoolSection {
+        classes: Vec::new(),
+        ..pool.clone()
+    };
+    // In the order of the JSON's keys.
+    let sections = [
+        ("cache", value(serde_json::to_value(cache))),
+        ("config", value(serde_json::to_value(config))),
+        ("pager", value(pager_section::to_value(pager))),
+        ("pool", value(serde_json::to_value(pool_totals))),
+        ("runtime_heap", value(serde_json::to_value(runtime_heap))),
+        ("space", value(serde_json::to_value(space))),
+        ("uptime_s", Value::from(*uptime_s)),
+    ];
+    let mut out = String::new();
+    for (name, v) in &sections {
+        walk(&format!("uzswap_{name}"), v, *pid, &mut out);
     }
-    walk("uzswap", &top, pid, &mut out);
-    if let Some(classes) = v.pointer("/pool/classes").and_then(Value::as_array) {
-        let mut cols: Vec<&String> = Vec::new();
-        if let Some(Value::Object(first)) = classes.first() {
-            cols = first.keys().filter(|k| *k != "class").collect();
-        }
-        for col in cols {
-            let name = format!("uzswap_pool_class_{col}");
-            out.push_str(&format!("# TYPE {name} gauge\n"));
-            for c in classes {
-                if let (Some(class), Some(x)) = (c.get("class"), c.get(col.as_str())) {
-                    if x.is_number() {
-                        out.push_str(&format!("{name}{{pid=\"{pid}\",class=\"{class}\"}} {x}\n"));
-                    }
-                }
+    // Columns as the first row has them, in its keys' order; the class
+    // index is the label.
+    let rows: Vec<(u32, Value)> = pool
+        .classes
+        .iter()
+        .map(|c| (c.class, value(serde_json::to_value(c))))
+        .collect();
+    let mut cols: Vec<&String> = Vec::new();
+    if let Some((_, Value::Object(first))) = rows.first() {
+        cols = first.keys().filter(|k| *k != "class").collect();
+    }
+    for col in cols {
+        let name = format!("uzswap_pool_class_{col}");
+        out.push_str(&format!("# TYPE {name} gauge\n"));
+        for (class, row) in &rows {
+            if let Some(x) = row.get(col.as_str()).filter(|x| x.is_number()) {
+                out.push_str(&format!("{name}{{pid=\"{pid}\",class=\"{class}\"}} {x}\n"));
             }
         }
     }
@@ -121,70 +151,64 @@ pub fn prometheus(v: &Value) -> String {
 }
 
 /// Faults by source and their latency, one line.
-pub fn faults_line(v: &Value) -> String {
-    let n = |p: &str| v.pointer(p).and_then(Value::as_f64).unwrap_or(0.0);
+pub fn faults_line(s: &Snapshot) -> String {
+    let p = &s.pager;
     format!(
         "faults: {} from pool, {} from backing file, {} same-filled, {} zero; latency p50 {:.1} us p99 {:.1} us",
-        n("/pager/faults_pool"),
-        n("/pager/faults_backing"),
-        n("/pager/faults_same_filled"),
-        n("/pager/faults_zero"),
-        n("/pager/fault_latency/p50_us"),
-        n("/pager/fault_latency/p99_us"),
+        p.faults_pool,
+        p.faults_backing,
+        p.faults_same_filled,
+        p.faults_zero,
+        p.fault_latency.p50_us,
+        p.fault_latency.p99_us,
     )
 }
 
 /// A readable page: the headline figures and the pool's class table.
-pub fn text(v: &Value) -> String {
-    let n = |p: &str| v.pointer(p).and_then(Value::as_f64).unwrap_or(0.0);
-    let h = |p: &str| crate::run::human(n(p) as u64);
+pub fn text(v: &Snapshot) -> String {
+    use crate::run::human;
+    let (pager, cache) = (&v.pager, &v.cache);
     let mut s = format!(
         "pid {} up {:.1} s: memory max {}, pool max {}, compressor {}\n",
-        n("/pid"),
-        n("/uptime_s"),
-        h("/config/memory_max"),
-        v.pointer("/config/pool_max")
-            .and_then(Value::as_u64)
-            .map_or("20% of RAM".into(), crate::run::human),
-        v.pointer("/config/compressor")
-            .and_then(Value::as_str)
-            .unwrap_or("?"),
+        v.pid,
+        v.uptime_s,
+        human(v.config.memory_max),
+        v.config.pool_max.map_or("20% of RAM".into(), human),
+        v.config.compressor,
     );
     s += &format!(
         "resident {} pages (peak {}, budget {}); managed mappings {} (peak {})\n",
-        n("/pager/resident_pages"),
-        n("/pager/peak_resident_pages"),
-        n("/pager/budget_pages"),
-        h("/space/mapped_bytes"),
-        h("/space/peak_mapped_bytes"),
+        pager.resident_pages,
+        pager.peak_resident_pages,
+        pager.budget_pages,
+        human(v.space.mapped_bytes),
+        human(v.space.peak_mapped_bytes),
     );
     s += &format!(
         "{}; evictions {} ({} moved out, the rest in {} discard calls; {} faults waited for one)\n",
         faults_line(v),
-        n("/pager/evictions"),
-        n("/pager/evict_moved_pages"),
-        n("/pager/discard_calls"),
-        n("/pager/faults_again")
+        pager.evictions,
+        pager.evict_moved_pages,
+        pager.discard_calls,
+        pager.faults_again
     );
     s += &format!(
         "cache: stored {} pages, pool {}, written back {}, load errors {}\n",
-        n("/cache/stored_pages"),
-        h("/cache/pool_total_size"),
-        n("/cache/written_back_pages"),
-        n("/pager/load_errors"),
+        cache.stored_pages,
+        human(cache.pool_total_size),
+        cache.written_back_pages,
+        pager.load_errors,
     );
     s += &format!(
         "runtime heap: {} in use ({} index, {} allocator metadata), {} held\n",
-        h("/runtime_heap/in_use_bytes"),
-        h("/cache/index_bytes"),
-        h("/pool/metadata_bytes"),
-        h("/runtime_heap/held_bytes"),
+        human(v.runtime_heap.in_use_bytes),
+        human(cache.index_bytes),
+        human(v.pool.metadata_bytes),
+        human(v.runtime_heap.held_bytes),
     );
-    if let Some(t) = v.get("pool_table").and_then(Value::as_str) {
-        s += t;
-        if !t.ends_with('\n') {
-            s.push('\n');
-        }
+    s += &v.pool_table;
+    if !v.pool_table.ends_with('\n') {
+        s.push('\n');
     }
     s
 }

@@ -22,7 +22,9 @@
 //!
 //! # Life cycle
 //! The constructor runs before `main` and does nothing unless
-//! `UZSWAP_MEMORY_MAX` is set. It starts the cache and the pager, reserves
+//! `UZSWAP_MEMORY_MAX` is set; it reads every setting with
+//! `uzswap_contract::RunConfig::from_env` (the variables and their
+//! defaults are listed there, `UZSWAP_RESERVE` among them). It starts the cache and the pager, reserves
 //! the address space and the statistics socket, and only then switches
 //! `malloc` over. Calls made before that are served by glibc, and freed
 //! there too. If anything fails it prints why and exits with status 125
@@ -51,7 +53,8 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, OnceLock};
-use uzswap_cache::{Backing, Cache, CacheConfig, Compressor, PoolLimit};
+use uzswap_cache::{Backing, Cache, CacheConfig, PoolLimit};
+use uzswap_contract::RunConfig;
 use uzswap_region::{Pager, PagerConfig, PAGE_SIZE};
 
 // ---- the runtime's own heap: glibc ----------------------------------------
@@ -139,7 +142,7 @@ static FORKED: AtomicBool = AtomicBool::new(false);
 struct Runtime {
     space: space::Space,
     cache: Arc<Cache>,
-    config: stats::RunConfig,
+    config: RunConfig,
     started: std::time::Instant,
 }
 
@@ -580,62 +583,25 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) 
 
 // ---- start-up -----------------------------------------------------------------
 
-/// Reads a size in bytes from the environment.
-fn env_bytes(name: &str) -> Result<Option<usize>, String> {
-    match std::env::var(name) {
-        Err(_) => Ok(None),
-        Ok(v) => v
-            .parse::<usize>()
-            .map(Some)
-            .map_err(|_| format!("{name}={v:?} is not a number of bytes")),
-    }
-}
-
-/// A 0/1 switch from the environment (unset: off).
-fn env_flag(name: &str) -> Result<bool, String> {
-    match std::env::var(name).as_deref() {
-        Ok("1") => Ok(true),
-        Err(_) | Ok("0") => Ok(false),
-        Ok(v) => Err(format!("{name}={v:?}: use 1 or 0")),
-    }
-}
-
 fn start() -> Result<(), String> {
-    let Some(memory_max) = env_bytes("UZSWAP_MEMORY_MAX")? else {
+    // Parsed and checked by the contract `uzswap run` wrote it with.
+    let Some(config) = RunConfig::from_env().map_err(|e| e.to_string())? else {
         return Ok(()); // not asked to manage anything
     };
-    let pool_max = env_bytes("UZSWAP_POOL_MAX")?;
-    let reserve = env_bytes("UZSWAP_RESERVE")?.unwrap_or(1 << 40);
-    let compressor: Compressor = std::env::var("UZSWAP_COMPRESSOR")
-        .unwrap_or_else(|_| "lz4".into())
-        .parse()
-        .map_err(|e| format!("UZSWAP_COMPRESSOR: {e}"))?;
-    let cold_compressor: Option<Compressor> = match std::env::var("UZSWAP_COLD_COMPRESSOR") {
-        Ok(v) if !v.is_empty() => Some(
-            v.parse()
-                .map_err(|e| format!("UZSWAP_COLD_COMPRESSOR: {e}"))?,
-        ),
-        _ => None,
-    };
-    let backing = std::env::var_os("UZSWAP_BACKING").filter(|p| !p.is_empty());
-    let final_stats = std::env::var_os("UZSWAP_FINAL_STATS").filter(|p| !p.is_empty());
-    let dedup = env_flag("UZSWAP_DEDUP")?;
-    let budget_pages = memory_max / PAGE_SIZE;
-    if budget_pages < 16 {
-        return Err(format!(
-            "UZSWAP_MEMORY_MAX={memory_max}: the budget must be at least 16 pages (64 KiB)"
-        ));
-    }
+    let budget_pages = (config.memory_max / PAGE_SIZE as u64) as usize;
 
     let cache_cfg = CacheConfig {
-        compressor,
-        cold_compressor,
-        pool_limit: pool_max.map_or(PoolLimit::Percent(20), |b| PoolLimit::Bytes(b as u64)),
-        backing: backing
+        compressor: config.compressor,
+        cold_compressor: config.cold_compressor,
+        pool_limit: config
+            .pool_max
+            .map_or(PoolLimit::Percent(20), PoolLimit::Bytes),
+        backing: config
+            .backing
             .as_ref()
-            .map_or(Backing::None, |p| Backing::File(p.into())),
+            .map_or(Backing::None, |p| Backing::File(p.clone())),
         thread_start: Some(mark_thread_internal),
-        dedup,
+        dedup: config.dedup,
         // Every area belongs to this one program: a page may share with
         // any other it holds.
         dedup_scope: uzswap_cache::DedupScope::Global,
@@ -648,26 +614,19 @@ fn start() -> Result<(), String> {
     // pager's tables), as a memory cgroup pays for the kernel's
     // allocations on a task's behalf; the pool is capped apart.
     pcfg.charge = Some(uzswap_region::Charge(Arc::new(|| {
-        stats::runtime_heap_bytes().1
+        stats::runtime_heap().held_bytes
     })));
-    let keep_clean = env_flag("UZSWAP_KEEP_CLEAN")?;
-    let cpu_handlers = env_flag("UZSWAP_CPU_HANDLERS")?;
-    pcfg.keep_clean = keep_clean;
-    pcfg.cpu_handlers = cpu_handlers;
+    pcfg.keep_clean = config.keep_clean;
+    pcfg.cpu_handlers = config.cpu_handlers;
     let pager = Pager::new(cache.clone(), pcfg).map_err(|e| e.to_string())?;
-    let space = space::Space::new(pager, reserve)
-        .map_err(|e| format!("cannot reserve {reserve} bytes of address space: {e}"))?;
-    let config = stats::RunConfig {
-        memory_max,
-        pool_max,
-        compressor: compressor.to_string(),
-        cold_compressor: cold_compressor.map(|c| c.to_string()),
-        backing: backing.map(|p| p.to_string_lossy().into_owned()),
-        keep_clean,
-        cpu_handlers,
-        dedup,
-        final_stats: final_stats.map(std::path::PathBuf::from),
-    };
+    let reserve = config.reserve;
+    let space =
+        space::Space::new(pager, usize::try_from(reserve).unwrap_or(usize::MAX)).map_err(|e| {
+            format!(
+                "cannot reserve {reserve} bytes of address space ({e}): set {} lower",
+                uzswap_contract::names::RESERVE
+            )
+        })?;
     let rt = Runtime {
         space,
         cache,

@@ -16,6 +16,7 @@
 use crate::ranges::Ranges;
 use crate::sys;
 use parking_lot::Mutex;
+use uzswap_contract::SpaceStats;
 use uzswap_region::{Pager, Region, PAGE_SIZE};
 
 /// Chunks are made into regions as the program reaches them: the pager
@@ -43,19 +44,6 @@ struct Inner {
     munmaps: u64,
     mremaps: u64,
     mremap_copies: u64,
-}
-
-/// What the space reports in the statistics.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-pub struct SpaceStats {
-    pub reserved_bytes: usize,
-    pub mapped_bytes: usize,
-    pub peak_mapped_bytes: usize,
-    pub active_chunks: usize,
-    pub mmaps: u64,
-    pub munmaps: u64,
-    pub mremaps: u64,
-    pub mremap_copies: u64,
 }
 
 fn round_up(len: usize) -> Option<usize> {
@@ -283,10 +271,10 @@ impl Space {
     pub fn stats(&self) -> SpaceStats {
         let inner = self.inner.lock();
         SpaceStats {
-            reserved_bytes: self.end - self.start,
-            mapped_bytes: inner.mapped,
-            peak_mapped_bytes: inner.peak_mapped,
-            active_chunks: inner.active.iter().filter(|&&a| a).count(),
+            reserved_bytes: (self.end - self.start) as u64,
+            mapped_bytes: inner.mapped as u64,
+            peak_mapped_bytes: inner.peak_mapped as u64,
+            active_chunks: inner.active.iter().filter(|&&a| a).count() as u64,
             mmaps: inner.mmaps,
             munmaps: inner.munmaps,
             mremaps: inner.mremaps,

@@ -1,103 +1,59 @@
-//! Statistics of a managed program: a JSON snapshot served on an abstract
-//! unix socket (`uzswap stats PID` reads it) and written to a file at exit
-//! (`uzswap run` prints its summary from it).
+//! Statistics of a managed program: a [`Snapshot`] (the schema is
+//! `uzswap-contract`'s) served as JSON on an abstract unix socket (`uzswap
+//! stats PID` reads it) and written to a file at exit (`uzswap run` prints
+//! its summary from it).
 
 use crate::Runtime;
-use serde_json::{json, Value};
 use std::io::Write;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::path::PathBuf;
-
-/// What the program was started with.
-pub struct RunConfig {
-    pub memory_max: usize,
-    pub pool_max: Option<usize>,
-    pub compressor: String,
-    pub cold_compressor: Option<String>,
-    pub backing: Option<String>,
-    pub keep_clean: bool,
-    pub cpu_handlers: bool,
-    pub dedup: bool,
-    pub final_stats: Option<PathBuf>,
-}
-
-/// The abstract socket of process `pid`. `uzswap stats` (crates/cli,
-/// `stats.rs`) connects to the same name.
-pub fn socket_name(pid: u32) -> String {
-    format!("uzswap-stats.{pid}")
-}
+use uzswap_contract::{final_stats_path, socket_name, PoolSection, RuntimeHeap, Snapshot};
 
 /// The runtime's own heap (glibc's, which serves the cache index, the
-/// pager's tables and every other allocation of the runtime): bytes in use
-/// and bytes glibc holds from the OS for it.
-fn runtime_heap() -> Value {
-    let (in_use, held) = runtime_heap_bytes();
-    json!({
-        "in_use_bytes": in_use,
-        "held_bytes": held,
-    })
-}
-
-/// `(in use, held)` bytes of the runtime's heap. What glibc holds is what
-/// the budget pays for (`PagerConfig::charge`): the pool's pages are mapped
-/// apart and capped by `--pool-max` instead.
-pub fn runtime_heap_bytes() -> (u64, u64) {
+/// pager's tables and every other allocation of the runtime). What glibc
+/// holds is what the budget pays for (`PagerConfig::charge`): the pool's
+/// pages are mapped apart and capped by `--pool-max` instead.
+pub fn runtime_heap() -> RuntimeHeap {
     // SAFETY: mallinfo2 only reads the allocator's counters.
     let m = unsafe { libc::mallinfo2() };
-    ((m.uordblks + m.hblkhd) as u64, (m.arena + m.hblkhd) as u64)
+    RuntimeHeap {
+        in_use_bytes: (m.uordblks + m.hblkhd) as u64,
+        held_bytes: (m.arena + m.hblkhd) as u64,
+    }
 }
 
-/// Everything the runtime can report, as one JSON object.
-pub fn snapshot(rt: &Runtime) -> Value {
-    let pager = rt.space.pager().stats();
-    let mut pager_v = serde_json::to_value(&pager).unwrap_or(Value::Null);
-    if let Some(o) = pager_v.as_object_mut() {
-        o.remove("store"); // the cache's counters follow in full
-    }
-    let cache = rt.cache.stats();
-    let cache_v: serde_json::Map<String, Value> = cache
-        .pairs()
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), json!(v)))
-        .collect();
+/// Everything the runtime can report (the schema is the contract's).
+pub fn snapshot(rt: &Runtime) -> Snapshot {
     let pool = rt.cache.pool_stats();
-    json!({
-        "version": 1,
-        "pid": std::process::id(),
-        "uptime_s": rt.started.elapsed().as_secs_f64(),
-        "config": {
-            "memory_max": rt.config.memory_max,
-            "pool_max": rt.config.pool_max,
-            "compressor": rt.config.compressor,
-            "cold_compressor": rt.config.cold_compressor,
-            "backing": rt.config.backing,
-            "keep_clean": rt.config.keep_clean,
-            "cpu_handlers": rt.config.cpu_handlers,
-            "dedup": rt.config.dedup,
-        },
-        "pager": pager_v,
-        "cache": cache_v,
-        "space": rt.space.stats(),
-        "runtime_heap": runtime_heap(),
-        "pool": pool.to_json(),
-        "pool_table": pool.table(),
-    })
+    Snapshot {
+        version: uzswap_contract::SCHEMA_VERSION,
+        pid: std::process::id(),
+        uptime_s: rt.started.elapsed().as_secs_f64(),
+        config: rt.config.clone(),
+        pager: rt.space.pager().stats(),
+        cache: rt.cache.stats(),
+        space: rt.space.stats(),
+        runtime_heap: runtime_heap(),
+        pool: PoolSection::from(&pool),
+        pool_table: pool.table(),
+    }
 }
 
 /// Starts the thread that answers `uzswap stats`.
 pub fn serve(thread_start: fn()) -> std::io::Result<()> {
     let addr = SocketAddr::from_abstract_name(socket_name(std::process::id()))?;
     let listener = UnixListener::bind_addr(&addr)?;
-    uzswap_cache::spawn_helper("uzswap-stats", Some(thread_start), move || {
+    uzswap_os::spawn_helper("uzswap-stats", Some(thread_start), move || {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
             if !same_user(&conn) {
                 continue;
             }
             if let Some(rt) = crate::RUNTIME.get() {
-                let mut body = snapshot(rt).to_string();
+                let Ok(mut body) = snapshot(rt).to_json() else {
+                    continue;
+                };
                 body.push('\n');
                 let _ = conn.write_all(body.as_bytes());
             }
@@ -129,15 +85,6 @@ fn same_user(conn: &UnixStream) -> bool {
     r == 0 && (cred.uid == 0 || cred.uid == unsafe { libc::geteuid() })
 }
 
-/// The file the final snapshot of process `pid` goes to, given
-/// `UZSWAP_FINAL_STATS` (every managed process of a tree writes its own;
-/// `uzswap run` reads its child's).
-pub fn final_stats_path(base: &std::path::Path, pid: u32) -> PathBuf {
-    let mut p = base.as_os_str().to_owned();
-    p.push(format!(".{pid}"));
-    PathBuf::from(p)
-}
-
 /// Writes the final snapshot where `uzswap run` expects it (atomically:
 /// a temporary file renamed into place).
 pub fn write_final(rt: &Runtime) {
@@ -147,11 +94,12 @@ pub fn write_final(rt: &Runtime) {
     let path = &final_stats_path(base, std::process::id());
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
-    let body = snapshot(rt).to_string();
-    if std::fs::write(&tmp, body)
-        .and_then(|_| std::fs::rename(&tmp, path))
-        .is_err()
-    {
+    let written = snapshot(rt)
+        .to_json()
+        .map_err(std::io::Error::other)
+        .and_then(|body| std::fs::write(&tmp, body))
+        .and_then(|_| std::fs::rename(&tmp, path));
+    if written.is_err() {
         crate::sys::warn(&format!(
             "cannot write the statistics to {}",
             path.display()

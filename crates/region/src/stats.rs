@@ -1,7 +1,7 @@
 //! Pager statistics: counters users read, and a fault latency histogram.
 
 use crate::store::StoreStats;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Linear buckets of 100 ns up to 50 µs, then doubling buckets up to ~1.6 s.
 const LINEAR_NS: u64 = 100;
@@ -86,7 +86,7 @@ impl Histogram {
 }
 
 /// Quantiles of a latency histogram, in microseconds.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct LatencySummary {
     /// Samples.
     pub count: u64,
@@ -101,7 +101,7 @@ pub struct LatencySummary {
 }
 
 /// Counters of one pager (all its regions).
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct PagerStats {
     /// Missing faults resolved with zeros (never-touched or discarded page).
     pub faults_zero: u64,

@@ -7,7 +7,7 @@
 //! the kernel's swap offset is a page index.
 
 use parking_lot::Mutex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 /// What a successful store kept.
@@ -52,7 +52,7 @@ pub enum LoadError {
 }
 
 /// A snapshot of a store's counters.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct StoreStats {
     /// Entries held.
     pub pages: u64,
