@@ -22,6 +22,7 @@ mod arbiter;
 pub mod policy;
 mod sys;
 mod table;
+pub mod tree;
 
 pub use arbiter::{Arbiter, Tick};
 pub use sys::{proc_identity, self_start_time};
