@@ -68,7 +68,7 @@ mod tests {
 
     #[test]
     fn a_child_and_its_memory_are_seen() {
-        // A shell that dirties about 32 MiB of its own heap and waits.
+        // A python3 child that dirties 32 MiB of its own heap and waits.
         let mut child = std::process::Command::new("python3")
             .args([
                 "-c",
