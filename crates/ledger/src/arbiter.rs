@@ -1,0 +1,208 @@
+//! The arbiter: the `uzswap run` side of the ledger. Each [`Arbiter::tick`]
+//! reaps the slots of dead processes, measures how hard each live one is
+//! faulting, shares the budget ([`crate::policy::share`]) and writes the
+//! allotments.
+
+use crate::policy::{self, Demand};
+use crate::sys::proc_identity;
+use crate::table::{Ledger, SlotView};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long the fault rate remembers (the time constant of its average).
+const RATE_MEMORY: Duration = Duration::from_millis(250);
+
+/// One process as the last tick saw it.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    /// Its slot and report.
+    pub slot: SlotView,
+    /// What it was allotted by this tick.
+    pub allot: u64,
+    /// Its smoothed fault rate (faults per second).
+    pub fault_rate: f64,
+}
+
+/// What one tick saw and decided.
+#[derive(Clone, Debug, Default)]
+pub struct Tick {
+    /// The live processes.
+    pub members: Vec<Seen>,
+    /// Pids whose slots were reaped (the process had died).
+    pub reaped: Vec<u32>,
+    /// What the tree holds by its own reports, plus the reserve.
+    pub charged: u64,
+    /// Set when the floors alone need more than the budget.
+    pub floors_over: Option<u64>,
+}
+
+/// Shares a ledger's budget among its members.
+#[derive(Debug)]
+pub struct Arbiter {
+    ledger: Arc<Ledger>,
+    /// Bytes of the budget kept for what is not in any slot (the arbiter
+    /// process itself).
+    reserve: u64,
+    /// Pages a process is always allowed beyond its runtime.
+    min_resident: u64,
+    /// (slot, pid) → (faults at the last tick, when, smoothed rate).
+    rates: HashMap<(usize, u32), (u64, Instant, f64)>,
+}
+
+impl Arbiter {
+    /// An arbiter for `ledger`, keeping `reserve` bytes of the budget for
+    /// memory outside the slots and at least `min_resident` bytes for each
+    /// process beyond its runtime.
+    pub fn new(ledger: Arc<Ledger>, reserve: u64, min_resident: u64) -> Arbiter {
+        Arbiter {
+            ledger,
+            reserve,
+            min_resident,
+            rates: HashMap::new(),
+        }
+    }
+
+    /// The ledger it arbitrates.
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
+    }
+
+    /// Changes the reserve (what the arbiter process itself holds).
+    pub fn set_reserve(&mut self, bytes: u64) {
+        self.reserve = bytes;
+    }
+
+    /// Reaps, measures, decides and publishes once.
+    pub fn tick(&mut self, now: Instant) -> Tick {
+        let mut tick = Tick::default();
+        let mut live = Vec::new();
+        for v in self.ledger.read() {
+            match proc_identity(v.pid) {
+                Some((true, start)) if start == v.start => live.push(v),
+                // Dead, a zombie, or the pid now names another process.
+                _ => {
+                    if self.ledger.reap(v.index, v.pid) {
+                        tick.reaped.push(v.pid);
+                    }
+                }
+            }
+        }
+        let mut rates = HashMap::with_capacity(live.len());
+        let demands: Vec<Demand> = live
+            .iter()
+            .map(|v| {
+                let key = (v.index, v.pid);
+                let rate = match self.rates.get(&key) {
+                    Some(&(faults, at, rate)) => {
+                        let dt = now.saturating_duration_since(at).as_secs_f64();
+                        if dt > 0.0 {
+                            let inst = v.usage.faults.saturating_sub(faults) as f64 / dt;
+                            let a = dt / (dt + RATE_MEMORY.as_secs_f64());
+                            rate + a * (inst - rate)
+                        } else {
+                            rate
+                        }
+                    }
+                    None => 0.0,
+                };
+                rates.insert(key, (v.usage.faults, now, rate));
+                Demand {
+                    usage: v.usage.charged(),
+                    floor: v.usage.runtime + self.min_resident,
+                    fault_rate: rate,
+                }
+            })
+            .collect();
+        self.rates = rates;
+        let budget = self.ledger.budget().saturating_sub(self.reserve);
+        let d = policy::share(budget, &demands);
+        for (v, &a) in live.iter().zip(&d.allot) {
+            self.ledger.set_allot(v.index, v.pid, a);
+        }
+        let allotted: u64 = d.allot.iter().sum();
+        self.ledger.set_unallotted(budget.saturating_sub(allotted));
+        tick.floors_over = d.floors_over;
+        tick.charged = self.reserve + live.iter().map(|v| v.usage.charged()).sum::<u64>();
+        tick.members = live
+            .into_iter()
+            .zip(d.allot)
+            .zip(demands)
+            .map(|((slot, allot), dm)| Seen {
+                slot,
+                allot,
+                fault_rate: dm.fault_rate,
+            })
+            .collect();
+        tick
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::Usage;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_dead_member_is_reaped_and_its_share_returns() {
+        let l = Arc::new(Ledger::create(8, 256 * MIB).unwrap());
+        let mut arb = Arbiter::new(Arc::clone(&l), 0, MIB);
+        let me = crate::sys::getpid();
+        let start = crate::self_start_time();
+        let a = l.claim(me, start, "alive").unwrap();
+        a.publish(&Usage {
+            resident: 100 * MIB,
+            runtime: 2 * MIB,
+            ..Usage::default()
+        });
+        // A child that exits at once: its slot outlives it.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let cpid = child.id();
+        let cstart = proc_identity(cpid).map_or(0, |(_, s)| s);
+        child.wait().unwrap();
+        let b = l.claim(cpid, cstart, "gone").unwrap();
+        b.publish(&Usage {
+            resident: 100 * MIB,
+            runtime: 2 * MIB,
+            ..Usage::default()
+        });
+        std::mem::forget(b); // it died: no exit code gave its slot back
+        let t = arb.tick(Instant::now());
+        assert_eq!(t.reaped, vec![cpid]);
+        assert_eq!(t.members.len(), 1);
+        assert_eq!(t.members[0].allot, 256 * MIB, "the whole budget");
+        assert_eq!(a.limit(), 256 * MIB);
+        assert_eq!(l.unallotted(), 0);
+    }
+
+    #[test]
+    fn a_faulting_member_gets_memory_from_an_idle_one() {
+        let l = Arc::new(Ledger::create(8, 256 * MIB).unwrap());
+        let mut arb = Arbiter::new(Arc::clone(&l), 0, MIB);
+        let me = crate::sys::getpid();
+        let start = crate::self_start_time();
+        // Two slots of this same process stand for two processes.
+        let busy = l.claim(me, start, "busy").unwrap();
+        let idle = l.claim(me, start, "idle").unwrap();
+        let u = |faults| Usage {
+            resident: 150 * MIB,
+            runtime: MIB,
+            faults,
+            ..Usage::default()
+        };
+        let t0 = Instant::now();
+        busy.publish(&u(0));
+        idle.publish(&u(0));
+        arb.tick(t0);
+        for k in 1..=20u64 {
+            busy.publish(&u(k * 1000));
+            idle.publish(&u(0));
+            arb.tick(t0 + Duration::from_millis(10 * k));
+        }
+        let (b, i) = (busy.allotment().unwrap(), idle.allotment().unwrap());
+        assert!(b > 150 * MIB && i < 106 * MIB, "busy {b} idle {i}");
+        assert_eq!(b + i, 256 * MIB);
+    }
+}

@@ -1,0 +1,235 @@
+//! The arbiter's policy: how one budget is shared among the processes of a
+//! tree. A pure function of what the processes report, so that it can be
+//! tested without processes.
+//!
+//! # The rule
+//! Every process is owed its *floor*: what its runtime holds and cannot give
+//! back (index, tables, heap of the runtime) plus a few pages to run in.
+//! What remains of the budget, the *spare*, is shared by *want*: what a
+//! process uses above its floor, plus, for a process that is faulting
+//! (under pressure), room to grow.
+//!
+//! - If the wants fit, every process gets its want and the slack left over
+//!   goes to the processes under pressure (to all, by want, when none is).
+//! - If they do not fit, the deficit is taken from the idle processes
+//!   first, in proportion to what they use (an idle process gives pages to
+//!   a busy one, as a shared LRU would), and only then from the busy ones,
+//!   each scaled alike. Nobody goes below its floor.
+//! - A process that is gone is simply no longer in the list: its share is
+//!   spare at the next decision.
+//! - If the floors alone exceed the budget, every process gets its floor
+//!   and the decision says the tree is over budget, and why.
+
+/// What the arbiter knows of one process when it decides.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Demand {
+    /// Bytes it holds now: resident managed pages + its pool + its runtime.
+    pub usage: u64,
+    /// Bytes it cannot give back (runtime bookkeeping + minimum resident).
+    pub floor: u64,
+    /// Faults per second, smoothed: how hard it is pressing on its share.
+    pub fault_rate: f64,
+}
+
+/// Faults per second above which a process counts as under pressure.
+pub const PRESSURE_RATE: f64 = 50.0;
+/// The least a process under pressure is offered to grow by, per decision.
+pub const GROW_MIN: u64 = 4 << 20;
+
+/// The arbiter's decision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// Bytes each process may hold, in the order of the demands.
+    pub allot: Vec<u64>,
+    /// Set when the floors alone need more than the budget: what they need.
+    pub floors_over: Option<u64>,
+}
+
+/// Shares `budget` bytes among `demands` (see the module docs).
+pub fn share(budget: u64, demands: &[Demand]) -> Decision {
+    let floor_sum: u64 = demands.iter().map(|d| d.floor).sum();
+    if floor_sum >= budget {
+        return Decision {
+            allot: demands.iter().map(|d| d.floor).collect(),
+            floors_over: (floor_sum > budget).then_some(floor_sum),
+        };
+    }
+    let spare = budget - floor_sum;
+    let pressed: Vec<bool> = demands
+        .iter()
+        .map(|d| d.fault_rate >= PRESSURE_RATE)
+        .collect();
+    let want: Vec<u64> = demands
+        .iter()
+        .zip(&pressed)
+        .map(|(d, &p)| {
+            let used = d.usage.saturating_sub(d.floor);
+            if p {
+                used + (used / 4).max(GROW_MIN)
+            } else {
+                used
+            }
+        })
+        .collect();
+    let want_sum: u64 = want.iter().sum();
+    let mut extra = vec![0u64; demands.len()];
+    if want_sum <= spare {
+        // Everyone fits: the slack goes to the pressed, else to all by want.
+        let slack = spare - want_sum;
+        let any_pressed = pressed.iter().any(|&p| p);
+        let weights: Vec<u64> = want
+            .iter()
+            .zip(&pressed)
+            .map(|(&w, &p)| if any_pressed && !p { 0 } else { w + 1 })
+            .collect();
+        spread(slack, &weights, &mut extra);
+        for (e, w) in extra.iter_mut().zip(&want) {
+            *e += w;
+        }
+    } else {
+        let deficit = want_sum - spare;
+        let idle_sum: u64 = want
+            .iter()
+            .zip(&pressed)
+            .filter(|(_, &p)| !p)
+            .map(|(w, _)| w)
+            .sum();
+        if deficit <= idle_sum {
+            // The idle give up the deficit, each in proportion to its want.
+            let weights: Vec<u64> = want
+                .iter()
+                .zip(&pressed)
+                .map(|(&w, &p)| if p { 0 } else { w })
+                .collect();
+            let mut cut = vec![0u64; demands.len()];
+            spread(deficit, &weights, &mut cut);
+            for i in 0..demands.len() {
+                extra[i] = want[i] - cut[i].min(want[i]);
+            }
+        } else {
+            // The idle keep their floor; the pressed share what is left.
+            let weights: Vec<u64> = want
+                .iter()
+                .zip(&pressed)
+                .map(|(&w, &p)| if p { w } else { 0 })
+                .collect();
+            spread(spare, &weights, &mut extra);
+        }
+    }
+    Decision {
+        allot: demands
+            .iter()
+            .zip(&extra)
+            .map(|(d, &e)| d.floor + e)
+            .collect(),
+        floors_over: None,
+    }
+}
+
+/// Adds `total` to `out` in proportion to `weights`, exactly (the rounding
+/// remainder goes to the heaviest weight); nothing if every weight is 0.
+fn spread(total: u64, weights: &[u64], out: &mut [u64]) {
+    let sum: u128 = weights.iter().map(|&w| u128::from(w)).sum();
+    if sum == 0 || total == 0 {
+        return;
+    }
+    let mut given = 0u64;
+    for (o, &w) in out.iter_mut().zip(weights) {
+        // Fits in u64: w / sum <= 1.
+        let part = (u128::from(total) * u128::from(w) / sum) as u64;
+        *o += part;
+        given += part;
+    }
+    let heaviest = (0..weights.len()).max_by_key(|&i| weights[i]).unwrap_or(0);
+    out[heaviest] += total - given;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn d(usage_mib: u64, floor_mib: u64, rate: f64) -> Demand {
+        Demand {
+            usage: usage_mib * MIB,
+            floor: floor_mib * MIB,
+            fault_rate: rate,
+        }
+    }
+
+    fn total(x: &Decision) -> u64 {
+        x.allot.iter().sum()
+    }
+
+    #[test]
+    fn the_whole_budget_is_shared_and_never_more() {
+        for demands in [
+            vec![d(10, 2, 0.0)],
+            vec![d(300, 2, 1000.0), d(10, 2, 0.0), d(0, 2, 0.0)],
+            vec![d(100, 4, 0.0), d(100, 4, 0.0)],
+            vec![d(500, 3, 900.0), d(500, 3, 900.0), d(500, 3, 0.0)],
+        ] {
+            let x = share(256 * MIB, &demands);
+            assert_eq!(total(&x), 256 * MIB, "{demands:?} -> {x:?}");
+            for (a, dm) in x.allot.iter().zip(&demands) {
+                assert!(*a >= dm.floor, "below floor: {x:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_idle_process_gives_pages_to_a_busy_one() {
+        // Both hold 150 MiB of 256; one faults hard, the other is idle.
+        let x = share(256 * MIB, &[d(150, 2, 5000.0), d(150, 2, 0.0)]);
+        assert!(x.allot[0] > 150 * MIB, "{x:?}");
+        assert!(x.allot[1] < 106 * MIB + 1, "{x:?}");
+        assert_eq!(total(&x), 256 * MIB);
+    }
+
+    #[test]
+    fn no_process_is_starved_below_its_floor() {
+        let x = share(64 * MIB, &[d(500, 8, 9000.0), d(500, 8, 0.0), d(1, 8, 0.0)]);
+        assert!(x.allot.iter().all(|&a| a >= 8 * MIB), "{x:?}");
+        assert_eq!(x.allot[1], 8 * MIB);
+        assert_eq!(x.floors_over, None);
+    }
+
+    #[test]
+    fn a_process_that_is_gone_returns_its_share() {
+        let three = share(
+            256 * MIB,
+            &[d(120, 2, 800.0), d(120, 2, 800.0), d(120, 2, 800.0)],
+        );
+        let two = share(256 * MIB, &[d(120, 2, 800.0), d(120, 2, 800.0)]);
+        assert!(
+            two.allot[0] > three.allot[0] + 30 * MIB,
+            "{three:?} {two:?}"
+        );
+        assert_eq!(total(&two), 256 * MIB);
+    }
+
+    #[test]
+    fn floors_over_the_budget_are_said() {
+        let x = share(16 * MIB, &[d(50, 10, 0.0), d(50, 10, 0.0)]);
+        assert_eq!(x.floors_over, Some(20 * MIB));
+        assert_eq!(x.allot, vec![10 * MIB, 10 * MIB]);
+    }
+
+    #[test]
+    fn slack_goes_to_the_pressed() {
+        let x = share(256 * MIB, &[d(20, 2, 200.0), d(20, 2, 0.0)]);
+        assert_eq!(x.allot[1], 20 * MIB);
+        assert_eq!(x.allot[0], 236 * MIB);
+    }
+
+    #[test]
+    fn spread_is_exact() {
+        let mut out = vec![0; 3];
+        spread(10, &[1, 1, 1], &mut out);
+        assert_eq!(out.iter().sum::<u64>(), 10);
+        let mut out = vec![0; 2];
+        spread(10, &[0, 0], &mut out);
+        assert_eq!(out, vec![0, 0]);
+    }
+}

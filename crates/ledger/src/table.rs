@@ -1,0 +1,576 @@
+//! The ledger itself: a small shared table, one slot per process.
+//!
+//! # Layout
+//! A memory file (memfd) made by `uzswap run`, mapped shared by it and by
+//! every process of the program's tree:
+//! ```text
+//! header  [magic, version, slots, budget, arbiter pid, unallotted, decisions, 0]   64 bytes
+//! slot 0  owner lines  [pid, start, seq, resident, pool, runtime, backing, faults,
+//!                       evictions, stored, comm0, comm1, 0, 0, 0, 0]             128 bytes
+//!         arbiter line [allot_pid, allot, 0, 0, 0, 0, 0, 0]                      64 bytes
+//! slot 1  ...
+//! ```
+//! Every word is an `AtomicU64` and has exactly one writer:
+//! - `pid` is claimed by a process with a compare-and-swap from 0 and given
+//!   back by it at exit, or by the arbiter once that process is dead (a
+//!   SIGKILL runs no exit code);
+//! - the other owner words are written only by the process holding the
+//!   slot, under a sequence counter (`seq` odd while it writes), so that a
+//!   reader sees one consistent report or retries;
+//! - the arbiter line and the header are written only by the arbiter.
+//!   `allot` is meant for the process named by `allot_pid`: a new holder of
+//!   the slot ignores what the arbiter decided for the one before it.
+//!
+//! No lock is shared between processes, so a process that dies at any
+//! instruction leaves nobody waiting: at worst its slot holds a half-written
+//! report (odd `seq`), which readers skip, until the arbiter reaps it.
+
+use crate::sys::{self, Shared};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::Arc;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"uzsledg1");
+const VERSION: u64 = 1;
+const HEADER_WORDS: usize = 8;
+const OWNER_WORDS: usize = 16;
+const SLOT_WORDS: usize = OWNER_WORDS + 8;
+
+// Header words.
+const H_MAGIC: usize = 0;
+const H_VERSION: usize = 1;
+const H_SLOTS: usize = 2;
+const H_BUDGET: usize = 3;
+const H_ARBITER: usize = 4;
+const H_UNALLOTTED: usize = 5;
+const H_DECISIONS: usize = 6;
+
+// Owner words of a slot.
+const S_PID: usize = 0;
+const S_START: usize = 1;
+const S_SEQ: usize = 2;
+const S_USAGE: usize = 3; // 7 words of `Usage`, then comm
+const S_COMM: usize = 10;
+// Arbiter words of a slot.
+const S_ALLOT_PID: usize = OWNER_WORDS;
+const S_ALLOT: usize = OWNER_WORDS + 1;
+
+/// The most slots a ledger may have.
+pub const MAX_SLOTS: usize = 1 << 16;
+
+/// Errors of opening or joining a ledger.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The ledger could not be made or opened.
+    #[error("the ledger at {path}: {source} (is the `uzswap run` that started this program still running?)")]
+    Io {
+        /// Where it was looked for.
+        path: PathBuf,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// The file is not a ledger of this version.
+    #[error("{path} is not a uzswap ledger of version {VERSION}: run the program with the uzswap that built it")]
+    NotALedger {
+        /// Where it was looked for.
+        path: PathBuf,
+    },
+    /// Every slot is taken.
+    #[error("all {0} slots of the ledger are taken: the program runs more processes at once than `uzswap run` allows (raise --max-processes)")]
+    Full(usize),
+    /// A slot count outside 1..=MAX_SLOTS.
+    #[error("a ledger needs 1 to {MAX_SLOTS} slots, not {0}")]
+    BadSlots(usize),
+}
+
+/// What a process reports of itself, in bytes and events.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Managed pages resident now.
+    pub resident: u64,
+    /// Memory of its compressed pool.
+    pub pool: u64,
+    /// The runtime's own memory (index, tables, heap).
+    pub runtime: u64,
+    /// Bytes it keeps in its backing file.
+    pub backing: u64,
+    /// Faults resolved so far.
+    pub faults: u64,
+    /// Pages evicted so far.
+    pub evictions: u64,
+    /// Pages stored (pool and backing file) now.
+    pub stored: u64,
+}
+
+impl Usage {
+    fn to_words(self) -> [u64; 7] {
+        [
+            self.resident,
+            self.pool,
+            self.runtime,
+            self.backing,
+            self.faults,
+            self.evictions,
+            self.stored,
+        ]
+    }
+
+    fn from_words(w: [u64; 7]) -> Usage {
+        Usage {
+            resident: w[0],
+            pool: w[1],
+            runtime: w[2],
+            backing: w[3],
+            faults: w[4],
+            evictions: w[5],
+            stored: w[6],
+        }
+    }
+
+    /// What the budget pays for: resident + pool + runtime.
+    pub fn charged(&self) -> u64 {
+        self.resident + self.pool + self.runtime
+    }
+}
+
+/// One slot as the arbiter reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotView {
+    /// Its index in the table.
+    pub index: usize,
+    /// The process holding it.
+    pub pid: u32,
+    /// That process's start time (clock ticks since boot).
+    pub start: u64,
+    /// Its command name (up to 16 bytes).
+    pub comm: String,
+    /// Its last complete report.
+    pub usage: Usage,
+    /// What the arbiter last allotted it (None: not decided yet).
+    pub allot: Option<u64>,
+}
+
+/// A mapped ledger.
+pub struct Ledger {
+    map: Shared,
+    slots: usize,
+    /// Kept open by its maker: children open it through `/proc`.
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger")
+            .field("slots", &self.slots)
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+fn bytes_for(slots: usize) -> usize {
+    (HEADER_WORDS + slots * SLOT_WORDS) * 8
+}
+
+impl Ledger {
+    /// Makes a ledger of `slots` slots for a budget of `budget` bytes, with
+    /// the calling process as arbiter.
+    pub fn create(slots: usize, budget: u64) -> Result<Ledger, Error> {
+        if slots == 0 || slots > MAX_SLOTS {
+            return Err(Error::BadSlots(slots));
+        }
+        let len = bytes_for(slots);
+        let io = |source| Error::Io {
+            path: PathBuf::from("memfd:uzswap-ledger"),
+            source,
+        };
+        let fd = sys::memfd(len).map_err(io)?;
+        let map = Shared::map(&fd, len).map_err(io)?;
+        let path = PathBuf::from(format!("/proc/{}/fd/{}", sys::getpid(), fd.as_raw_fd()));
+        let l = Ledger {
+            map,
+            slots,
+            fd,
+            path,
+        };
+        l.word(H_VERSION).store(VERSION, Ordering::Relaxed);
+        l.word(H_SLOTS).store(slots as u64, Ordering::Relaxed);
+        l.word(H_BUDGET).store(budget, Ordering::Relaxed);
+        l.word(H_ARBITER)
+            .store(u64::from(sys::getpid()), Ordering::Relaxed);
+        l.word(H_UNALLOTTED).store(budget, Ordering::Relaxed);
+        // Published last: a reader that sees the magic sees the rest.
+        l.word(H_MAGIC).store(MAGIC, Ordering::Release);
+        Ok(l)
+    }
+
+    /// Opens the ledger at `path` (what [`Ledger::path`] gave its maker).
+    pub fn open(path: &Path) -> Result<Ledger, Error> {
+        let io = |source| Error::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let (fd, len) = sys::open(path).map_err(io)?;
+        if len < bytes_for(1) {
+            return Err(Error::NotALedger {
+                path: path.to_owned(),
+            });
+        }
+        let map = Shared::map(&fd, len).map_err(io)?;
+        let mut l = Ledger {
+            map,
+            slots: 0,
+            fd,
+            path: path.to_owned(),
+        };
+        let slots = l.word(H_SLOTS).load(Ordering::Relaxed) as usize;
+        if l.word(H_MAGIC).load(Ordering::Acquire) != MAGIC
+            || l.word(H_VERSION).load(Ordering::Relaxed) != VERSION
+            || slots == 0
+            || bytes_for(slots) > len
+        {
+            return Err(Error::NotALedger {
+                path: path.to_owned(),
+            });
+        }
+        l.slots = slots;
+        Ok(l)
+    }
+
+    /// Where the processes of the tree open this ledger.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file descriptor behind it.
+    pub fn fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    /// How many slots it has.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// The budget of the whole tree.
+    pub fn budget(&self) -> u64 {
+        self.word(H_BUDGET).load(Ordering::Relaxed)
+    }
+
+    /// The pid of the arbiter (`uzswap run`).
+    pub fn arbiter_pid(&self) -> u32 {
+        self.word(H_ARBITER).load(Ordering::Relaxed) as u32
+    }
+
+    /// What the arbiter has not allotted to anyone: what a process may use
+    /// until its first allotment.
+    pub fn unallotted(&self) -> u64 {
+        self.word(H_UNALLOTTED).load(Ordering::Relaxed)
+    }
+
+    /// How many decisions the arbiter has made.
+    pub fn decisions(&self) -> u64 {
+        self.word(H_DECISIONS).load(Ordering::Relaxed)
+    }
+
+    fn word(&self, i: usize) -> &AtomicU64 {
+        debug_assert!((i + 1) * 8 <= self.map.len);
+        // SAFETY: the mapping is at least `bytes_for(slots)` long (checked
+        // at create/open), page-aligned, and lives as long as `self`; every
+        // access to it is atomic.
+        unsafe { &*(self.map.ptr as *const AtomicU64).add(i) }
+    }
+
+    fn slot_word(&self, slot: usize, i: usize) -> &AtomicU64 {
+        assert!(slot < self.slots);
+        self.word(HEADER_WORDS + slot * SLOT_WORDS + i)
+    }
+
+    /// Takes a free slot for process `pid` (started at `start`, named
+    /// `comm`).
+    pub fn claim(self: &Arc<Self>, pid: u32, start: u64, comm: &str) -> Result<Member, Error> {
+        for i in 0..self.slots {
+            let w = self.slot_word(i, S_PID);
+            if w.load(Ordering::Relaxed) == 0
+                && w.compare_exchange(0, u64::from(pid), Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                let m = Member {
+                    ledger: Arc::clone(self),
+                    index: i,
+                    pid,
+                };
+                let mut c = [0u8; 16];
+                let n = comm.len().min(16);
+                c[..n].copy_from_slice(&comm.as_bytes()[..n]);
+                self.slot_word(i, S_SEQ).fetch_add(1, Ordering::Relaxed);
+                fence(Ordering::Release);
+                self.slot_word(i, S_START).store(start, Ordering::Relaxed);
+                self.slot_word(i, S_COMM).store(
+                    u64::from_le_bytes(c[..8].try_into().unwrap()),
+                    Ordering::Relaxed,
+                );
+                self.slot_word(i, S_COMM + 1).store(
+                    u64::from_le_bytes(c[8..].try_into().unwrap()),
+                    Ordering::Relaxed,
+                );
+                for (k, v) in Usage::default().to_words().into_iter().enumerate() {
+                    self.slot_word(i, S_USAGE + k).store(v, Ordering::Relaxed);
+                }
+                self.slot_word(i, S_SEQ).fetch_add(1, Ordering::Release);
+                return Ok(m);
+            }
+        }
+        Err(Error::Full(self.slots))
+    }
+
+    /// Reads every held slot whose report is complete (arbiter side).
+    pub fn read(&self) -> Vec<SlotView> {
+        (0..self.slots).filter_map(|i| self.read_slot(i)).collect()
+    }
+
+    fn read_slot(&self, i: usize) -> Option<SlotView> {
+        for _ in 0..64 {
+            let pid = self.slot_word(i, S_PID).load(Ordering::Acquire);
+            if pid == 0 {
+                return None;
+            }
+            let s1 = self.slot_word(i, S_SEQ).load(Ordering::Acquire);
+            if s1 % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let start = self.slot_word(i, S_START).load(Ordering::Relaxed);
+            let mut u = [0u64; 7];
+            for (k, v) in u.iter_mut().enumerate() {
+                *v = self.slot_word(i, S_USAGE + k).load(Ordering::Relaxed);
+            }
+            let c0 = self.slot_word(i, S_COMM).load(Ordering::Relaxed);
+            let c1 = self.slot_word(i, S_COMM + 1).load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            if self.slot_word(i, S_SEQ).load(Ordering::Relaxed) != s1
+                || self.slot_word(i, S_PID).load(Ordering::Relaxed) != pid
+            {
+                continue;
+            }
+            let mut c = [0u8; 16];
+            c[..8].copy_from_slice(&c0.to_le_bytes());
+            c[8..].copy_from_slice(&c1.to_le_bytes());
+            let n = c.iter().position(|&b| b == 0).unwrap_or(16);
+            let allot = (self.slot_word(i, S_ALLOT_PID).load(Ordering::Acquire) == pid)
+                .then(|| self.slot_word(i, S_ALLOT).load(Ordering::Relaxed));
+            return Some(SlotView {
+                index: i,
+                pid: pid as u32,
+                start,
+                comm: String::from_utf8_lossy(&c[..n]).into_owned(),
+                usage: Usage::from_words(u),
+                allot,
+            });
+        }
+        None
+    }
+
+    /// Allots `bytes` to the process `pid` in slot `index` (arbiter side).
+    pub fn set_allot(&self, index: usize, pid: u32, bytes: u64) {
+        self.slot_word(index, S_ALLOT)
+            .store(bytes, Ordering::Relaxed);
+        // Published after the value: a reader that sees its pid here reads
+        // this value or a later one for the same pid.
+        self.slot_word(index, S_ALLOT_PID)
+            .store(u64::from(pid), Ordering::Release);
+    }
+
+    /// Records what is left unallotted and counts a decision (arbiter side).
+    pub fn set_unallotted(&self, bytes: u64) {
+        self.word(H_UNALLOTTED).store(bytes, Ordering::Relaxed);
+        self.word(H_DECISIONS).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Frees the slot of a process that died holding it (arbiter side):
+    /// nothing happens if the slot was meanwhile given back or taken anew.
+    pub fn reap(&self, index: usize, pid: u32) -> bool {
+        self.slot_word(index, S_ALLOT_PID)
+            .store(0, Ordering::Relaxed);
+        self.slot_word(index, S_PID)
+            .compare_exchange(u64::from(pid), 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+}
+
+/// A process's slot; given back when dropped.
+#[derive(Debug)]
+pub struct Member {
+    ledger: Arc<Ledger>,
+    index: usize,
+    pid: u32,
+}
+
+impl Member {
+    /// The slot's index.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The ledger it belongs to.
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
+    }
+
+    /// Publishes a new report.
+    pub fn publish(&self, u: &Usage) {
+        let l = &self.ledger;
+        l.slot_word(self.index, S_SEQ)
+            .fetch_add(1, Ordering::Relaxed);
+        // The odd count is visible before any word of the new report.
+        fence(Ordering::Release);
+        for (k, v) in u.to_words().into_iter().enumerate() {
+            l.slot_word(self.index, S_USAGE + k)
+                .store(v, Ordering::Relaxed);
+        }
+        l.slot_word(self.index, S_SEQ)
+            .fetch_add(1, Ordering::Release);
+    }
+
+    /// What the arbiter allotted this process, once it has decided.
+    pub fn allotment(&self) -> Option<u64> {
+        let l = &self.ledger;
+        (l.slot_word(self.index, S_ALLOT_PID).load(Ordering::Acquire) == u64::from(self.pid))
+            .then(|| l.slot_word(self.index, S_ALLOT).load(Ordering::Relaxed))
+    }
+
+    /// What this process may hold now: its allotment, or until the first
+    /// one, what nobody has been allotted.
+    pub fn limit(&self) -> u64 {
+        self.allotment().unwrap_or_else(|| self.ledger.unallotted())
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        // Only if it is still ours (the arbiter reaps only dead holders,
+        // so it is, unless this process is a forked copy: see preload).
+        let _ = self.ledger.slot_word(self.index, S_PID).compare_exchange(
+            u64::from(self.pid),
+            0,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_is_claimed_reported_allotted_and_given_back() {
+        let l = Arc::new(Ledger::create(4, 1 << 30).unwrap());
+        let m = l.claim(4242, 7, "cc1plus-with-a-long-name").unwrap();
+        assert_eq!(m.limit(), 1 << 30, "before a decision: the unallotted");
+        let u = Usage {
+            resident: 1,
+            pool: 2,
+            runtime: 3,
+            backing: 4,
+            faults: 5,
+            evictions: 6,
+            stored: 7,
+        };
+        m.publish(&u);
+        let v = l.read();
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].pid, 4242);
+        assert_eq!(v[0].start, 7);
+        assert_eq!(v[0].comm, "cc1plus-with-a-l");
+        assert_eq!(v[0].usage, u);
+        assert_eq!(v[0].allot, None);
+        l.set_allot(v[0].index, 4242, 123);
+        assert_eq!(m.allotment(), Some(123));
+        drop(m);
+        assert!(l.read().is_empty());
+        // The next holder does not see the old decision.
+        let m2 = l.claim(777, 1, "x").unwrap();
+        assert_eq!(m2.allotment(), None);
+    }
+
+    #[test]
+    fn a_full_ledger_says_so_and_a_reaped_slot_is_free_again() {
+        let l = Arc::new(Ledger::create(2, 1 << 20).unwrap());
+        let a = l.claim(1, 1, "a").unwrap();
+        let _b = l.claim(2, 1, "b").unwrap();
+        assert!(matches!(l.claim(3, 1, "c"), Err(Error::Full(2))));
+        assert!(l.reap(a.index(), 1));
+        assert!(!l.reap(a.index(), 1), "reaped once");
+        let c = l.claim(3, 1, "c").unwrap();
+        assert_eq!(c.index(), a.index());
+        drop(a); // the old holder's drop must not free c's slot
+        assert_eq!(l.read().len(), 2);
+    }
+
+    #[test]
+    fn another_mapping_sees_the_same_table() {
+        let l = Arc::new(Ledger::create(8, 5 << 20).unwrap());
+        let other = Arc::new(Ledger::open(l.path()).unwrap());
+        assert_eq!(other.slots(), 8);
+        assert_eq!(other.budget(), 5 << 20);
+        let m = other.claim(99, 5, "py").unwrap();
+        m.publish(&Usage {
+            resident: 4096,
+            ..Usage::default()
+        });
+        let v = l.read();
+        assert_eq!(v[0].usage.resident, 4096);
+        l.set_allot(v[0].index, 99, 1 << 20);
+        assert_eq!(m.limit(), 1 << 20);
+    }
+
+    #[test]
+    fn what_is_not_a_ledger_is_refused() {
+        let dir = std::env::temp_dir().join(format!("uzswap-ledger-{}", std::process::id()));
+        std::fs::write(&dir, vec![0u8; 4096]).unwrap();
+        assert!(matches!(Ledger::open(&dir), Err(Error::NotALedger { .. })));
+        std::fs::remove_file(&dir).unwrap();
+        assert!(matches!(
+            Ledger::open(Path::new("/nonexistent/ledger")),
+            Err(Error::Io { .. })
+        ));
+        assert!(matches!(Ledger::create(0, 1), Err(Error::BadSlots(0))));
+    }
+
+    #[test]
+    fn reports_are_never_torn_under_concurrent_writers() {
+        let l = Arc::new(Ledger::create(4, 1 << 30).unwrap());
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers: Vec<_> = (0..3u32)
+            .map(|t| {
+                let l = Arc::clone(&l);
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let m = l.claim(100 + t, 1, "w").unwrap();
+                    let mut k = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        k += 1;
+                        // Every word of one report carries the same k.
+                        m.publish(&Usage::from_words([k; 7]));
+                    }
+                })
+            })
+            .collect();
+        let t0 = std::time::Instant::now();
+        let mut seen = 0;
+        while t0.elapsed() < std::time::Duration::from_millis(300) {
+            for v in l.read() {
+                let w = v.usage.to_words();
+                assert!(w.iter().all(|&x| x == w[0]), "torn report {w:?}");
+                seen += 1;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for w in writers {
+            w.join().unwrap();
+        }
+        assert!(seen > 0);
+    }
+}
