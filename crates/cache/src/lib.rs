@@ -34,7 +34,7 @@ mod stats;
 
 pub use admission::IoLimits;
 pub use backing::{BackingStore, Fault, FaultInjector, FileBacking};
-pub use cache::{same_filled_word, Cache, LoadMode, Loaded, Stored, SHARDS};
+pub use cache::{same_filled_word, Cache, CacheUsage, LoadMode, Loaded, Stored, SHARDS};
 pub use codec::{Codec, Compressor};
 pub use config::{
     Backing, CacheConfig, DedupScope, Error, Incompressible, LoadError, PoolLimit, Proactive,

@@ -6,6 +6,7 @@
 mod demo;
 mod run;
 mod stats;
+mod tree;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

@@ -24,13 +24,16 @@ const PRELOAD_NAME: &str = "libuzswap_preload.so";
 /// What `uzswap run` was asked to do.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Resident budget of the program's heap and anonymous memory plus
-    /// uzswap's own bookkeeping (its index and tables), bytes or with K, M,
-    /// G. The compressed pool is not in it: --pool-max caps that.
+    /// The memory of the whole program, bytes or with K, M, G: every
+    /// process it starts, together, holds at most this much of resident
+    /// heap and anonymous memory, compressed pools and uzswap's own
+    /// bookkeeping (as a memory cgroup's limit holds a tree with the
+    /// kernel's zswap). Shared among the processes by where it is used.
     #[arg(long, value_parser = parse_size)]
     pub memory_max: u64,
-    /// Largest size of the compressed pool (default 20% of RAM); when
-    /// it is full the least recently used pages go to the backing file.
+    /// Caps each process's compressed pool (inside --memory-max, which it
+    /// is part of); when the pool is full the least recently used pages go
+    /// to the backing file. Default: half of what a process is allotted.
     #[arg(long, value_parser = parse_size)]
     pub pool_max: Option<u64>,
     /// lz4, lz4hc[:LEVEL], zstd[:LEVEL], deflate[:LEVEL].
@@ -42,16 +45,21 @@ pub struct Args {
     /// unlikely to come back soon, --compressor's speed for the rest.
     #[arg(long)]
     pub cold_compressor: Option<uzswap_cache::Compressor>,
-    /// Store identical pages once (seed 001): a page whose compressed
+    /// Store identical pages once: a page whose compressed
     /// bytes match a stored one's takes a reference to it instead of pool
     /// memory. Costs a hash per store and an index entry per object.
     #[arg(long)]
     pub dedup: bool,
-    /// Backing file for written-back pages: a directory (an unnamed,
-    /// encrypted file is made in it) or a new file's path. Without one,
-    /// pages that do not fit the pool stay resident.
-    #[arg(long)]
+    /// Where pages that do not fit the pool are written back: a directory
+    /// (an unnamed, encrypted file is made in it) or a new file's path.
+    /// Default: an unnamed file in $TMPDIR (or /tmp).
+    #[arg(long, conflicts_with = "no_backing_file")]
     pub backing_file: Option<std::path::PathBuf>,
+    /// Write nothing back: pages the pool cannot take stay resident, and a
+    /// program whose compressed pages outgrow the budget goes over it (said
+    /// at once on stderr).
+    #[arg(long)]
+    pub no_backing_file: bool,
     /// Keep the pool's copy of a page brought back (mapped write-protected),
     /// so that evicting it again unwritten needs no compression. Costs pool
     /// memory for resident pages and a fault on the first write; off, a
@@ -274,43 +282,14 @@ extern "C" fn forward(sig: libc::c_int) {
     }
 }
 
-/// A private directory (mode 0700) in `$TMPDIR`, removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new() -> Result<TempDir> {
-        use std::os::unix::fs::DirBuilderExt;
-        let base = std::env::temp_dir();
-        for i in 0..100u32 {
-            let p = base.join(format!("uzswap-run.{}.{i}", std::process::id()));
-            match std::fs::DirBuilder::new().mode(0o700).create(&p) {
-                Ok(()) => return Ok(TempDir(p)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => {
-                    return Err(e).with_context(|| {
-                        format!("cannot make a directory in {} (set TMPDIR)", base.display())
-                    })
-                }
-            }
-        }
-        bail!("cannot make a private directory in {}", base.display())
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// How the program ended, as the kernel told us.
 pub struct Outcome {
     /// The status to exit with (128 + N for signal N).
     pub code: i32,
     pub signal: Option<i32>,
-    /// Peak resident memory of the program, in bytes (`ru_maxrss`).
-    pub max_rss: u64,
     pub seconds: f64,
+    /// What the arbiter saw of the whole tree.
+    pub tree: crate::tree::TreeReport,
     /// The final statistics its runtime wrote.
     pub stats: FinalStats,
 }
@@ -336,15 +315,26 @@ fn run_config(a: &Args) -> Result<RunConfig> {
         pool_max: a.pool_max,
         compressor: a.compressor,
         cold_compressor: a.cold_compressor,
-        backing: a.backing_file.clone(),
+        backing: backing_of(a),
         keep_clean: a.keep_clean,
         cpu_handlers: a.cpu_handlers,
         dedup: a.dedup,
         final_stats: None, // set once its directory exists
         reserve: RunConfig::reserve_from_lookup(|n: &str| std::env::var_os(n))?,
+        ledger: None, // set once it exists
     };
     config.validate()?;
     Ok(config)
+}
+
+/// The backing file or directory pages are written back to: the one
+/// named, none with --no-backing-file, else `$TMPDIR`.
+fn backing_of(a: &Args) -> Option<std::path::PathBuf> {
+    if a.no_backing_file {
+        None
+    } else {
+        Some(a.backing_file.clone().unwrap_or_else(std::env::temp_dir))
+    }
 }
 
 pub fn run(a: &Args) -> Result<Outcome> {
@@ -355,7 +345,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
     let path = resolve(prog)?;
     check_program(&path)?;
     uzswap_region::sys::Uffd::open(0, None).context("the program's pages could not be managed")?;
-    if let Some(b) = &a.backing_file {
+    if let Some(b) = &config.backing {
         let dir = if b.is_dir() {
             b.as_path()
         } else {
@@ -372,9 +362,12 @@ pub fn run(a: &Args) -> Result<Outcome> {
         }
     }
     let lib = find_preload(a.preload_lib.as_deref())?;
-    let tmp = TempDir::new()?;
-    let final_base = tmp.0.join("stats.json");
+    let tmp = temp_dir()?;
+    let final_base = tmp.path().join("stats.json");
     config.final_stats = Some(final_base.clone());
+    let mut watch = crate::tree::Watch::create(a.memory_max)
+        .context("cannot make the ledger the program's processes share their budget in")?;
+    config.ledger = Some(watch.path().to_owned());
 
     let mut preload = lib.as_os_str().to_owned();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
@@ -415,22 +408,25 @@ pub fn run(a: &Args) -> Result<Outcome> {
         .with_context(|| format!("cannot start {}", path.display()))?;
     let pid = child.id() as i32;
     CHILD.store(pid, Ordering::Relaxed);
+    watch.start(pid as u32, a.quiet)?;
     if !a.quiet {
         crate::note(&format!(
-            "running {} as pid {pid}: memory max {}, pool max {}, {}{}, backing {}; `uzswap stats {pid}` shows it live",
+            "running {} as pid {pid}: memory max {} for the whole program, pool max {}, {}{}, backing {}; `uzswap stats {pid}` shows it live",
             prog.to_string_lossy(),
             human(a.memory_max),
-            a.pool_max.map_or("20% of RAM".into(), human),
+            a.pool_max.map_or("half of each process's share".into(), human),
             a.compressor,
             a.cold_compressor
                 .map_or(String::new(), |c| format!(" (cold pages {c})")),
-            a.backing_file
+            config
+                .backing
                 .as_ref()
                 .map_or("none".into(), |p| p.display().to_string()),
         ));
     }
-    let (status, rusage) = wait4(pid)?;
+    let status = wait_for(pid)?;
     CHILD.store(0, Ordering::Relaxed);
+    let tree = watch.finish();
     let seconds = started.elapsed().as_secs_f64();
     let (code, signal) = if libc::WIFSIGNALED(status) {
         let s = libc::WTERMSIG(status);
@@ -443,7 +439,11 @@ pub fn run(a: &Args) -> Result<Outcome> {
     let stats = read_final(&final_stats_path(&final_base, pid as u32));
     match (&a.stats_json, &stats) {
         (Some(dest), FinalStats::Read(s)) => {
-            let body = s.to_json().context("cannot encode the final statistics")?;
+            // The program's own statistics, and the tree's beside them.
+            let mut v: serde_json::Value =
+                serde_json::from_str(&s.to_json().context("cannot encode the final statistics")?)?;
+            v["tree"] = serde_json::to_value(&tree)?;
+            let body = serde_json::to_string_pretty(&v)?;
             std::fs::write(dest, body + "\n")
                 .with_context(|| format!("cannot write --stats-json {}", dest.display()))?;
         }
@@ -454,8 +454,8 @@ pub fn run(a: &Args) -> Result<Outcome> {
     Ok(Outcome {
         code,
         signal,
-        max_rss: rusage.ru_maxrss as u64 * 1024,
         seconds,
+        tree,
         stats,
     })
 }
@@ -473,15 +473,14 @@ fn read_final(path: &Path) -> FinalStats {
     }
 }
 
-fn wait4(pid: i32) -> Result<(i32, libc::rusage)> {
+/// Waits for the program (our child) and returns its wait status.
+fn wait_for(pid: i32) -> Result<i32> {
     loop {
         let mut status = 0;
-        // SAFETY: an all-zero rusage is a valid value to be overwritten.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: waits for our own child; both out-pointers are valid.
-        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        // SAFETY: waits for our own child; the status pointer is valid.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
         if r == pid {
-            return Ok((status, ru));
+            return Ok(status);
         }
         let e = std::io::Error::last_os_error();
         if e.kind() != std::io::ErrorKind::Interrupted {
@@ -523,12 +522,32 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
             )
         }
     }
-    s += &format!(
-        "uzswap: peak RSS {} (the kernel's count, file mappings included; the budget of {} \
-         covers heap and anonymous memory, the pool and the runtime come on top)\n",
-        human(o.max_rss),
-        human(a.memory_max)
+    let t = &o.tree;
+    s +=
+        &format!(
+        "uzswap: the program's memory peaked at {} against its budget of {} ({:.2}x; resident, \
+         pools and runtime of its {} {}, Pss_Anon sampled every {} ms)\n",
+        human(t.peak_bytes),
+        human(a.memory_max),
+        t.peak_bytes as f64 / a.memory_max as f64,
+        t.processes.len().max(1),
+        if t.processes.len() > 1 { "processes" } else { "process" },
+        crate::tree::SAMPLE.as_millis(),
     );
+    if t.processes.len() > 1 {
+        let sum = |f: fn(&crate::tree::Process) -> u64| t.processes.values().map(f).sum::<u64>();
+        s += &format!(
+            "uzswap: {} processes ({} at once at most): {} faults, {} pages evicted, {} written to the backing file at the end\n",
+            t.processes.len(),
+            t.max_processes,
+            sum(|p| p.faults),
+            sum(|p| p.evictions),
+            human(sum(|p| p.backing_bytes)),
+        );
+    }
+    for why in &t.over_budget_reasons {
+        s += &format!("uzswap: WARNING: over budget: {why}\n");
+    }
     let v = match &o.stats {
         FinalStats::Read(v) => v,
         FinalStats::Missing => {
@@ -554,10 +573,10 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
     );
     let over = pager.peak_resident_pages.saturating_sub(pager.budget_pages);
     if pager.store_full_episodes > 0 && over > 0 {
-        let remedy = if a.backing_file.is_some() {
+        let remedy = if !a.no_backing_file {
             "the backing file could not take them either (is its disk full?)"
         } else {
-            "give --backing-file DIR or a larger --pool-max"
+            "drop --no-backing-file or raise --memory-max"
         };
         s += &format!(
             "uzswap: WARNING: the pool ({}) refused pages, so the program went over its budget \
@@ -586,6 +605,15 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
     s
 }
 
+/// A private directory (0700) in `$TMPDIR` for the final statistics, removed when dropped.
+fn temp_dir() -> Result<tempfile::TempDir> {
+    let base = std::env::temp_dir();
+    tempfile::Builder::new()
+        .prefix("uzswap-run.")
+        .tempdir_in(&base)
+        .with_context(|| format!("cannot make a directory in {} (set TMPDIR)", base.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -602,8 +630,8 @@ mod tests {
         let o = Outcome {
             code: 0,
             signal: None,
-            max_rss: 1 << 20,
             seconds: 1.0,
+            tree: Default::default(),
             stats,
         };
         summary(&a, &o)
@@ -638,8 +666,8 @@ mod tests {
     /// summary, not a summary of zeros.
     #[test]
     fn unreadable_final_statistics_are_an_error() {
-        let dir = TempDir::new().unwrap();
-        let path = dir.0.join("stats.json.1");
+        let dir = temp_dir().unwrap();
+        let path = dir.path().join("stats.json.1");
         assert!(matches!(read_final(&path), FinalStats::Missing));
         let mut v = serde_json::to_value(Snapshot::default()).unwrap();
         let pager = v["pager"].as_object_mut().unwrap();

@@ -66,6 +66,13 @@ pub struct RunConfig {
     /// and `malloc` fail (`ENOMEM`). Default [`DEFAULT_RESERVE`] (1 TiB).
     #[serde(skip, default = "default_reserve")]
     pub reserve: u64,
+    /// The ledger of the whole process tree (`uzswap-ledger`): where this
+    /// process reports what it holds and reads what it may hold. With a
+    /// ledger, [`RunConfig::memory_max`] is the budget of the whole tree
+    /// and this process holds only its allotment of it; `None`: the budget
+    /// is this process's alone (the library's regions, tests).
+    #[serde(skip)]
+    pub ledger: Option<PathBuf>,
 }
 
 fn default_reserve() -> u64 {
@@ -139,6 +146,7 @@ impl RunConfig {
             dedup: false,
             final_stats: None,
             reserve: DEFAULT_RESERVE,
+            ledger: None,
         }
     }
 
@@ -193,6 +201,9 @@ impl RunConfig {
         }
         if let Some(b) = &self.backing {
             env.push((names::BACKING, b.clone().into_os_string()));
+        }
+        if let Some(l) = &self.ledger {
+            env.push((names::LEDGER, l.clone().into_os_string()));
         }
         if let Some(f) = &self.final_stats {
             env.push((names::FINAL_STATS, f.clone().into_os_string()));
@@ -250,6 +261,7 @@ impl RunConfig {
             cpu_handlers: switch(names::CPU_HANDLERS)?,
             dedup: switch(names::DEDUP)?,
             final_stats: nonempty(names::FINAL_STATS).map(PathBuf::from),
+            ledger: nonempty(names::LEDGER).map(PathBuf::from),
             reserve: RunConfig::reserve_from_lookup(get)?,
         };
         config.validate()?;
@@ -359,6 +371,7 @@ mod tests {
             dedup: true,
             final_stats: Some("/tmp/uzswap-run.1.0/stats.json".into()),
             reserve: 1 << 36,
+            ledger: Some("/proc/1/fd/3".into()),
         }
     }
 

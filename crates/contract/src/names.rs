@@ -34,11 +34,16 @@ pub const FINAL_STATS: &str = "UZSWAP_FINAL_STATS";
 /// ([`crate::RunConfig::reserve`]; unset: [`crate::DEFAULT_RESERVE`]).
 pub const RESERVE: &str = "UZSWAP_RESERVE";
 
+/// The ledger of the process tree ([`crate::RunConfig::ledger`]): a path
+/// `/proc/PID/fd/N` to the memory file `uzswap run` made (unset or empty:
+/// the budget is this process's alone).
+pub const LEDGER: &str = "UZSWAP_LEDGER";
+
 /// Every variable the runtime reads. `uzswap run` removes these from the
 /// environment it passes on before it sets its own
 /// ([`crate::RunConfig::to_env`]), so a value inherited from its own
 /// environment never reaches the runtime as if asked for.
-pub const ALL: [&str; 10] = [
+pub const ALL: [&str; 11] = [
     MEMORY_MAX,
     POOL_MAX,
     COMPRESSOR,
@@ -49,6 +54,7 @@ pub const ALL: [&str; 10] = [
     CPU_HANDLERS,
     FINAL_STATS,
     RESERVE,
+    LEDGER,
 ];
 
 /// The preload library's path, read by `uzswap run` only (when

@@ -45,12 +45,13 @@ impl Drop for Shared {
     }
 }
 
-/// A new anonymous memory file of `len` bytes, inherited across exec
-/// (no close-on-exec) so that the children of `uzswap run` can open it
-/// through `/proc/PID/fd/N` even if a program between them closed it.
+/// A new anonymous memory file of `len` bytes. Close-on-exec: the
+/// processes of the tree open it by its path `/proc/PID/fd/N` (which works
+/// whatever descriptors a program between them closed), so no program
+/// inherits a descriptor it did not ask for.
 pub(crate) fn memfd(len: usize) -> io::Result<OwnedFd> {
-    // SAFETY: a NUL-terminated name; flags 0.
-    let fd = unsafe { libc::memfd_create(c"uzswap-ledger".as_ptr(), 0) };
+    // SAFETY: a NUL-terminated name and a valid flag.
+    let fd = unsafe { libc::memfd_create(c"uzswap-ledger".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }

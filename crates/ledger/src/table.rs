@@ -6,7 +6,7 @@
 //! ```text
 //! header  [magic, version, slots, budget, arbiter pid, unallotted, decisions, 0]   64 bytes
 //! slot 0  owner lines  [pid, start, seq, resident, pool, runtime, backing, faults,
-//!                       evictions, stored, comm0, comm1, 0, 0, 0, 0]             128 bytes
+//!                       evictions, stored, flags, comm0, comm1, 0, 0, 0]         128 bytes
 //!         arbiter line [allot_pid, allot, 0, 0, 0, 0, 0, 0]                      64 bytes
 //! slot 1  ...
 //! ```
@@ -50,8 +50,9 @@ const H_DECISIONS: usize = 6;
 const S_PID: usize = 0;
 const S_START: usize = 1;
 const S_SEQ: usize = 2;
-const S_USAGE: usize = 3; // 7 words of `Usage`, then comm
-const S_COMM: usize = 10;
+const S_USAGE: usize = 3; // USAGE_WORDS words of `Usage`, then comm
+const USAGE_WORDS: usize = 8;
+const S_COMM: usize = S_USAGE + USAGE_WORDS;
 // Arbiter words of a slot.
 const S_ALLOT_PID: usize = OWNER_WORDS;
 const S_ALLOT: usize = OWNER_WORDS + 1;
@@ -101,10 +102,19 @@ pub struct Usage {
     pub evictions: u64,
     /// Pages stored (pool and backing file) now.
     pub stored: u64,
+    /// Why it may hold more than its allotment ([`Usage::STORE_REFUSING`],
+    /// [`Usage::BACKING_FAILING`]).
+    pub flags: u64,
 }
 
 impl Usage {
-    fn to_words(self) -> [u64; 7] {
+    /// Its store refuses pages: the pool is full and there is no backing
+    /// file to write back to.
+    pub const STORE_REFUSING: u64 = 1;
+    /// Writing back to its backing file fails (a full disk, an I/O error).
+    pub const BACKING_FAILING: u64 = 2;
+
+    fn to_words(self) -> [u64; USAGE_WORDS] {
         [
             self.resident,
             self.pool,
@@ -113,10 +123,11 @@ impl Usage {
             self.faults,
             self.evictions,
             self.stored,
+            self.flags,
         ]
     }
 
-    fn from_words(w: [u64; 7]) -> Usage {
+    fn from_words(w: [u64; USAGE_WORDS]) -> Usage {
         Usage {
             resident: w[0],
             pool: w[1],
@@ -125,6 +136,7 @@ impl Usage {
             faults: w[4],
             evictions: w[5],
             stored: w[6],
+            flags: w[7],
         }
     }
 
@@ -342,7 +354,7 @@ impl Ledger {
                 continue;
             }
             let start = self.slot_word(i, S_START).load(Ordering::Relaxed);
-            let mut u = [0u64; 7];
+            let mut u = [0u64; USAGE_WORDS];
             for (k, v) in u.iter_mut().enumerate() {
                 *v = self.slot_word(i, S_USAGE + k).load(Ordering::Relaxed);
             }
@@ -447,16 +459,23 @@ impl Member {
     }
 }
 
-impl Drop for Member {
-    fn drop(&mut self) {
-        // Only if it is still ours (the arbiter reaps only dead holders,
-        // so it is, unless this process is a forked copy: see preload).
+impl Member {
+    /// Gives the slot back, if it is still this process's (the arbiter
+    /// reaps only dead holders, so it is, unless the slot was reaped
+    /// because the pid check failed). Idempotent.
+    pub fn leave(&self) {
         let _ = self.ledger.slot_word(self.index, S_PID).compare_exchange(
             u64::from(self.pid),
             0,
             Ordering::AcqRel,
             Ordering::Relaxed,
         );
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.leave();
     }
 }
 
@@ -477,6 +496,7 @@ mod tests {
             faults: 5,
             evictions: 6,
             stored: 7,
+            flags: Usage::BACKING_FAILING,
         };
         m.publish(&u);
         let v = l.read();
@@ -553,7 +573,7 @@ mod tests {
                     while !stop.load(Ordering::Relaxed) {
                         k += 1;
                         // Every word of one report carries the same k.
-                        m.publish(&Usage::from_words([k; 7]));
+                        m.publish(&Usage::from_words([k; USAGE_WORDS]));
                     }
                 })
             })

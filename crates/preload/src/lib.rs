@@ -44,6 +44,7 @@
 //! faults the parent's handler keeps serving.
 
 mod ranges;
+mod share;
 mod space;
 mod stats;
 mod sys;
@@ -142,6 +143,8 @@ static FORKED: AtomicBool = AtomicBool::new(false);
 struct Runtime {
     space: space::Space,
     cache: Arc<Cache>,
+    /// This process's slot in the tree's ledger, if `uzswap run` made one.
+    share: Option<Arc<share::Share>>,
     config: RunConfig,
     started: std::time::Instant,
 }
@@ -589,13 +592,27 @@ fn start() -> Result<(), String> {
         return Ok(()); // not asked to manage anything
     };
     let budget_pages = (config.memory_max / PAGE_SIZE as u64) as usize;
+    // With a ledger the budget is the whole tree's and this process holds
+    // its allotment of it (share.rs).
+    let share = match &config.ledger {
+        Some(path) => Some(Arc::new(share::Share::join(
+            path,
+            config.memory_max,
+            config.pool_max,
+            config.backing.is_some(),
+        )?)),
+        None => None,
+    };
 
     let cache_cfg = CacheConfig {
         compressor: config.compressor,
         cold_compressor: config.cold_compressor,
-        pool_limit: config
-            .pool_max
-            .map_or(PoolLimit::Percent(20), PoolLimit::Bytes),
+        pool_limit: match &share {
+            Some(sh) => PoolLimit::Bytes(sh.initial_pool_limit()),
+            None => config
+                .pool_max
+                .map_or(PoolLimit::Percent(20), PoolLimit::Bytes),
+        },
         backing: config
             .backing
             .as_ref()
@@ -613,9 +630,25 @@ fn start() -> Result<(), String> {
     // The budget pays for the runtime's own heap (the cache index, the
     // pager's tables), as a memory cgroup pays for the kernel's
     // allocations on a task's behalf; the pool is capped apart.
-    pcfg.charge = Some(uzswap_region::Charge(Arc::new(|| {
-        stats::runtime_heap().held_bytes
-    })));
+    pcfg.charge = Some(uzswap_region::Charge(match &share {
+        None => Arc::new(|| stats::runtime_heap().held_bytes),
+        Some(sh) => {
+            let sh = Arc::clone(sh);
+            // The pager and cache exist once RUNTIME is set; until then the
+            // share reports the heap alone.
+            Arc::new(move || {
+                let rt = RUNTIME.get();
+                sh.charge(
+                    stats::runtime_heap().held_bytes,
+                    rt.map(|r| r.space.pager()),
+                    rt.map(|r| &*r.cache),
+                )
+            })
+        }
+    }));
+    if share.is_some() {
+        pcfg.floor_pages = Some(share::FLOOR_PAGES.min(budget_pages));
+    }
     pcfg.keep_clean = config.keep_clean;
     pcfg.cpu_handlers = config.cpu_handlers;
     let pager = Pager::new(cache.clone(), pcfg).map_err(|e| e.to_string())?;
@@ -630,6 +663,7 @@ fn start() -> Result<(), String> {
     let rt = Runtime {
         space,
         cache,
+        share,
         config,
         started: std::time::Instant::now(),
     };
@@ -679,6 +713,9 @@ extern "C" fn at_exit() {
     enter_internal();
     if let Some(rt) = RUNTIME.get() {
         stats::write_final(rt);
+        if let Some(sh) = &rt.share {
+            sh.leave();
+        }
     }
     leave_internal();
 }

@@ -91,6 +91,12 @@ pub fn write_final(rt: &Runtime) {
     let Some(base) = &rt.config.final_stats else {
         return;
     };
+    // In a tree, `uzswap run` reads its program's file and the ledger for
+    // the rest; a descendant's file would have no reader, and one that
+    // outlives the program would find the directory gone.
+    if rt.share.as_ref().is_some_and(|s| !s.is_root()) {
+        return;
+    }
     let path = &final_stats_path(base, std::process::id());
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");

@@ -13,7 +13,8 @@
 //! - **limit**: the budget less the *charge*, memory outside the regions
 //!   that the budget pays for (`PagerConfig::charge`: `uzswap run` charges
 //!   its own heap, as a memory cgroup charges the kernel's allocations for
-//!   a task); never below a quarter of the budget. Without a charge the
+//!   a task); never below `PagerConfig::floor_pages` (default a quarter of
+//!   the budget). Without a charge the
 //!   limit is the budget. The evictor reads the charge every 10 ms
 //!   (`CHARGE_PERIOD`), also while nothing faults.
 //! - **store**: where evicted pages go ([`PageStore`]; the real one is
@@ -334,7 +335,8 @@ pub mod store;
 pub mod sys;
 
 pub use pager::{
-    Charge, PageState, Pager, PagerConfig, PagerError, RegionError, VictimPolicy, CHARGE_PERIOD,
+    Charge, PageState, Pager, PagerConfig, PagerError, PagerUsage, RegionError, VictimPolicy,
+    CHARGE_PERIOD,
 };
 pub use region::Region;
 pub use stats::{LatencySummary, PagerStats};

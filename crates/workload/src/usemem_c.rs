@@ -18,7 +18,7 @@ const USEMEM_C: &str = include_str!("../workloads/usemem.c");
 
 /// The C workload, built, and its corpus file.
 pub struct Program {
-    dir: TempDir,
+    dir: tempfile::TempDir,
     /// The compiled program.
     pub bin: PathBuf,
     /// Its page contents, a file of whole pages.
@@ -30,14 +30,14 @@ pub struct Program {
 /// Writes the corpus pages for `mib` of workload to a file and compiles
 /// the workload with `cc`.
 pub fn build(data: DataKind, mib: usize) -> Result<Program> {
-    let dir = TempDir::new()?;
+    let dir = temp_dir()?;
     let pages = crate::corpus::load_for_workload(data, mib)?;
-    let corpus = dir.0.join("corpus.pages");
+    let corpus = dir.path().join("corpus.pages");
     std::fs::write(&corpus, &pages.bytes)
         .with_context(|| format!("writing {} (is $TMPDIR full?)", corpus.display()))?;
-    let src = dir.0.join("usemem.c");
+    let src = dir.path().join("usemem.c");
     std::fs::write(&src, USEMEM_C)?;
-    let bin = dir.0.join("usemem");
+    let bin = dir.path().join("usemem");
     let out = Command::new("cc")
         .args(["-O2", "-o"])
         .arg(&bin)
@@ -73,35 +73,15 @@ impl Program {
     /// The private directory the program lives in, for files that go with
     /// a run (removed with the program).
     pub fn dir(&self) -> &Path {
-        &self.dir.0
+        self.dir.path()
     }
 }
 
-/// A private directory (mode 0700) in `$TMPDIR`, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Result<TempDir> {
-        use std::os::unix::fs::DirBuilderExt;
-        let base = std::env::temp_dir();
-        for i in 0..100u32 {
-            let p = base.join(format!("uzswap-usemem.{}.{i}", std::process::id()));
-            match std::fs::DirBuilder::new().mode(0o700).create(&p) {
-                Ok(()) => return Ok(TempDir(p)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => {
-                    return Err(e).with_context(|| {
-                        format!("cannot make a directory in {} (set TMPDIR)", base.display())
-                    })
-                }
-            }
-        }
-        bail!("cannot make a private directory in {}", base.display())
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A private directory (0700) in `$TMPDIR` for the workload, removed when dropped.
+fn temp_dir() -> Result<tempfile::TempDir> {
+    let base = std::env::temp_dir();
+    tempfile::Builder::new()
+        .prefix("uzswap-usemem.")
+        .tempdir_in(&base)
+        .with_context(|| format!("cannot make a directory in {} (set TMPDIR)", base.display()))
 }

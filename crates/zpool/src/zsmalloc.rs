@@ -119,7 +119,7 @@ pub struct ZsConfig {
     /// an example, but under random exclusive loads classes then sit just
     /// below it and the pool holds 15–20 % more than its payload; at 10 %
     /// a skewed usemem run peaked 4-5 % lower at the same throughput
-    /// (docs/BENCHMARKS.md, session 19).
+    /// (docs/benchmarks/notes/2026-11-24-compaction-and-cpu-handlers.md).
     pub compact_watermark_percent: Option<u8>,
     /// Independent copies of the class table, 1..=4; a thread allocates in
     /// the shard of the CPU it runs on, so threads on different CPUs touch

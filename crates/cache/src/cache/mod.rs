@@ -313,6 +313,22 @@ struct Inner {
     wb_gate: RwLock<()>,
 }
 
+/// What [`Cache::usage`] reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheUsage {
+    /// Bytes the pool holds (`CacheStats::pool_total_size`).
+    pub pool_bytes: u64,
+    /// Pages stored, pool and backing tier (`CacheStats::stored_pages`).
+    pub stored_pages: u64,
+    /// Pages in the backing tier (`CacheStats::backing_pages`).
+    pub backing_pages: u64,
+    /// Writeback batches that failed (`CacheStats::writeback_fail`).
+    pub writeback_fail: u64,
+    /// Stores refused with the pool full and nowhere to write back
+    /// (`CacheStats::reject_reclaim_fail`).
+    pub reject_reclaim_fail: u64,
+}
+
 /// The compressed page cache. Cheap to share: wrap it in an `Arc`.
 pub struct Cache {
     inner: Arc<Inner>,
@@ -547,6 +563,19 @@ impl Cache {
         s.pool_limit_bytes = inner.limit.load(RELAXED);
         s.pool_full = u64::from(inner.full.load(RELAXED));
         s
+    }
+
+    /// The few figures a host reads often (every few milliseconds): no
+    /// lock is taken, unlike [`Cache::stats`], which walks the index.
+    pub fn usage(&self) -> CacheUsage {
+        let c = &self.inner.counters;
+        CacheUsage {
+            pool_bytes: self.inner.pool.pool_bytes(),
+            stored_pages: c.stored_pages.load(RELAXED),
+            backing_pages: c.backing_pages.load(RELAXED),
+            writeback_fail: c.writeback_fail.load(RELAXED),
+            reject_reclaim_fail: c.reject_reclaim_fail.load(RELAXED),
+        }
     }
 
     /// The allocator's per-class table and totals.

@@ -16,8 +16,9 @@ impl Shared {
         check_spans(&s)?;
         check_segments(&s)?;
         let budget = self.cfg.budget_pages;
-        if s.limit > budget || s.limit < budget - (budget - budget / 4) {
-            return Err(format!("limit {} outside [budget/4, {budget}]", s.limit));
+        let floor = self.cfg.floor();
+        if s.limit > budget || s.limit < floor {
+            return Err(format!("limit {} outside [{floor}, {budget}]", s.limit));
         }
         Ok(())
     }

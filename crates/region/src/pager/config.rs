@@ -60,9 +60,14 @@ pub struct PagerConfig {
     /// every [`CHARGE_PERIOD`]: the pages resident in regions are then kept
     /// within `budget_pages` minus that, as a memory cgroup charges the
     /// kernel's own allocations for a task to its limit. The regions keep
-    /// at least a quarter of the budget whatever the charge. `None`: the
-    /// budget is for region pages alone.
+    /// at least [`PagerConfig::floor_pages`] whatever the charge. `None`:
+    /// the budget is for region pages alone.
     pub charge: Option<Charge>,
+    /// The least the charge may lower the limit to, in pages (at least 16,
+    /// at most the budget). `None`: a quarter of the budget. A host that
+    /// shares one budget among processes (`uzswap run`'s ledger) charges
+    /// each process everything but its allotment and sets a small floor.
+    pub floor_pages: Option<usize>,
     /// Test hook: pretend userfaultfd(2) failed with this errno and
     /// /dev/userfaultfd with EACCES.
     #[doc(hidden)]
@@ -70,6 +75,11 @@ pub struct PagerConfig {
 }
 
 impl PagerConfig {
+    /// The least the limit may fall to (see [`PagerConfig::floor_pages`]).
+    pub fn floor(&self) -> usize {
+        self.floor_pages.unwrap_or(self.budget_pages / 4)
+    }
+
     /// Defaults for a budget of `budget_pages`.
     pub fn new(budget_pages: usize) -> PagerConfig {
         PagerConfig {
@@ -85,6 +95,7 @@ impl PagerConfig {
             keep_clean: true,
             thread_start: None,
             charge: None,
+            floor_pages: None,
             inject_open_errno: None,
         }
     }

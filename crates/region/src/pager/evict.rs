@@ -90,7 +90,7 @@ impl Shared {
         };
         let bytes = f();
         let budget = self.cfg.budget_pages;
-        let charged = (bytes.div_ceil(PAGE_SIZE as u64) as usize).min(budget - budget / 4);
+        let charged = (bytes.div_ceil(PAGE_SIZE as u64) as usize).min(budget - self.cfg.floor());
         let mut s = self.state.lock();
         s.limit = budget - charged;
         s.stats.charged_bytes = bytes;

@@ -145,11 +145,33 @@ pub struct Pager {
     owner: Arc<Owner>,
 }
 
+/// What [`Pager::usage`] reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PagerUsage {
+    /// Pages resident now (what the limit holds).
+    pub resident_pages: u64,
+    /// Missing faults resolved so far (zero, pool, backing, same-filled).
+    pub faults: u64,
+    /// Pages evicted so far.
+    pub evictions: u64,
+    /// The store is refusing pages (full, nothing to write back to): the
+    /// regions may stay over their limit.
+    pub store_full: bool,
+}
+
 impl Pager {
     /// Opens userfaultfd and starts the handler and evictor threads.
     pub fn new(store: Arc<dyn PageStore>, cfg: PagerConfig) -> Result<Pager, PagerError> {
         if cfg.budget_pages < 16 {
             return Err(PagerError::Config("budget_pages must be at least 16"));
+        }
+        if cfg
+            .floor_pages
+            .is_some_and(|f| f < 16 || f > cfg.budget_pages)
+        {
+            return Err(PagerError::Config(
+                "floor_pages must be at least 16 and at most budget_pages",
+            ));
         }
         if cfg.evict_batch == 0 {
             return Err(PagerError::Config("evict_batch must be at least 1"));
@@ -314,6 +336,19 @@ impl Pager {
     /// A snapshot of the counters.
     pub fn stats(&self) -> PagerStats {
         self.owner.sh.stats()
+    }
+
+    /// The few counters a host reads often (every few milliseconds), without
+    /// the latency summaries [`Pager::stats`] computes.
+    pub fn usage(&self) -> PagerUsage {
+        let s = self.owner.sh.state.lock();
+        let st = &s.stats;
+        PagerUsage {
+            resident_pages: s.resident as u64,
+            faults: st.faults_zero + st.faults_pool + st.faults_backing + st.faults_same_filled,
+            evictions: st.evictions,
+            store_full: s.store_full,
+        }
     }
 
     /// Brings every evicted page of every region back (what the fork hook

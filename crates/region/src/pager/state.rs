@@ -230,7 +230,7 @@ pub(super) struct State {
     /// the budget until a store succeeds (holding them would wait forever).
     pub(super) store_full: bool,
     /// Pages resident in regions may reach this: the budget less what
-    /// `PagerConfig::charge` reported (never below a quarter of it).
+    /// `PagerConfig::charge` reported (never below `PagerConfig::floor`).
     pub(super) limit: usize,
 }
 

@@ -1,0 +1,266 @@
+//! One budget for the whole program, from `uzswap run`'s side: it makes
+//! the ledger every process of the program joins, and a thread (the
+//! *arbiter*) that every [`TICK`] shares the budget among them
+//! (`uzswap_ledger::Arbiter`) and every [`SAMPLE`] measures what the whole
+//! tree holds as the kernel counts it (`Pss_Anon` of every process, and of
+//! this one), so that:
+//! - memory no process reports (a child forked without exec runs
+//!   unmanaged; thread stacks, `brk`) is reserved out of the budget before
+//!   it is shared;
+//! - going over the budget is said at once on stderr, with the reason and
+//!   the remedy, and kept for the summary and the statistics;
+//! - the summary's headline is the tree's peak against the budget.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uzswap_ledger::{tree, Arbiter, Ledger, Usage};
+
+/// How often the budget is shared.
+pub const TICK: Duration = Duration::from_millis(10);
+/// How often the tree's memory is sampled from /proc.
+pub const SAMPLE: Duration = Duration::from_millis(100);
+/// Slots of the ledger: processes of the program alive at once.
+pub const SLOTS: usize = 4096;
+/// Pages a process may always hold beyond its runtime (the arbiter's floor;
+/// the runtime's pager keeps at least this many resident).
+const MIN_RESIDENT: u64 = 1 << 20;
+/// Samples in a row over the budget before it is said (a process that
+/// starts holds its first pages before its first allotment).
+const OVER_SAMPLES: u32 = 3;
+/// Samples after the program started that do not count for the peak: the
+/// dynamic loader and the runtimes' start-up.
+const STARTUP_SAMPLES: u32 = 3;
+
+/// One process of the tree, as the arbiter saw it.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Process {
+    /// Its pid.
+    pub pid: u32,
+    /// Its command name.
+    pub comm: String,
+    /// Its last report.
+    pub resident_bytes: u64,
+    pub pool_bytes: u64,
+    pub runtime_bytes: u64,
+    pub backing_bytes: u64,
+    pub faults: u64,
+    pub evictions: u64,
+    /// The most it held (resident + pool + runtime) by its own reports.
+    pub peak_bytes: u64,
+    /// Its last allotment.
+    pub allot_bytes: u64,
+}
+
+/// What the arbiter saw over the run.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct TreeReport {
+    /// The budget of the whole tree.
+    pub budget_bytes: u64,
+    /// The tree's largest sampled memory after start-up: `Pss_Anon` of
+    /// every process of the program, plus this one's.
+    pub peak_bytes: u64,
+    /// Seconds after the start at which it was reached.
+    pub peak_at_seconds: f64,
+    /// Samples taken.
+    pub samples: u64,
+    /// Whether the tree was over its budget for [`OVER_SAMPLES`] samples in
+    /// a row at some point.
+    pub over_budget: bool,
+    /// Why, each reason once, in the order they were seen.
+    pub over_budget_reasons: Vec<String>,
+    /// Most processes managed at once.
+    pub max_processes: usize,
+    /// Every process that joined, by pid.
+    pub processes: BTreeMap<u32, Process>,
+}
+
+/// The ledger and the arbiter thread.
+pub struct Watch {
+    ledger: Arc<Ledger>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<TreeReport>>,
+}
+
+impl Watch {
+    /// Makes the ledger for a budget of `budget` bytes; the program's
+    /// processes open it at [`Watch::path`].
+    pub fn create(budget: u64) -> anyhow::Result<Watch> {
+        let ledger = Arc::new(Ledger::create(SLOTS, budget)?);
+        Ok(Watch {
+            ledger,
+            stop: Arc::new(AtomicBool::new(false)),
+            thread: None,
+        })
+    }
+
+    /// Where the program's processes find the ledger.
+    pub fn path(&self) -> &std::path::Path {
+        self.ledger.path()
+    }
+
+    /// Starts the arbiter for the tree under `root` (the program's pid).
+    pub fn start(&mut self, root: u32, quiet: bool) -> anyhow::Result<()> {
+        let ledger = Arc::clone(&self.ledger);
+        let stop = Arc::clone(&self.stop);
+        let t = std::thread::Builder::new()
+            .name("uzswap-arbiter".into())
+            .spawn(move || arbitrate(ledger, root, quiet, &stop))?;
+        self.thread = Some(t);
+        Ok(())
+    }
+
+    /// Stops the arbiter and returns what it saw.
+    pub fn finish(mut self) -> TreeReport {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+fn arbitrate(ledger: Arc<Ledger>, root: u32, quiet: bool, stop: &AtomicBool) -> TreeReport {
+    let budget = ledger.budget();
+    let me = std::process::id();
+    let mut arb = Arbiter::new(Arc::clone(&ledger), 0, MIN_RESIDENT);
+    let mut rep = TreeReport {
+        budget_bytes: budget,
+        ..TreeReport::default()
+    };
+    let started = Instant::now();
+    let mut next_sample = started;
+    let mut over_run = 0u32;
+    let mut said_over = false;
+    let mut last_flags: BTreeMap<u32, (String, u64)> = BTreeMap::new();
+    loop {
+        let now = Instant::now();
+        let tick = arb.tick(now);
+        let floors_over = tick.floors_over;
+        rep.max_processes = rep.max_processes.max(tick.members.len());
+        let mut reported = 0u64;
+        for m in &tick.members {
+            let u = &m.slot.usage;
+            reported += u.charged();
+            let p = rep.processes.entry(m.slot.pid).or_default();
+            p.pid = m.slot.pid;
+            p.comm.clone_from(&m.slot.comm);
+            p.resident_bytes = u.resident;
+            p.pool_bytes = u.pool;
+            p.runtime_bytes = u.runtime;
+            p.backing_bytes = u.backing;
+            p.faults = u.faults;
+            p.evictions = u.evictions;
+            p.peak_bytes = p.peak_bytes.max(u.charged());
+            p.allot_bytes = m.allot;
+            last_flags.insert(m.slot.pid, (m.slot.comm.clone(), u.flags));
+        }
+        for pid in &tick.reaped {
+            last_flags.remove(pid);
+        }
+        if now >= next_sample {
+            next_sample = now + SAMPLE;
+            let s = tree::sample(root, &[me]);
+            let own = tree::pss_anon(me).unwrap_or(0);
+            let total = s.pss_anon + own;
+            // What the tree holds that no process reported: reserved out
+            // of the budget before it is shared.
+            let unmanaged = s.pss_anon.saturating_sub(reported);
+            arb.set_reserve(own + unmanaged);
+            rep.samples += 1;
+            if rep.samples > u64::from(STARTUP_SAMPLES) && total > rep.peak_bytes {
+                rep.peak_bytes = total;
+                rep.peak_at_seconds = started.elapsed().as_secs_f64();
+            }
+            if total > budget && rep.samples > u64::from(STARTUP_SAMPLES) {
+                over_run += 1;
+            } else {
+                over_run = 0;
+                said_over = false;
+            }
+            if over_run >= OVER_SAMPLES && !said_over {
+                said_over = true;
+                rep.over_budget = true;
+                let why = reasons(
+                    budget,
+                    total,
+                    floors_over,
+                    unmanaged,
+                    &last_flags,
+                    tick.members.len(),
+                );
+                for r in &why {
+                    if !rep.over_budget_reasons.contains(r) {
+                        rep.over_budget_reasons.push(r.clone());
+                    }
+                }
+                if !quiet {
+                    crate::note(&format!(
+                        "uzswap: WARNING: the program holds {} of memory, over its budget of {}: {}",
+                        crate::run::human(total),
+                        crate::run::human(budget),
+                        why.join("; ")
+                    ));
+                }
+            }
+        }
+        if stop.load(Ordering::Relaxed) {
+            return rep;
+        }
+        std::thread::sleep(TICK);
+    }
+}
+
+/// Why the tree is over its budget, each with its remedy.
+fn reasons(
+    budget: u64,
+    total: u64,
+    floors_over: Option<u64>,
+    unmanaged: u64,
+    flags: &BTreeMap<u32, (String, u64)>,
+    processes: usize,
+) -> Vec<String> {
+    let h = crate::run::human;
+    let mut why = Vec::new();
+    if let Some(need) = floors_over {
+        why.push(format!(
+            "the runtimes of its {processes} processes alone need {}: raise --memory-max",
+            h(need)
+        ));
+    }
+    let refusing: Vec<String> = flags
+        .iter()
+        .filter(|(_, (_, f))| f & Usage::STORE_REFUSING != 0)
+        .map(|(pid, (comm, _))| format!("{comm} ({pid})"))
+        .collect();
+    if !refusing.is_empty() {
+        why.push(format!(
+            "the pool of {} is full and nothing can be written back: \
+             drop --no-backing-file (or give --backing-file DIR) or raise --memory-max",
+            refusing.join(", ")
+        ));
+    }
+    if flags.values().any(|(_, f)| f & Usage::BACKING_FAILING != 0) {
+        why.push(
+            "writing back to the backing file fails (is its disk full?): \
+             free space there or name another directory with --backing-file"
+                .into(),
+        );
+    }
+    if unmanaged > budget / 4 {
+        why.push(format!(
+            "{} is memory uzswap does not manage (children forked without exec, \
+             thread stacks, brk heaps): see `uzswap stats`",
+            h(unmanaged)
+        ));
+    }
+    if why.is_empty() {
+        why.push(format!(
+            "eviction is not keeping up ({} over): the program allocates faster than \
+             pages can be compressed",
+            h(total.saturating_sub(budget))
+        ));
+    }
+    why
+}

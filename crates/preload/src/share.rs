@@ -1,0 +1,146 @@
+//! This process's share of the tree's budget (`uzswap run`'s ledger).
+//!
+//! With a ledger, `--memory-max` is the budget of every process of the
+//! program together. Each process keeps its own pager and pool and reports
+//! what it holds in its slot of the ledger; the arbiter (`uzswap run`)
+//! writes back what it may hold, its *allotment*. The pager's evictor calls
+//! [`Share::charge`] every `CHARGE_PERIOD` (10 ms) with no pager lock held:
+//! it publishes the report, sizes the pool within the allotment and
+//! returns, as the pager's charge, everything of the budget that is not
+//! this process's to fill with resident pages:
+//!
+//! ```text
+//! resident limit = allotment − runtime heap − pool
+//! charge         = budget − resident limit
+//! ```
+//!
+//! The pool takes at most half of what the allotment leaves beside the
+//! runtime heap when there is a backing file to write the rest back to
+//! (`--pool-max` caps it further), and all but a floor of resident pages
+//! when there is none.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use uzswap_cache::{Cache, PoolLimit};
+use uzswap_ledger::{Ledger, Member, Usage};
+use uzswap_region::{Pager, PAGE_SIZE};
+
+/// Pages a process always keeps resident, whatever its allotment.
+pub(crate) const FLOOR_PAGES: usize = 256;
+/// The least pool limit ever set.
+const MIN_POOL: u64 = 1 << 20;
+
+/// A process's slot and what it last did with it.
+pub(crate) struct Share {
+    member: Member,
+    /// The tree's budget (the pager's budget).
+    budget: u64,
+    /// `--pool-max`, if given.
+    pool_max: Option<u64>,
+    /// Whether the cache has a backing file.
+    backing: bool,
+    /// The pool limit last set (0: none yet).
+    pool_limit: AtomicU64,
+    /// `writeback_fail` and `reject_reclaim_fail` at the last report.
+    last_fail: AtomicU64,
+    last_refused: AtomicU64,
+}
+
+impl Share {
+    /// Joins the ledger at `path` (a slot for this process).
+    pub(crate) fn join(
+        path: &std::path::Path,
+        budget: u64,
+        pool_max: Option<u64>,
+        backing: bool,
+    ) -> Result<Share, String> {
+        let ledger = std::sync::Arc::new(Ledger::open(path).map_err(|e| e.to_string())?);
+        let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
+        let member = ledger
+            .claim(
+                std::process::id(),
+                uzswap_ledger::self_start_time(),
+                comm.trim_end(),
+            )
+            .map_err(|e| e.to_string())?;
+        Ok(Share {
+            member,
+            budget,
+            pool_max,
+            backing,
+            pool_limit: AtomicU64::new(0),
+            last_fail: AtomicU64::new(0),
+            last_refused: AtomicU64::new(0),
+        })
+    }
+
+    /// The pool limit to start with, before any allotment: what the
+    /// arbiter has left unallotted, split as [`Share::charge`] splits.
+    pub(crate) fn initial_pool_limit(&self) -> u64 {
+        self.pool_share(self.member.limit())
+    }
+
+    fn pool_share(&self, avail: u64) -> u64 {
+        let floor = (FLOOR_PAGES * PAGE_SIZE) as u64;
+        let share = if self.backing {
+            avail / 2
+        } else {
+            avail.saturating_sub(floor)
+        };
+        share.max(MIN_POOL).min(self.pool_max.unwrap_or(u64::MAX))
+    }
+
+    /// Reports, sizes the pool and returns the pager's charge (see the
+    /// module docs). `heap` is the runtime's own heap; `pager` and `cache`
+    /// are `None` while the runtime is starting.
+    pub(crate) fn charge(&self, heap: u64, pager: Option<&Pager>, cache: Option<&Cache>) -> u64 {
+        let p = pager.map(Pager::usage).unwrap_or_default();
+        let c = cache.map(Cache::usage).unwrap_or_default();
+        let mut flags = 0;
+        if p.store_full || c.reject_reclaim_fail > self.last_refused.load(Ordering::Relaxed) {
+            flags |= Usage::STORE_REFUSING;
+        }
+        if c.writeback_fail > self.last_fail.load(Ordering::Relaxed) {
+            flags |= Usage::BACKING_FAILING;
+        }
+        self.last_refused
+            .store(c.reject_reclaim_fail, Ordering::Relaxed);
+        self.last_fail.store(c.writeback_fail, Ordering::Relaxed);
+        self.member.publish(&Usage {
+            resident: p.resident_pages * PAGE_SIZE as u64,
+            pool: c.pool_bytes,
+            runtime: heap,
+            backing: c.backing_pages * PAGE_SIZE as u64,
+            faults: p.faults,
+            evictions: p.evictions,
+            stored: c.stored_pages,
+            flags,
+        });
+        let allot = self.member.limit();
+        if let Some(cache) = cache {
+            let want = self.pool_share(allot.saturating_sub(heap));
+            let had = self.pool_limit.load(Ordering::Relaxed);
+            // Only a change of more than 1/16: setting the limit restarts
+            // the pool's full/accept hysteresis.
+            if (had == 0 || want.abs_diff(had) > had / 16)
+                && cache.set_pool_limit(PoolLimit::Bytes(want)).is_ok()
+            {
+                self.pool_limit.store(want, Ordering::Relaxed);
+            }
+        }
+        let resident_limit = allot.saturating_sub(heap + c.pool_bytes);
+        self.budget.saturating_sub(resident_limit)
+    }
+
+    /// Whether this process is the program `uzswap run` started (its parent
+    /// is the arbiter), not one of its descendants.
+    pub(crate) fn is_root(&self) -> bool {
+        // SAFETY: getppid has no preconditions.
+        let parent = unsafe { libc::getppid() } as u32;
+        parent == self.member.ledger().arbiter_pid()
+    }
+
+    /// Gives the slot back (at exit: a static is never dropped).
+    pub(crate) fn leave(&self) {
+        self.member.leave();
+    }
+}
