@@ -181,11 +181,19 @@ mod tests {
     fn a_faulting_member_gets_memory_from_an_idle_one() {
         let l = Arc::new(Ledger::create(8, 256 * MIB).unwrap());
         let mut arb = Arbiter::new(Arc::clone(&l), 0, MIB);
-        let me = crate::sys::getpid();
-        let start = crate::self_start_time();
-        // Two slots of this same process stand for two processes.
-        let busy = l.claim(me, start, "busy").unwrap();
-        let idle = l.claim(me, start, "idle").unwrap();
+        // Two live processes to stand for the members.
+        let mut kids: Vec<_> = (0..2)
+            .map(|_| {
+                std::process::Command::new("sleep")
+                    .arg("30")
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let id = |c: &std::process::Child| (c.id(), proc_identity(c.id()).unwrap().1);
+        let ((b, bs), (i, is)) = (id(&kids[0]), id(&kids[1]));
+        let busy = l.claim(b, bs, "busy").unwrap();
+        let idle = l.claim(i, is, "idle").unwrap();
         let u = |faults| Usage {
             resident: 150 * MIB,
             runtime: MIB,
@@ -202,6 +210,10 @@ mod tests {
             arb.tick(t0 + Duration::from_millis(10 * k));
         }
         let (b, i) = (busy.allotment().unwrap(), idle.allotment().unwrap());
+        for k in &mut kids {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
         assert!(b > 150 * MIB && i < 106 * MIB, "busy {b} idle {i}");
         assert_eq!(b + i, 256 * MIB);
     }

@@ -299,42 +299,55 @@ impl Ledger {
         self.word(HEADER_WORDS + slot * SLOT_WORDS + i)
     }
 
-    /// Takes a free slot for process `pid` (started at `start`, named
-    /// `comm`).
+    /// Takes a slot for process `pid` (started at `start`, named `comm`):
+    /// the one its previous program image held, if it had one (`execve`
+    /// keeps the pid and start time and runs no exit code, so that slot is
+    /// this process's and nobody else's), else a free one.
     pub fn claim(self: &Arc<Self>, pid: u32, start: u64, comm: &str) -> Result<Member, Error> {
-        for i in 0..self.slots {
-            let w = self.slot_word(i, S_PID);
-            if w.load(Ordering::Relaxed) == 0
-                && w.compare_exchange(0, u64::from(pid), Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-            {
-                let m = Member {
-                    ledger: Arc::clone(self),
-                    index: i,
-                    pid,
-                };
-                let mut c = [0u8; 16];
-                let n = comm.len().min(16);
-                c[..n].copy_from_slice(&comm.as_bytes()[..n]);
-                self.slot_word(i, S_SEQ).fetch_add(1, Ordering::Relaxed);
-                fence(Ordering::Release);
-                self.slot_word(i, S_START).store(start, Ordering::Relaxed);
-                self.slot_word(i, S_COMM).store(
-                    u64::from_le_bytes(c[..8].try_into().unwrap()),
-                    Ordering::Relaxed,
-                );
-                self.slot_word(i, S_COMM + 1).store(
-                    u64::from_le_bytes(c[8..].try_into().unwrap()),
-                    Ordering::Relaxed,
-                );
-                for (k, v) in Usage::default().to_words().into_iter().enumerate() {
-                    self.slot_word(i, S_USAGE + k).store(v, Ordering::Relaxed);
-                }
-                self.slot_word(i, S_SEQ).fetch_add(1, Ordering::Release);
-                return Ok(m);
-            }
+        let mine = (0..self.slots).find(|&i| {
+            self.slot_word(i, S_PID).load(Ordering::Acquire) == u64::from(pid)
+                && self.slot_word(i, S_START).load(Ordering::Relaxed) == start
+        });
+        let index = match mine {
+            Some(i) => i,
+            None => (0..self.slots)
+                .find(|&i| {
+                    let w = self.slot_word(i, S_PID);
+                    w.load(Ordering::Relaxed) == 0
+                        && w.compare_exchange(
+                            0,
+                            u64::from(pid),
+                            Ordering::AcqRel,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok()
+                })
+                .ok_or(Error::Full(self.slots))?,
+        };
+        let mut c = [0u8; 16];
+        let n = comm.len().min(16);
+        c[..n].copy_from_slice(&comm.as_bytes()[..n]);
+        let i = index;
+        self.slot_word(i, S_SEQ).fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        self.slot_word(i, S_START).store(start, Ordering::Relaxed);
+        self.slot_word(i, S_COMM).store(
+            u64::from_le_bytes(c[..8].try_into().unwrap()),
+            Ordering::Relaxed,
+        );
+        self.slot_word(i, S_COMM + 1).store(
+            u64::from_le_bytes(c[8..].try_into().unwrap()),
+            Ordering::Relaxed,
+        );
+        for (k, v) in Usage::default().to_words().into_iter().enumerate() {
+            self.slot_word(i, S_USAGE + k).store(v, Ordering::Relaxed);
         }
-        Err(Error::Full(self.slots))
+        self.slot_word(i, S_SEQ).fetch_add(1, Ordering::Release);
+        Ok(Member {
+            ledger: Arc::clone(self),
+            index,
+            pid,
+        })
     }
 
     /// Reads every held slot whose report is complete (arbiter side).
@@ -527,6 +540,27 @@ mod tests {
         assert_eq!(c.index(), a.index());
         drop(a); // the old holder's drop must not free c's slot
         assert_eq!(l.read().len(), 2);
+    }
+
+    #[test]
+    fn a_new_program_image_of_a_process_takes_over_its_slot() {
+        let l = Arc::new(Ledger::create(4, 1 << 20).unwrap());
+        let shell = l.claim(42, 9, "sh").unwrap();
+        shell.publish(&Usage {
+            resident: 1 << 20,
+            ..Usage::default()
+        });
+        std::mem::forget(shell); // exec: no exit code runs
+        let prog = l.claim(42, 9, "python3").unwrap();
+        let v = l.read();
+        assert_eq!(v.len(), 1, "one slot per process: {v:?}");
+        assert_eq!(v[0].index, prog.index());
+        assert_eq!(v[0].comm, "python3");
+        assert_eq!(v[0].usage, Usage::default());
+        // Another process with the same pid (reused) but another start
+        // time is another process.
+        let other = l.claim(42, 10, "x").unwrap();
+        assert_ne!(other.index(), prog.index());
     }
 
     #[test]

@@ -35,6 +35,19 @@ pub fn rss_bytes() -> std::io::Result<u64> {
     Ok(resident * PAGE_SIZE as u64)
 }
 
+/// The calling process's resident anonymous memory in bytes (`RssAnon` of
+/// `/proc/self/status`): heap, anonymous mappings, stacks, whatever maps
+/// them (the kernel's count, not the allocator's: memory an allocator
+/// reserved but never touched is not in it).
+pub fn rss_anon_bytes() -> std::io::Result<u64> {
+    let s = std::fs::read_to_string("/proc/self/status")?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or_else(|| std::io::Error::other("no RssAnon in /proc/self/status"))
+}
+
 /// Starts a named helper thread that runs `thread_start` (if any) and then
 /// `body`, and returns only once `thread_start` has returned on it.
 ///
@@ -74,6 +87,15 @@ where
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[test]
+    fn rss_anon_counts_touched_anonymous_memory() {
+        let before = rss_anon_bytes().unwrap();
+        let v = vec![1u8; 16 << 20];
+        let after = rss_anon_bytes().unwrap();
+        assert!(after >= before + (15 << 20), "{before} -> {after}");
+        drop(v);
+    }
 
     #[test]
     fn rss_is_a_whole_number_of_pages_and_grows_with_touched_memory() {

@@ -638,11 +638,7 @@ fn start() -> Result<(), String> {
             // share reports the heap alone.
             Arc::new(move || {
                 let rt = RUNTIME.get();
-                sh.charge(
-                    stats::runtime_heap().held_bytes,
-                    rt.map(|r| r.space.pager()),
-                    rt.map(|r| &*r.cache),
-                )
+                sh.charge(rt.map(|r| r.space.pager()), rt.map(|r| &*r.cache))
             })
         }
     }));

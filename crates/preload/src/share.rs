@@ -10,12 +10,15 @@
 //! this process's to fill with resident pages:
 //!
 //! ```text
-//! resident limit = allotment − runtime heap − pool
+//! unmanaged      = resident anonymous memory − managed pages − pool
+//!                  (the runtime's heap, and what the program holds that
+//!                  uzswap does not manage)
+//! resident limit = allotment − unmanaged − pool
 //! charge         = budget − resident limit
 //! ```
 //!
 //! The pool takes at most half of what the allotment leaves beside the
-//! runtime heap when there is a backing file to write the rest back to
+//! unmanaged memory when there is a backing file to write the rest back to
 //! (`--pool-max` caps it further), and all but a floor of resident pages
 //! when there is none.
 
@@ -90,11 +93,21 @@ impl Share {
     }
 
     /// Reports, sizes the pool and returns the pager's charge (see the
-    /// module docs). `heap` is the runtime's own heap; `pager` and `cache`
-    /// are `None` while the runtime is starting.
-    pub(crate) fn charge(&self, heap: u64, pager: Option<&Pager>, cache: Option<&Cache>) -> u64 {
+    /// module docs). `pager` and `cache` are `None` while the runtime is
+    /// starting.
+    ///
+    /// What the process holds besides its managed pages and its pool (the
+    /// runtime's heap, but also the program's memory uzswap does not
+    /// manage: `brk`, thread stacks, what it had before the runtime
+    /// started) is all of its resident anonymous memory less those two,
+    /// as the kernel counts it. The allocator's own count would include
+    /// tables it reserved and never touched (a region's page table is
+    /// zeroed memory, resident only where used).
+    pub(crate) fn charge(&self, pager: Option<&Pager>, cache: Option<&Cache>) -> u64 {
         let p = pager.map(Pager::usage).unwrap_or_default();
         let c = cache.map(Cache::usage).unwrap_or_default();
+        let anon = uzswap_os::rss_anon_bytes().unwrap_or(0);
+        let heap = anon.saturating_sub(p.resident_pages * PAGE_SIZE as u64 + c.pool_bytes);
         let mut flags = 0;
         if p.store_full || c.reject_reclaim_fail > self.last_refused.load(Ordering::Relaxed) {
             flags |= Usage::STORE_REFUSING;

@@ -1,0 +1,60 @@
+"""A parent with a dataset and worker processes, each checking its data.
+
+usage: workers.py START_METHOD WORKERS MIB [HOLD_SECONDS]
+
+The parent builds MIB of distinct records and keeps them; each worker
+(started with START_METHOD: spawn, forkserver or fork) builds its own MIB
+of distinct records from its seed, reads them all back twice and returns a
+checksum the parent recomputes. With HOLD_SECONDS, each worker prints
+"ready PID" and sleeps that long before it checks (a test kills one).
+Prints "ok N workers" and exits 0 only if every checksum and the parent's
+own data check out.
+"""
+import hashlib
+import multiprocessing as mp
+import os
+import sys
+import time
+
+RECORD = 1000
+
+
+def records(seed, mib):
+    n = mib * (1 << 20) // RECORD
+    return [hashlib.sha256(b"%d:%d" % (seed, i)).digest() * (RECORD // 32) for i in range(n)]
+
+
+def checksum(recs):
+    h = hashlib.sha256()
+    for r in recs:
+        h.update(r)
+    return h.hexdigest()
+
+
+def work(args):
+    seed, mib, hold = args
+    recs = records(seed, mib)
+    if hold:
+        print("ready", os.getpid(), flush=True)
+        time.sleep(hold)
+    first = checksum(recs)
+    assert checksum(recs) == first
+    return seed, first
+
+
+def main():
+    method, workers, mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    hold = float(sys.argv[4]) if len(sys.argv) > 4 else 0
+    mp.set_start_method(method)
+    mine = records(10_000, mib)
+    with mp.Pool(workers) as pool:
+        results = pool.map(work, [(s, mib, hold) for s in range(workers)], chunksize=1)
+    bad = [s for s, c in results if c != checksum(records(s, mib))]
+    if bad or checksum(mine) != checksum(records(10_000, mib)):
+        print("bad data from workers", bad)
+        sys.exit(1)
+    print("ok", len(results), "workers")
+
+
+if __name__ == "__main__":
+    main()

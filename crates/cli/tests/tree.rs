@@ -1,0 +1,463 @@
+//! One budget for the whole program: `uzswap run --memory-max B` on real
+//! multi-process programs of the machine (Python multiprocessing, a
+//! parallel `make` of real C sources, a shell pipeline), each checking its
+//! own results. The test samples the whole tree's memory as the kernel
+//! counts it (`Pss_Anon` of `uzswap run` and every descendant, every
+//! 100 ms) and holds it to the budget after start-up. Also: a worker killed
+//! with SIGKILL gives its share back, a budget the runtimes alone exceed
+//! and a full backing disk are said at once, with the remedy.
+//!
+//! Skipped, with a note, where the machine cannot run them (no
+//! userfaultfd, no python3, no make or cc, no sources).
+
+use std::io::{BufRead, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+/// The tree may pass the budget by this share, after start-up.
+const OVER_SHARE: f64 = 0.05;
+/// And by this much besides: a process's first pages before its first
+/// allotment (one 10 ms tick), and the ledger's own page.
+const SLACK: u64 = 4 * MIB;
+/// Samples before this do not count: the dynamic loader and the runtimes
+/// start before any allotment.
+const STARTUP: Duration = Duration::from_millis(500);
+
+fn uzswap() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_uzswap"))
+}
+
+fn missing(what: &str, cmd: &[&str]) -> bool {
+    let ok = Command::new(cmd[0])
+        .args(&cmd[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: no {what}");
+    }
+    !ok
+}
+
+macro_rules! require_uffd {
+    () => {
+        if let Err(e) = uzswap_region::sys::Uffd::open(0, None) {
+            eprintln!("skipped: userfaultfd unavailable: {e}");
+            return;
+        }
+    };
+}
+
+fn programs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs")
+}
+
+/// A private scratch directory, removed at the end of the test.
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("uzswap-tree-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `pid` and its descendants.
+fn tree(pid: u32) -> Vec<u32> {
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        i += 1;
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
+                out.extend(c.split_whitespace().filter_map(|k| k.parse::<u32>().ok()));
+            }
+        }
+    }
+    out
+}
+
+fn pss_anon(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .ok()
+        .and_then(|s| {
+            let l = s.lines().find(|l| l.starts_with("Pss_Anon:"))?.to_owned();
+            l.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// What one `uzswap run` did.
+struct Ran {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    /// The tree's largest sampled Pss_Anon after start-up.
+    peak: u64,
+    /// Most processes seen at once.
+    processes: usize,
+}
+
+/// Runs `uzswap run ARGS` from `dir`, sampling the tree's memory every
+/// 100 ms; `during` gets the pid of `uzswap run` and a line reader of the
+/// program's stdout once it started.
+fn run_with(dir: &Path, args: &[&str], during: impl FnOnce(u32, &mut dyn BufRead)) -> Ran {
+    let mut child = uzswap()
+        .arg("run")
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start uzswap");
+    let pid = child.id();
+    let done = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(0));
+    let most = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let (done, peak, most) = (done.clone(), peak.clone(), most.clone());
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while !done.load(Ordering::Relaxed) {
+                let pids = tree(pid);
+                most.fetch_max(pids.len() as u64 - 1, Ordering::Relaxed);
+                let total: u64 = pids.iter().map(|&p| pss_anon(p)).sum();
+                if t0.elapsed() >= STARTUP {
+                    peak.fetch_max(total, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let mut err_pipe = child.stderr.take().unwrap();
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        err_pipe.read_to_string(&mut s).unwrap();
+        s
+    });
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    during(pid, &mut out);
+    let mut stdout = String::new();
+    out.read_to_string(&mut stdout).unwrap();
+    let stderr = err_reader.join().unwrap();
+    let status = child.wait().unwrap();
+    done.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    eprintln!("uzswap run {args:?}\n--- stdout\n{stdout}--- stderr\n{stderr}---");
+    Ran {
+        code: status.code(),
+        stdout,
+        stderr,
+        peak: peak.load(Ordering::Relaxed),
+        processes: most.load(Ordering::Relaxed) as usize,
+    }
+}
+
+fn run(dir: &Path, args: &[&str]) -> Ran {
+    run_with(dir, args, |_, _| {})
+}
+
+/// The tree stayed within the budget (plus the stated slack) after
+/// start-up.
+fn assert_within(r: &Ran, budget: u64) {
+    let bound = (budget as f64 * (1.0 + OVER_SHARE)) as u64 + SLACK;
+    assert!(r.peak > 0, "no memory was sampled");
+    assert!(
+        r.peak <= bound,
+        "the tree held {:.1} MiB, over {:.1} MiB (budget {} MiB + {}% + {} MiB)",
+        r.peak as f64 / MIB as f64,
+        bound as f64 / MIB as f64,
+        budget / MIB,
+        OVER_SHARE * 100.0,
+        SLACK / MIB
+    );
+}
+
+#[test]
+fn python_workers_started_by_spawn_share_one_budget() {
+    require_uffd!();
+    if missing("python3", &["python3", "-c", "pass"]) {
+        return;
+    }
+    let dir = scratch("spawn");
+    let script = programs().join("workers.py");
+    // Unmanaged: a parent and three workers of 40 MiB of records each,
+    // about 240 MiB of Pss_Anon in all (Python's objects around them).
+    let r = run(
+        &dir,
+        &[
+            "--memory-max",
+            "64M",
+            "--",
+            "python3",
+            script.to_str().unwrap(),
+            "spawn",
+            "3",
+            "40",
+        ],
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("ok 3 workers"), "{}", r.stdout);
+    assert!(
+        r.processes >= 4,
+        "the workers were not seen: {}",
+        r.processes
+    );
+    assert!(
+        r.stderr.contains("processes ("),
+        "no tree line: {}",
+        r.stderr
+    );
+    assert_within(&r, 64 * MIB);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The real C sources this test compiles: the zstd library that the
+/// project's zstd binding builds from the cargo registry.
+fn zstd_sources() -> Option<PathBuf> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))?;
+    let reg = std::fs::read_dir(home.join("registry/src")).ok()?;
+    for r in reg.flatten() {
+        for e in std::fs::read_dir(r.path()).ok()?.flatten() {
+            let lib = e.path().join("zstd/lib");
+            if e.file_name().to_string_lossy().starts_with("zstd-sys-") && lib.is_dir() {
+                return Some(lib);
+            }
+        }
+    }
+    None
+}
+
+const OBJECTS: [&str; 4] = [
+    "compress/zstd_compress.c",
+    "compress/zstd_opt.c",
+    "decompress/zstd_decompress_block.c",
+    "compress/huf_compress.c",
+];
+
+/// Writes a Makefile compiling OBJECTS into `dir`.
+fn makefile(dir: &Path, lib: &Path) {
+    let mut m = String::from("CFLAGS = -O2 -g0\nall:");
+    let mut rules = String::new();
+    for (i, src) in OBJECTS.iter().enumerate() {
+        m += &format!(" o{i}.o");
+        rules += &format!(
+            "o{i}.o:\n\t$(CC) $(CFLAGS) -I{lib} -I{lib}/common -c {lib}/{src} -o $@\n",
+            lib = lib.display()
+        );
+    }
+    std::fs::write(dir.join("Makefile"), m + "\n" + &rules).unwrap();
+}
+
+fn objects(dir: &Path) -> Vec<Vec<u8>> {
+    (0..OBJECTS.len())
+        .map(|i| std::fs::read(dir.join(format!("o{i}.o"))).expect("the object was built"))
+        .collect()
+}
+
+#[test]
+fn a_parallel_make_builds_identical_objects_within_the_budget() {
+    require_uffd!();
+    if missing("make", &["make", "--version"]) || missing("cc", &["cc", "--version"]) {
+        return;
+    }
+    let Some(lib) = zstd_sources() else {
+        eprintln!("skipped: no zstd sources in the cargo registry (cargo fetch)");
+        return;
+    };
+    // The reference: the same Makefile, unmanaged.
+    let plain = scratch("make-plain");
+    makefile(&plain, &lib);
+    let st = Command::new("make")
+        .args(["-s", "-j2"])
+        .current_dir(&plain)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // Two compilers at once peak at about 150 MiB unmanaged.
+    let dir = scratch("make");
+    makefile(&dir, &lib);
+    let r = run(&dir, &["--memory-max", "64M", "--", "make", "-s", "-j2"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(
+        objects(&dir) == objects(&plain),
+        "the objects differ from an unmanaged build"
+    );
+    assert!(r.processes >= 3, "make and its compilers were not seen");
+    assert_within(&r, 64 * MIB);
+    std::fs::remove_dir_all(dir).unwrap();
+    std::fs::remove_dir_all(plain).unwrap();
+}
+
+#[test]
+fn a_shell_pipeline_shares_the_budget() {
+    require_uffd!();
+    if missing("python3", &["python3", "-c", "pass"]) || missing("sort", &["sort", "--version"]) {
+        return;
+    }
+    let dir = scratch("pipe");
+    // 200,000 lines of 100 bytes (20 MB), sorted in memory by sort and
+    // summed by python on the other end.
+    let gen = "import hashlib\nfor i in range(200000): print(hashlib.sha256(str(i).encode()).hexdigest() * 2 + '0123456789abcdef' * 2 + 'xxxx')";
+    let check = "import sys, hashlib\nh = hashlib.sha256()\nprev = ''\nn = 0\nfor l in sys.stdin:\n    assert l >= prev, 'not sorted'\n    prev = l; h.update(l.encode()); n += 1\nprint(n, h.hexdigest())";
+    let cmd = format!("python3 -c \"{gen}\" | sort -S 200M | python3 -c \"{check}\"");
+    let plain = Command::new("sh").args(["-c", &cmd]).output().unwrap();
+    assert!(plain.status.success());
+    let expect = String::from_utf8_lossy(&plain.stdout).into_owned();
+    let r = run(&dir, &["--memory-max", "24M", "--", "sh", "-c", &cmd]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(r.stdout, expect, "the pipeline's result differs");
+    assert!(r.stdout.starts_with("200000 "));
+    assert_within(&r, 24 * MIB);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The ledger of the tree a managed process belongs to.
+fn ledger_of(pid: u32) -> Option<uzswap_ledger::Ledger> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let var = env
+        .split(|&b| b == 0)
+        .find_map(|v| v.strip_prefix(b"UZSWAP_LEDGER="))?;
+    uzswap_ledger::Ledger::open(Path::new(std::str::from_utf8(var).ok()?)).ok()
+}
+
+#[test]
+fn a_worker_killed_with_sigkill_gives_its_share_back() {
+    require_uffd!();
+    if missing("python3", &["python3", "-c", "pass"]) {
+        return;
+    }
+    let dir = scratch("kill");
+    // Two holders of 40 MiB each in 64 MiB: each gets about half.
+    let hold = "import os, sys, time\nb = [bytes([i % 251]) * 4096 for i in range(10240)]\nprint('ready', os.getpid(), flush=True)\ntime.sleep(4)\nassert all(b[i] == bytes([i % 251]) * 4096 for i in range(len(b)))\nprint('checked', os.getpid(), flush=True)";
+    let cmd = format!("python3 -c \"{hold}\" & python3 -c \"{hold}\" & wait");
+    let mut seen = (0u64, 0u64);
+    let r = run_with(
+        &dir,
+        &["--memory-max", "64M", "--", "sh", "-c", &cmd],
+        |_, out| {
+            let mut pids = Vec::new();
+            let mut line = String::new();
+            while pids.len() < 2 && out.read_line(&mut line).unwrap() > 0 {
+                if let Some(p) = line.trim().strip_prefix("ready ") {
+                    pids.push(p.parse::<u32>().unwrap());
+                }
+                line.clear();
+            }
+            let (victim, survivor) = (pids[0], pids[1]);
+            let ledger = ledger_of(survivor).expect("the survivor is in a ledger");
+            let allot = |pid: u32| {
+                ledger
+                    .read()
+                    .iter()
+                    .find(|s| s.pid == pid)
+                    .and_then(|s| s.allot)
+            };
+            std::thread::sleep(Duration::from_millis(300));
+            let before = allot(survivor).expect("the survivor has an allotment");
+            // SAFETY: kill has no memory preconditions.
+            unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+            let t0 = Instant::now();
+            let mut after = before;
+            while t0.elapsed() < Duration::from_secs(2) {
+                std::thread::sleep(Duration::from_millis(50));
+                if allot(victim).is_none() {
+                    after = allot(survivor).unwrap_or(0);
+                    if after > 48 * MIB {
+                        break;
+                    }
+                }
+            }
+            assert!(
+                allot(victim).is_none(),
+                "the killed worker's slot was not reaped"
+            );
+            seen = (before, after);
+        },
+    );
+    let (before, after) = seen;
+    assert!(
+        before < 40 * MIB,
+        "the survivor had {before} before the kill"
+    );
+    assert!(
+        after > 48 * MIB,
+        "the survivor got only {after} after the kill (from {before})"
+    );
+    assert!(
+        r.stdout.contains("checked"),
+        "the survivor did not check its data: {}",
+        r.stdout
+    );
+    assert_within(&r, 64 * MIB);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_budget_the_runtimes_alone_exceed_is_said_with_the_remedy() {
+    require_uffd!();
+    if missing("python3", &["python3", "-c", "pass"]) {
+        return;
+    }
+    let dir = scratch("tiny");
+    let r = run(
+        &dir,
+        &[
+            "--memory-max",
+            "1M",
+            "--",
+            "python3",
+            "-c",
+            "b = bytes(8 << 20); import time; time.sleep(1); print(len(b))",
+        ],
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stderr.contains("over its budget"), "{}", r.stderr);
+    assert!(r.stderr.contains("raise --memory-max"), "{}", r.stderr);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_full_backing_disk_is_said_and_nothing_is_lost() {
+    require_uffd!();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || missing("unshare", &["unshare", "--version"]) {
+        eprintln!("skipped: needs root and unshare for a private small tmpfs");
+        return;
+    }
+    if missing("python3", &["python3", "-c", "pass"]) {
+        return;
+    }
+    let dir = scratch("full");
+    let mnt = dir.join("disk");
+    std::fs::create_dir(&mnt).unwrap();
+    // A 2 MiB file system in a private mount namespace (nothing of the
+    // machine changes), and a program whose compressed pages need more.
+    let prog = "import hashlib\nb = [hashlib.sha256(str(i).encode()).digest() * 128 for i in range(20000)]\nassert all(b[i] == hashlib.sha256(str(i).encode()).digest() * 128 for i in range(len(b)))\nprint('ok', len(b))";
+    let uz = env!("CARGO_BIN_EXE_uzswap");
+    let inner = format!(
+        "mount -t tmpfs -o size=2m none {m} && exec {uz} run --memory-max 16M --pool-max 4M --backing-file {m} -- python3 -c \"{prog}\"",
+        m = mnt.display()
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &inner])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("--- stdout\n{stdout}--- stderr\n{stderr}---");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stdout.contains("ok 20000"), "the program's data: {stdout}");
+    assert!(stderr.contains("over its budget"), "{stderr}");
+    assert!(stderr.contains("disk full"), "{stderr}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
