@@ -1,10 +1,13 @@
 //! Which ledger a process belongs to, from the outside (`uzswap stats`):
-//! read-only looks at `/proc`, nothing mapped or written.
+//! looks at `/proc`, and at the header of a ledger a process holds; nothing
+//! is written.
 //!
 //! A process is of a tree in one of two ways:
 //! - it is the tree's `uzswap run` (the arbiter): it holds the ledger's
-//!   memory file open (`/proc/PID/fd/N` links to `/memfd:uzswap-ledger`),
-//!   or, where its descriptors cannot be listed, a child of it names that
+//!   memory file open (`/proc/PID/fd/N` links to `/memfd:uzswap-ledger`)
+//!   and the ledger's header names it (every member holds the file open
+//!   too, and a `uzswap run` started inside another tree's program holds
+//!   both), or, where its descriptors cannot be listed, a child of it names that
 //!   file in its `UZSWAP_LEDGER`;
 //! - it is one of the program's processes: its environment (as it was at
 //!   its `exec`, `/proc/PID/environ`) holds `UZSWAP_LEDGER=/proc/RUN/fd/N`,
@@ -14,6 +17,7 @@
 //! tree's program inherited that tree's variable, but its own tree is the
 //! one it arbitrates.
 
+use crate::Ledger;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -54,12 +58,12 @@ pub enum FindError {
     #[error("pid {0} is not under `uzswap run`: give the pid `uzswap run` printed, or one of its program's processes")]
     NotUnderUzswap(u32),
     /// `/proc` would not say (most often: the process is another user's).
-    #[error("cannot read {path}: {source} (if the process is another user's, ask as that user)")]
+    #[error("cannot read {path}: {error} (if the process is another user's, ask as that user)")]
     Unreadable {
         /// What could not be read.
         path: PathBuf,
-        /// Why.
-        source: io::Error,
+        /// Why (in the message: not a source of its own).
+        error: io::Error,
     },
 }
 
@@ -116,23 +120,28 @@ pub fn find(pid: u32) -> Result<Found, FindError> {
     Err(unreadable.unwrap_or(FindError::NotUnderUzswap(pid)))
 }
 
-/// The path of the ledger `pid` holds open, if it holds one.
+/// The path of the ledger `pid` holds open as its arbiter, if it is one.
 fn held_ledger(pid: u32) -> Result<Option<PathBuf>, FindError> {
     let dir = PathBuf::from(format!("/proc/{pid}/fd"));
-    let entries = std::fs::read_dir(&dir).map_err(|source| FindError::Unreadable {
+    let entries = std::fs::read_dir(&dir).map_err(|error| FindError::Unreadable {
         path: dir.clone(),
-        source,
+        error,
     })?;
     for e in entries.flatten() {
         // A descriptor closed meanwhile has no link: skipped.
         let Ok(target) = std::fs::read_link(e.path()) else {
             continue;
         };
-        if target
+        if !target
             .as_os_str()
             .as_encoded_bytes()
             .starts_with(MEMFD_LINK.as_bytes())
         {
+            continue;
+        }
+        // Every member holds its tree's ledger open too: the arbiter's is
+        // the one whose header names it.
+        if Ledger::open(&e.path()).is_ok_and(|l| l.arbiter_pid() == pid) {
             return Ok(Some(e.path()));
         }
     }
@@ -143,7 +152,7 @@ fn held_ledger(pid: u32) -> Result<Option<PathBuf>, FindError> {
 /// names none).
 fn environ_ledger(pid: u32) -> Result<Option<PathBuf>, FindError> {
     let path = PathBuf::from(format!("/proc/{pid}/environ"));
-    let env = std::fs::read(&path).map_err(|source| FindError::Unreadable { path, source })?;
+    let env = std::fs::read(&path).map_err(|error| FindError::Unreadable { path, error })?;
     Ok(env
         .split(|&b| b == 0)
         .find_map(|kv| kv.strip_prefix(LEDGER_VAR))
@@ -163,7 +172,6 @@ pub fn run_pid_of(path: &Path) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Ledger;
 
     #[test]
     fn the_maker_of_a_ledger_is_found_as_its_arbiter() {
