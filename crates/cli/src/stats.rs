@@ -219,9 +219,10 @@ pub fn tree(pid: u32, brief: bool) -> Result<TreeView> {
         }
         r => r?,
     };
-    let ledger = Ledger::open(&found.path).with_context(|| {
-        format!(
-            "cannot read the ledger of `uzswap run` {} (the tree of pid {pid})",
+    // The ledger's error says its cause in its message: not chained again.
+    let ledger = Ledger::open(&found.path).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot read the ledger of `uzswap run` {} (the tree of pid {pid}): {e}",
             found.run_pid
         )
     })?;
