@@ -40,16 +40,23 @@ enum Cmd {
     /// be started under uzswap).
     #[command(arg_required_else_help = true)]
     Run(run::Args),
-    /// Live statistics of a program under `uzswap run` (its pid, or the pid
-    /// of `uzswap run` itself).
+    /// Live statistics of a program under `uzswap run`, its whole process
+    /// tree: each process (pid, command, resident, pool, runtime, backing,
+    /// allotment, faults, evictions), the totals against the budget, then
+    /// the detail of the process asked about.
     Stats {
+        /// The pid `uzswap run` printed, or any process of its program.
         pid: u32,
         /// One JSON object.
         #[arg(long, conflicts_with = "prometheus")]
         json: bool,
-        /// Prometheus text exposition format.
+        /// Prometheus text exposition format (every process's samples
+        /// labelled with its pid).
         #[arg(long)]
         prometheus: bool,
+        /// The tree only, without any process's detail.
+        #[arg(long)]
+        brief: bool,
     },
 }
 
@@ -81,16 +88,17 @@ fn run(cli: Cli) -> Result<()> {
             pid,
             json,
             prometheus,
+            brief,
         } => {
-            let v = stats::get(pid)?;
-            let mut out = std::io::stdout().lock();
-            if json {
-                writeln!(out, "{v}")?;
-            } else if prometheus {
-                write!(out, "{}", stats::prometheus(&v))?;
-            } else {
-                write!(out, "{}", stats::text(&v))?;
-            }
+            let out = stats::show(
+                pid,
+                stats::Options {
+                    json,
+                    prometheus,
+                    brief,
+                },
+            )?;
+            std::io::stdout().lock().write_all(out.as_bytes())?;
             Ok(())
         }
     }

@@ -1,21 +1,43 @@
 //! `uzswap stats PID`: the live statistics of a program under `uzswap run`,
-//! read from the abstract unix socket its runtime serves
-//! (`uzswap_contract::socket_name`) as a `uzswap_contract::Snapshot`, and
-//! shown as text, JSON or Prometheus exposition format.
+//! the whole process tree of it.
+//!
+//! Two sources, read once each:
+//! - the tree's **ledger** (`uzswap_ledger`): one row per managed process
+//!   (what it holds, what the arbiter allotted it) and the budget. Which
+//!   ledger is found from `/proc` (`uzswap_ledger::find`): PID may be the
+//!   `uzswap run` itself or any process of its program;
+//! - the **detail** of one process: the `uzswap_contract::Snapshot` its
+//!   runtime serves on the abstract unix socket
+//!   `uzswap_contract::socket_name(pid)`: the process asked about, or the
+//!   program (the root) when given the `uzswap run` pid. `--prometheus`
+//!   asks every process of the tree for its own.
+//!
+//! Shown as text (a table, the totals against the budget, then the
+//! detail), one JSON object, or Prometheus text exposition format (a pid
+//! label on every per-process sample).
 
 use anyhow::{bail, Context, Result};
+use serde::Serialize;
 use serde_json::Value;
+use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::io::Read;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
 use uzswap_contract::snapshot::pager_section;
 use uzswap_contract::{socket_name, PoolSection, Snapshot};
+use uzswap_ledger::{FindError, Ledger, Role, SlotView};
+
+/// How long a process's runtime may take to answer.
+const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Processes asked at once for their detail (`--prometheus`).
+const ASK_AT_ONCE: usize = 32;
 
 /// What the runtime of `pid` answers on its socket.
 fn fetch(pid: u32) -> std::io::Result<String> {
     let addr = SocketAddr::from_abstract_name(socket_name(pid))?;
     let mut s = UnixStream::connect_addr(&addr)?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    s.set_read_timeout(Some(ANSWER_TIMEOUT))?;
     let mut body = String::new();
     s.read_to_string(&mut body)?;
     Ok(body)
@@ -25,20 +47,6 @@ fn fetch(pid: u32) -> std::io::Result<String> {
 fn parse(pid: u32, body: &str) -> Result<Snapshot> {
     Snapshot::from_json(body.as_bytes())
         .with_context(|| format!("process {pid} answered with statistics this uzswap cannot read"))
-}
-
-/// The children of `pid` (to find the program when given the pid of the
-/// `uzswap run` supervisor).
-pub fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
-                out.extend(c.split_whitespace().filter_map(|w| w.parse::<u32>().ok()));
-            }
-        }
-    }
-    out
 }
 
 /// The statistics of `pid`, or of its child if `pid` is `uzswap run`. An
@@ -51,7 +59,7 @@ pub fn get(pid: u32) -> Result<Snapshot> {
         Ok(body) => return parse(pid, &body),
         Err(e) => e,
     };
-    for c in children(pid) {
+    for c in uzswap_ledger::tree::children(pid) {
         if let Ok(body) = fetch(c) {
             return parse(c, &body);
         }
@@ -64,10 +72,543 @@ pub fn get(pid: u32) -> Result<Snapshot> {
     })
 }
 
-/// Prometheus text exposition: every number of the snapshot's sections as
-/// a gauge `uzswap_<section>_<field>` labelled with the pid; the per-class
-/// pool table as `uzswap_pool_class_<column>{class="N"}`.
-pub fn prometheus(s: &Snapshot) -> String {
+/// What `uzswap stats` prints.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    /// One JSON object.
+    pub json: bool,
+    /// Prometheus text exposition format.
+    pub prometheus: bool,
+    /// The tree only: no process is asked for its detail.
+    pub brief: bool,
+}
+
+/// One process of the tree, as its ledger row has it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Row {
+    /// Its pid.
+    pub pid: u32,
+    /// Its slot in the ledger (a process holds one per image it executed
+    /// until it exits).
+    pub slot: usize,
+    /// Its command name (up to 16 bytes).
+    pub comm: String,
+    /// Managed pages resident now, in bytes.
+    pub resident_bytes: u64,
+    /// Its compressed pool.
+    pub pool_bytes: u64,
+    /// Its runtime's own memory.
+    pub runtime_bytes: u64,
+    /// What it keeps in its backing file.
+    pub backing_bytes: u64,
+    /// What the arbiter allotted it (None: not decided yet).
+    pub allot_bytes: Option<u64>,
+    /// Faults resolved so far.
+    pub faults: u64,
+    /// Pages evicted so far.
+    pub evictions: u64,
+    /// Pages stored (pool and backing file) now.
+    pub stored_pages: u64,
+}
+
+impl From<&SlotView> for Row {
+    fn from(v: &SlotView) -> Row {
+        let u = &v.usage;
+        Row {
+            pid: v.pid,
+            slot: v.index,
+            comm: v.comm.clone(),
+            resident_bytes: u.resident,
+            pool_bytes: u.pool,
+            runtime_bytes: u.runtime,
+            backing_bytes: u.backing,
+            allot_bytes: v.allot,
+            faults: u.faults,
+            evictions: u.evictions,
+            stored_pages: u.stored,
+        }
+    }
+}
+
+/// The sums over the rows.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Totals {
+    /// Rows summed.
+    pub processes: usize,
+    pub resident_bytes: u64,
+    pub pool_bytes: u64,
+    pub runtime_bytes: u64,
+    pub backing_bytes: u64,
+    /// Of the allotments decided.
+    pub allot_bytes: u64,
+    pub faults: u64,
+    pub evictions: u64,
+    pub stored_pages: u64,
+}
+
+impl Totals {
+    fn of(rows: &[Row]) -> Totals {
+        let mut t = Totals {
+            processes: rows.len(),
+            ..Totals::default()
+        };
+        for r in rows {
+            t.resident_bytes += r.resident_bytes;
+            t.pool_bytes += r.pool_bytes;
+            t.runtime_bytes += r.runtime_bytes;
+            t.backing_bytes += r.backing_bytes;
+            t.allot_bytes += r.allot_bytes.unwrap_or(0);
+            t.faults += r.faults;
+            t.evictions += r.evictions;
+            t.stored_pages += r.stored_pages;
+        }
+        t
+    }
+
+    /// What the budget pays for: resident + pool + runtime.
+    pub fn memory_bytes(&self) -> u64 {
+        self.resident_bytes + self.pool_bytes + self.runtime_bytes
+    }
+}
+
+/// The detail of one process, or why there is none.
+#[derive(Debug)]
+pub enum Detail {
+    /// Not asked for (`--brief`).
+    NotAsked,
+    /// What its runtime answered.
+    Shown(Box<Snapshot>),
+    /// Why it is missing: said beside the ledger rows.
+    Missing(String),
+}
+
+/// One look at a tree.
+#[derive(Debug)]
+pub struct TreeView {
+    /// The tree's `uzswap run`.
+    pub run_pid: u32,
+    /// The pid asked about.
+    pub asked: u32,
+    /// The process whose detail is shown: the one asked about, or the
+    /// program when the `uzswap run` pid was given (None: it has exited).
+    pub shown: Option<u32>,
+    /// The budget of the whole tree.
+    pub budget_bytes: u64,
+    /// What the arbiter has allotted to nobody.
+    pub unallotted_bytes: u64,
+    /// The managed processes, by pid.
+    pub rows: Vec<Row>,
+    /// Their sums.
+    pub totals: Totals,
+    /// The detail of `shown`.
+    pub detail: Detail,
+}
+
+/// Reads the tree `pid` belongs to and, unless `brief`, the detail of the
+/// process asked about.
+pub fn tree(pid: u32, brief: bool) -> Result<TreeView> {
+    let found = match uzswap_ledger::find(pid) {
+        // A process this user may not look into, but that neither serves
+        // statistics nor has a child that does, is not under uzswap.
+        Err(FindError::Unreadable { .. })
+            if !std::iter::once(pid)
+                .chain(uzswap_ledger::tree::children(pid))
+                .any(serves_statistics) =>
+        {
+            return Err(FindError::NotUnderUzswap(pid).into());
+        }
+        r => r?,
+    };
+    // The ledger's error says its cause in its message: not chained again.
+    let ledger = Ledger::open(&found.path).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot read the ledger of `uzswap run` {} (the tree of pid {pid}): {e}",
+            found.run_pid
+        )
+    })?;
+    if ledger.arbiter_pid() != found.run_pid {
+        bail!(
+            "pid {pid} names the ledger of `uzswap run` {}, but that ledger is `uzswap run` {}'s: \
+             the first has exited and its pid was reused; give the pid `uzswap run` printed",
+            found.run_pid,
+            ledger.arbiter_pid()
+        );
+    }
+    let mut rows: Vec<Row> = ledger.read().iter().map(Row::from).collect();
+    rows.sort_by_key(|r| (r.pid, r.slot));
+    let shown = match found.role {
+        Role::Member => Some(pid),
+        // `uzswap run` starts one process, the program.
+        Role::Arbiter => uzswap_ledger::tree::children(pid).first().copied(),
+    };
+    let detail = match (brief, shown) {
+        (true, _) => Detail::NotAsked,
+        (false, None) => Detail::Missing(format!(
+            "the program of `uzswap run` {pid} has exited: no process to show in detail"
+        )),
+        (false, Some(p)) => match fetch(p) {
+            Ok(body) => Detail::Shown(Box::new(parse(p, &body)?)),
+            Err(e) => Detail::Missing(silent(p, &rows, &e)),
+        },
+    };
+    Ok(TreeView {
+        run_pid: found.run_pid,
+        asked: pid,
+        shown,
+        budget_bytes: ledger.budget(),
+        unallotted_bytes: ledger.unallotted(),
+        totals: Totals::of(&rows),
+        rows,
+        detail,
+    })
+}
+
+/// Whether `pid` serves statistics: its socket is in `/proc/net/unix`,
+/// which anyone may read (as `@NAME`, abstract).
+fn serves_statistics(pid: u32) -> bool {
+    let name = format!("@{}", socket_name(pid));
+    std::fs::read_to_string("/proc/net/unix").is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split_whitespace().last() == Some(&name))
+    })
+}
+
+/// Why process `pid` gave no detail (its socket: `e`).
+fn silent(pid: u32, rows: &[Row], e: &std::io::Error) -> String {
+    if rows.iter().any(|r| r.pid == pid) {
+        format!(
+            "process {pid} does not answer on its statistics socket ({e}): it may be starting \
+             or exiting; its ledger row is shown"
+        )
+    } else {
+        format!(
+            "process {pid} does not answer on its statistics socket ({e}) and has no ledger row: \
+             it runs unmanaged (a child forked without exec, or a program uzswap cannot manage), \
+             or it is starting or exiting"
+        )
+    }
+}
+
+/// Renders `pid`'s tree as `o` asks.
+pub fn show(pid: u32, o: Options) -> Result<String> {
+    let brief = o.brief;
+    let v = tree(pid, brief)?;
+    if let Detail::Missing(why) = &v.detail {
+        if o.json || o.prometheus {
+            crate::note(&format!("uzswap: note: {why}"));
+        }
+    }
+    if o.json {
+        return Ok(json(&v)? + "\n");
+    }
+    if o.prometheus {
+        let details = if brief { Vec::new() } else { ask_all(&v)? };
+        return Ok(tree_prometheus(&v, &details));
+    }
+    Ok(tree_text(&v))
+}
+
+/// The table of the tree, its totals against the budget, then the detail.
+pub fn tree_text(v: &TreeView) -> String {
+    use crate::run::human;
+    let t = &v.totals;
+    let mut s = format!(
+        "uzswap run {}: {} processes hold {} of a budget of {} ({:.0}%), {} unallotted\n",
+        v.run_pid,
+        t.processes,
+        human(t.memory_bytes()),
+        human(v.budget_bytes),
+        t.memory_bytes() as f64 * 100.0 / v.budget_bytes.max(1) as f64,
+        human(v.unallotted_bytes),
+    );
+    // pid, command, resident, pool, runtime, backing, allotment, faults,
+    // evictions.
+    let line = |c: [String; 9]| {
+        format!(
+            "{:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]
+        )
+    };
+    s += &line(
+        [
+            "pid",
+            "command",
+            "resident",
+            "pool",
+            "runtime",
+            "backing",
+            "allotment",
+            "faults",
+            "evictions",
+        ]
+        .map(String::from),
+    );
+    for r in &v.rows {
+        let mark = if Some(r.pid) == v.shown { "*" } else { "" };
+        s += &line([
+            format!("{mark}{}", r.pid),
+            r.comm.clone(),
+            human(r.resident_bytes),
+            human(r.pool_bytes),
+            human(r.runtime_bytes),
+            human(r.backing_bytes),
+            r.allot_bytes.map_or("-".into(), human),
+            r.faults.to_string(),
+            r.evictions.to_string(),
+        ]);
+    }
+    s += &line([
+        "total".into(),
+        String::new(),
+        human(t.resident_bytes),
+        human(t.pool_bytes),
+        human(t.runtime_bytes),
+        human(t.backing_bytes),
+        human(t.allot_bytes),
+        t.faults.to_string(),
+        t.evictions.to_string(),
+    ]);
+    let mut held: Vec<(u32, usize)> = Vec::new();
+    for r in &v.rows {
+        match held.last_mut() {
+            Some((pid, n)) if *pid == r.pid => *n += 1,
+            _ => held.push((r.pid, 1)),
+        }
+    }
+    for (pid, n) in held.into_iter().filter(|&(_, n)| n > 1) {
+        let _ = writeln!(
+            s,
+            "pid {pid} holds {n} rows: one per program it executed (an image that called exec \
+             left its row to be reaped when the process exits)"
+        );
+    }
+    match &v.detail {
+        Detail::NotAsked => {}
+        Detail::Shown(d) => {
+            let _ = write!(s, "\n* pid {} in detail:\n{}", d.pid, text(d));
+        }
+        Detail::Missing(why) => {
+            let _ = writeln!(s, "\n{why}");
+        }
+    }
+    s
+}
+
+/// One JSON object: the tree, its totals, and the detail of the process
+/// asked about (the snapshot's own shape; null, with `detail_note` saying
+/// why, when it did not answer).
+pub fn json(v: &TreeView) -> Result<String> {
+    let mut o = serde_json::json!({
+        "run_pid": v.run_pid,
+        "pid": v.asked,
+        "detail_pid": v.shown,
+        "budget_bytes": v.budget_bytes,
+        "total_bytes": v.totals.memory_bytes(),
+        "unallotted_bytes": v.unallotted_bytes,
+        "processes": v.rows,
+        "totals": v.totals,
+        "detail": Value::Null,
+    });
+    match &v.detail {
+        Detail::NotAsked => {}
+        Detail::Shown(d) => o["detail"] = serde_json::from_str(&d.to_json()?)?,
+        Detail::Missing(why) => o["detail_note"] = Value::from(why.as_str()),
+    }
+    Ok(o.to_string())
+}
+
+/// The detail of every process of the tree that answers, asked
+/// [`ASK_AT_ONCE`] at a time (one that does not answer is left out).
+fn ask_all(v: &TreeView) -> Result<Vec<Snapshot>> {
+    let mut pids: Vec<u32> = v.rows.iter().map(|r| r.pid).collect();
+    pids.dedup(); // sorted
+    let mut out = Vec::new();
+    for chunk in pids.chunks(ASK_AT_ONCE) {
+        let answers: Vec<(u32, std::io::Result<String>)> = std::thread::scope(|s| {
+            let asks: Vec<_> = chunk
+                .iter()
+                .map(|&pid| (pid, s.spawn(move || fetch(pid))))
+                .collect();
+            asks.into_iter()
+                .map(|(pid, h)| {
+                    let a = h.join().unwrap_or_else(|_| {
+                        Err(std::io::Error::other("the thread asking it panicked"))
+                    });
+                    (pid, a)
+                })
+                .collect()
+        });
+        for (pid, a) in answers {
+            if let Ok(body) = a {
+                out.push(parse(pid, &body)?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Prometheus text exposition, grouped by metric family: each family's
+/// HELP and TYPE lines once, then all its samples.
+#[derive(Default)]
+struct Exposition {
+    families: Vec<Family>,
+    by_name: HashMap<String, usize>,
+}
+
+struct Family {
+    name: String,
+    help: String,
+    kind: &'static str,
+    samples: String,
+}
+
+impl Exposition {
+    /// Adds the sample `name{labels} value` to its family.
+    fn sample(
+        &mut self,
+        name: &str,
+        help: &str,
+        kind: &'static str,
+        labels: &str,
+        value: &dyn std::fmt::Display,
+    ) {
+        let i = *self.by_name.entry(name.to_owned()).or_insert_with(|| {
+            self.families.push(Family {
+                name: name.to_owned(),
+                help: help.to_owned(),
+                kind,
+                samples: String::new(),
+            });
+            self.families.len() - 1
+        });
+        let _ = writeln!(self.families[i].samples, "{name}{{{labels}}} {value}");
+    }
+
+    fn render(&self) -> String {
+        let mut out = String::new();
+        for f in &self.families {
+            let _ = writeln!(out, "# HELP {} {}", f.name, f.help);
+            let _ = writeln!(out, "# TYPE {} {}", f.name, f.kind);
+            out += &f.samples;
+        }
+        out
+    }
+}
+
+/// A label value as the exposition format quotes it.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The tree's metrics (`uzswap_tree_*`, `uzswap_process_*{pid,comm,slot}`)
+/// and the detail metrics of each process in `details`.
+pub fn tree_prometheus(v: &TreeView, details: &[Snapshot]) -> String {
+    let mut e = Exposition::default();
+    let run = format!("run_pid=\"{}\"", v.run_pid);
+    let t = &v.totals;
+    e.sample(
+        "uzswap_tree_budget_bytes",
+        "The budget of the whole process tree (uzswap run --memory-max).",
+        "gauge",
+        &run,
+        &v.budget_bytes,
+    );
+    e.sample(
+        "uzswap_tree_memory_bytes",
+        "What the tree's processes report holding: resident + pool + runtime, summed.",
+        "gauge",
+        &run,
+        &t.memory_bytes(),
+    );
+    e.sample(
+        "uzswap_tree_unallotted_bytes",
+        "What the arbiter has allotted to no process.",
+        "gauge",
+        &run,
+        &v.unallotted_bytes,
+    );
+    e.sample(
+        "uzswap_tree_processes",
+        "Processes of the tree in its ledger.",
+        "gauge",
+        &run,
+        &t.processes,
+    );
+    for r in &v.rows {
+        // The slot tells apart the rows of one pid (one per image it
+        // executed).
+        let l = format!(
+            "pid=\"{}\",comm=\"{}\",slot=\"{}\"",
+            r.pid,
+            label(&r.comm),
+            r.slot
+        );
+        let gauges: [(&str, &str, u64); 5] = [
+            (
+                "resident_bytes",
+                "Managed pages the process holds resident.",
+                r.resident_bytes,
+            ),
+            (
+                "pool_bytes",
+                "Memory of the process's compressed pool.",
+                r.pool_bytes,
+            ),
+            (
+                "runtime_bytes",
+                "The process's uzswap runtime's own memory.",
+                r.runtime_bytes,
+            ),
+            (
+                "backing_bytes",
+                "What the process keeps in its backing file.",
+                r.backing_bytes,
+            ),
+            (
+                "stored_pages",
+                "Pages the process has stored (pool and backing file).",
+                r.stored_pages,
+            ),
+        ];
+        for (name, help, x) in gauges {
+            e.sample(&format!("uzswap_process_{name}"), help, "gauge", &l, &x);
+        }
+        if let Some(a) = r.allot_bytes {
+            e.sample(
+                "uzswap_process_allotment_bytes",
+                "What the arbiter allotted the process.",
+                "gauge",
+                &l,
+                &a,
+            );
+        }
+        e.sample(
+            "uzswap_process_faults_total",
+            "Faults the process's runtime resolved.",
+            "counter",
+            &l,
+            &r.faults,
+        );
+        e.sample(
+            "uzswap_process_evictions_total",
+            "Pages the process's runtime evicted.",
+            "counter",
+            &l,
+            &r.evictions,
+        );
+    }
+    for d in details {
+        detail_metrics(d, &mut e);
+    }
+    e.render()
+}
+
+/// Every number of a snapshot's sections as a gauge
+/// `uzswap_<section>_<field>{pid}`; the per-class pool table as
+/// `uzswap_pool_class_<column>{pid,class}`.
+fn detail_metrics(s: &Snapshot, e: &mut Exposition) {
     // Every field named: one added to the schema must be placed here.
     let Snapshot {
         version: _,
@@ -81,28 +622,23 @@ pub fn prometheus(s: &Snapshot) -> String {
         pool,
         pool_table: _,
     } = s;
-    fn walk(prefix: &str, v: &Value, pid: u32, out: &mut String) {
+    let pid_label = format!("pid=\"{pid}\"");
+    fn walk(name: &str, path: &str, v: &Value, labels: &str, e: &mut Exposition) {
+        let help = |path: &str| {
+            format!("{path} of the process's statistics (uzswap stats --json: detail.{path}).")
+        };
         match v {
             Value::Object(m) => {
                 for (k, x) in m {
-                    let name: String = format!("{prefix}_{k}")
+                    let sub: String = format!("{name}_{k}")
                         .chars()
                         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
                         .collect();
-                    walk(&name, x, pid, out);
+                    walk(&sub, &format!("{path}.{k}"), x, labels, e);
                 }
             }
-            Value::Number(n) => {
-                out.push_str(&format!(
-                    "# TYPE {prefix} gauge\n{prefix}{{pid=\"{pid}\"}} {n}\n"
-                ));
-            }
-            Value::Bool(b) => {
-                out.push_str(&format!(
-                    "# TYPE {prefix} gauge\n{prefix}{{pid=\"{pid}\"}} {}\n",
-                    *b as u8
-                ));
-            }
+            Value::Number(n) => e.sample(name, &help(path), "gauge", labels, n),
+            Value::Bool(b) => e.sample(name, &help(path), "gauge", labels, &u8::from(*b)),
             _ => {}
         }
     }
@@ -123,9 +659,8 @@ pub fn prometheus(s: &Snapshot) -> String {
         ("space", value(serde_json::to_value(space))),
         ("uptime_s", Value::from(*uptime_s)),
     ];
-    let mut out = String::new();
     for (name, v) in &sections {
-        walk(&format!("uzswap_{name}"), v, *pid, &mut out);
+        walk(&format!("uzswap_{name}"), name, v, &pid_label, e);
     }
     // Columns as the first row has them, in its keys' order; the class
     // index is the label.
@@ -140,14 +675,19 @@ pub fn prometheus(s: &Snapshot) -> String {
     }
     for col in cols {
         let name = format!("uzswap_pool_class_{col}");
-        out.push_str(&format!("# TYPE {name} gauge\n"));
+        let help = format!("Column {col} of the pool's class table, by size class.");
         for (class, row) in &rows {
             if let Some(x) = row.get(col.as_str()).filter(|x| x.is_number()) {
-                out.push_str(&format!("{name}{{pid=\"{pid}\",class=\"{class}\"}} {x}\n"));
+                e.sample(
+                    &name,
+                    &help,
+                    "gauge",
+                    &format!("{pid_label},class=\"{class}\""),
+                    x,
+                );
             }
         }
     }
-    out
 }
 
 /// Faults by source and their latency, one line.

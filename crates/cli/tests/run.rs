@@ -507,7 +507,10 @@ fn live_statistics_of_a_running_program() {
         let o = ask(&["--json"]);
         let stored = serde_json::from_slice::<serde_json::Value>(&o.stdout)
             .ok()
-            .and_then(|v| v.pointer("/cache/stored_pages").and_then(|x| x.as_u64()));
+            .and_then(|v| {
+                v.pointer("/detail/cache/stored_pages")
+                    .and_then(|x| x.as_u64())
+            });
         if o.status.success() && stored > Some(0) {
             json = Some(o.stdout);
             break;
@@ -517,11 +520,12 @@ fn live_statistics_of_a_running_program() {
     let json = json.expect("uzswap stats never showed a stored page");
     let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
     assert_eq!(
-        v.pointer("/config/memory_max").and_then(|x| x.as_u64()),
+        v.pointer("/detail/config/memory_max")
+            .and_then(|x| x.as_u64()),
         Some(16 * MIB)
     );
-    assert!(v.pointer("/pager/resident_pages").is_some(), "{v}");
-    assert!(v.get("pool").is_some(), "{v}");
+    assert!(v.pointer("/detail/pager/resident_pages").is_some(), "{v}");
+    assert!(v.pointer("/detail/pool").is_some(), "{v}");
 
     let text = ask(&[]);
     assert!(text.status.success());

@@ -19,11 +19,13 @@
 //! - **floor**: what a process cannot give back; never allotted less.
 
 mod arbiter;
+pub mod find;
 pub mod policy;
 mod sys;
 mod table;
 pub mod tree;
 
 pub use arbiter::{Arbiter, Tick};
+pub use find::{find, FindError, Found, Role};
 pub use sys::{proc_identity, self_start_time};
 pub use table::{Error, Ledger, Member, SlotView, Usage, MAX_SLOTS};

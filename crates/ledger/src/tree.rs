@@ -31,6 +31,20 @@ pub fn tree_pids(root: u32) -> Vec<u32> {
     out
 }
 
+/// The children of `pid` (of all its threads), those alive now.
+pub fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
+            out.extend(c.split_whitespace().filter_map(|w| w.parse::<u32>().ok()));
+        }
+    }
+    out
+}
+
 /// `Pss_Anon` of one process, in bytes (None if it is gone or unreadable).
 pub fn pss_anon(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
