@@ -208,13 +208,11 @@ pub struct TreeView {
 /// process asked about.
 pub fn tree(pid: u32, brief: bool) -> Result<TreeView> {
     let found = match uzswap_ledger::find(pid) {
-        // A process this user may not look into, but that neither serves
-        // statistics nor has a child that does, is not under uzswap.
-        Err(FindError::Unreadable { .. })
-            if !std::iter::once(pid)
-                .chain(uzswap_ledger::tree::children(pid))
-                .any(serves_statistics) =>
-        {
+        // A process this user may not look into and that serves no
+        // statistics is not under uzswap (a `uzswap run` would have been
+        // found through its program's environment; its other children,
+        // orphans re-parented to it included, say nothing of it).
+        Err(FindError::Unreadable { .. }) if !serves_statistics(pid) => {
             return Err(FindError::NotUnderUzswap(pid).into());
         }
         r => r?,
