@@ -7,42 +7,20 @@
 //! Skipped, with a note, where the machine cannot run them: no userfaultfd
 //! for this user, no C compiler, no python3.
 
-use std::io::Read;
+mod common;
+
+use common::{descendants, run_sampling, uzswap, vm_rss, MIB};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-
-const MIB: u64 = 1 << 20;
 
 /// Resident memory beyond budget + pool that a managed process may use:
 /// the program's own text and libraries, the runtime's heap (cache index,
 /// pager tables), its threads' stacks and page buffers.
 const RUNTIME_SLACK: u64 = 40 * MIB;
-
-fn uzswap() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_uzswap"))
-}
-
-/// Why these tests cannot run here, if they cannot.
-fn unavailable() -> Option<String> {
-    static WHY: OnceLock<Option<String>> = OnceLock::new();
-    WHY.get_or_init(|| match uzswap_region::sys::Uffd::open(0, None) {
-        Ok(_) => None,
-        Err(e) => Some(format!("userfaultfd unavailable: {e}")),
-    })
-    .clone()
-}
-
-macro_rules! require_uffd {
-    () => {
-        if let Some(why) = unavailable() {
-            eprintln!("skipped: {why}");
-            return;
-        }
-    };
-}
 
 /// A scratch directory for this test binary.
 fn scratch() -> &'static Path {
@@ -95,89 +73,36 @@ struct Ran {
     processes: usize,
 }
 
-/// Pids of every descendant of `pid`.
-fn descendants(pid: u32, out: &mut Vec<u32>) {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return;
-    };
-    for t in tasks.flatten() {
-        let Ok(c) = std::fs::read_to_string(t.path().join("children")) else {
-            continue;
-        };
-        for k in c.split_whitespace().filter_map(|k| k.parse().ok()) {
-            out.push(k);
-            descendants(k, out);
-        }
-    }
-}
-
-fn vm_rss(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let l = s.lines().find(|l| l.starts_with("VmRSS:"))?;
-    l.split_whitespace()
-        .nth(1)?
-        .parse::<u64>()
-        .ok()
-        .map(|k| k * 1024)
-}
-
 /// Runs `uzswap run ARGS`, sampling the resident memory of the program's
 /// processes every 10 ms.
 fn run(args: &[&str]) -> Ran {
-    let mut child = uzswap()
-        .arg("run")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start uzswap");
-    let pid = child.id();
-    let done = Arc::new(AtomicBool::new(false));
     let peak = Arc::new(AtomicU64::new(0));
-    let seen = Arc::new(AtomicU64::new(0));
-    let sampler = {
-        let (done, peak, seen) = (done.clone(), peak.clone(), seen.clone());
-        std::thread::spawn(move || {
-            let mut all = std::collections::HashSet::new();
-            while !done.load(Ordering::Relaxed) {
-                let mut pids = Vec::new();
-                descendants(pid, &mut pids);
-                for p in pids {
-                    all.insert(p);
-                    if let Some(r) = vm_rss(p) {
-                        peak.fetch_max(r, Ordering::Relaxed);
-                    }
+    let all = Arc::new(Mutex::new(HashSet::new()));
+    let sample = {
+        let (peak, all) = (peak.clone(), all.clone());
+        move |pid: u32| {
+            for p in descendants(pid) {
+                all.lock().unwrap().insert(p);
+                if let Some(r) = vm_rss(p) {
+                    peak.fetch_max(r, Ordering::Relaxed);
                 }
-                std::thread::sleep(Duration::from_millis(10));
             }
-            seen.store(all.len() as u64, Ordering::Relaxed);
-        })
+        }
     };
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    let mut err_pipe = child.stderr.take().unwrap();
-    let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        err_pipe.read_to_string(&mut s).unwrap();
-        s
-    });
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
-    stderr.push_str(&err_reader.join().unwrap());
-    let status = child.wait().unwrap();
-    done.store(true, Ordering::Relaxed);
-    sampler.join().unwrap();
-    eprintln!("uzswap run {args:?}\n--- stdout\n{stdout}--- stderr\n{stderr}---");
+    let mut cmd = uzswap();
+    cmd.arg("run").args(args);
+    let f = run_sampling(cmd, Duration::from_millis(10), sample, |_, _| {});
+    eprintln!(
+        "uzswap run {args:?}\n--- stdout\n{}--- stderr\n{}---",
+        f.stdout, f.stderr
+    );
+    let processes = all.lock().unwrap().len();
     Ran {
-        code: status.code(),
-        stdout,
-        stderr,
+        code: f.code,
+        stdout: f.stdout,
+        stderr: f.stderr,
         peak_rss: peak.load(Ordering::Relaxed),
-        processes: seen.load(Ordering::Relaxed) as usize,
+        processes,
     }
 }
 

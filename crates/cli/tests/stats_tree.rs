@@ -8,17 +8,14 @@
 //! userfaultfd for this user, no C compiler. Every process a test starts
 //! is killed when it ends, passed or failed.
 
+mod common;
+
+use common::{descendants, uzswap, MIB};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-const MIB: u64 = 1 << 20;
-
-fn uzswap() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_uzswap"))
-}
 
 /// Why the trees cannot run here, if they cannot: no userfaultfd, or no
 /// C compiler to build the children. Otherwise the built `hold`.
@@ -60,18 +57,6 @@ macro_rules! require_hold {
             }
         }
     };
-}
-
-/// The pids of every descendant of `pid`.
-fn descendants(pid: u32) -> Vec<u32> {
-    let mut out = vec![pid];
-    let mut i = 0;
-    while i < out.len() {
-        out.extend(uzswap_ledger::tree::children(out[i]));
-        i += 1;
-    }
-    out.remove(0);
-    out
 }
 
 /// A `uzswap run` of `sh` starting two `hold` children; killed, with all

@@ -10,14 +10,15 @@
 //! Skipped, with a note, where the machine cannot run them (no
 //! userfaultfd, no python3, no make or cc, no sources).
 
-use std::io::{BufRead, Read};
+mod common;
+
+use common::{descendants, run_sampling, uzswap, MIB};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-const MIB: u64 = 1 << 20;
 /// The tree may pass the budget by this share, after start-up.
 const OVER_SHARE: f64 = 0.05;
 /// And by this much besides: a process's first pages before its first
@@ -26,10 +27,6 @@ const SLACK: u64 = 4 * MIB;
 /// Samples before this do not count: the dynamic loader and the runtimes
 /// start before any allotment.
 const STARTUP: Duration = Duration::from_millis(500);
-
-fn uzswap() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_uzswap"))
-}
 
 fn missing(what: &str, cmd: &[&str]) -> bool {
     let ok = Command::new(cmd[0])
@@ -44,15 +41,6 @@ fn missing(what: &str, cmd: &[&str]) -> bool {
     !ok
 }
 
-macro_rules! require_uffd {
-    () => {
-        if let Err(e) = uzswap_region::sys::Uffd::open(0, None) {
-            eprintln!("skipped: userfaultfd unavailable: {e}");
-            return;
-        }
-    };
-}
-
 fn programs() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs")
 }
@@ -63,25 +51,6 @@ fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-/// `pid` and its descendants.
-fn tree(pid: u32) -> Vec<u32> {
-    let mut out = vec![pid];
-    let mut i = 0;
-    while i < out.len() {
-        let p = out[i];
-        i += 1;
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
-            continue;
-        };
-        for t in tasks.flatten() {
-            if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
-                out.extend(c.split_whitespace().filter_map(|k| k.parse::<u32>().ok()));
-            }
-        }
-    }
-    out
 }
 
 fn pss_anon(pid: u32) -> u64 {
@@ -109,52 +78,32 @@ struct Ran {
 /// 100 ms; `during` gets the pid of `uzswap run` and a line reader of the
 /// program's stdout once it started.
 fn run_with(dir: &Path, args: &[&str], during: impl FnOnce(u32, &mut dyn BufRead)) -> Ran {
-    let mut child = uzswap()
-        .arg("run")
-        .args(args)
-        .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start uzswap");
-    let pid = child.id();
-    let done = Arc::new(AtomicBool::new(false));
     let peak = Arc::new(AtomicU64::new(0));
     let most = Arc::new(AtomicU64::new(0));
-    let sampler = {
-        let (done, peak, most) = (done.clone(), peak.clone(), most.clone());
-        std::thread::spawn(move || {
-            let t0 = Instant::now();
-            while !done.load(Ordering::Relaxed) {
-                let pids = tree(pid);
-                most.fetch_max(pids.len() as u64 - 1, Ordering::Relaxed);
-                let total: u64 = pids.iter().map(|&p| pss_anon(p)).sum();
-                if t0.elapsed() >= STARTUP {
-                    peak.fetch_max(total, Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_millis(100));
+    let sample = {
+        let (peak, most) = (peak.clone(), most.clone());
+        let t0 = Instant::now();
+        move |pid: u32| {
+            let mut pids = descendants(pid);
+            most.fetch_max(pids.len() as u64, Ordering::Relaxed);
+            pids.push(pid);
+            let total: u64 = pids.iter().map(|&p| pss_anon(p)).sum();
+            if t0.elapsed() >= STARTUP {
+                peak.fetch_max(total, Ordering::Relaxed);
             }
-        })
+        }
     };
-    let mut err_pipe = child.stderr.take().unwrap();
-    let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        err_pipe.read_to_string(&mut s).unwrap();
-        s
-    });
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    during(pid, &mut out);
-    let mut stdout = String::new();
-    out.read_to_string(&mut stdout).unwrap();
-    let stderr = err_reader.join().unwrap();
-    let status = child.wait().unwrap();
-    done.store(true, Ordering::Relaxed);
-    sampler.join().unwrap();
-    eprintln!("uzswap run {args:?}\n--- stdout\n{stdout}--- stderr\n{stderr}---");
+    let mut cmd = uzswap();
+    cmd.arg("run").args(args).current_dir(dir);
+    let f = run_sampling(cmd, Duration::from_millis(100), sample, during);
+    eprintln!(
+        "uzswap run {args:?}\n--- stdout\n{}--- stderr\n{}---",
+        f.stdout, f.stderr
+    );
     Ran {
-        code: status.code(),
-        stdout,
-        stderr,
+        code: f.code,
+        stdout: f.stdout,
+        stderr: f.stderr,
         peak: peak.load(Ordering::Relaxed),
         processes: most.load(Ordering::Relaxed) as usize,
     }
