@@ -10,7 +10,7 @@
 mod common;
 
 use common::{descendants, run_sampling, uzswap, vm_rss, MIB};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,21 +32,30 @@ fn scratch() -> &'static Path {
     })
 }
 
-/// Builds `tests/programs/NAME.c` with `cc`; None (and a note) if there is
-/// no C compiler.
+/// Builds `tests/programs/NAME.c` with `cc` once per test binary (tests
+/// that run at once share the build: one compiling while another ran the
+/// half-written file failed with "not executable"); None (and a note) if
+/// there is no C compiler.
 fn build(name: &str, extra: &[&str]) -> Option<PathBuf> {
+    static BUILT: Mutex<Option<HashMap<String, Option<PathBuf>>>> = Mutex::new(None);
+    let suffix = extra.join("").replace('-', "");
+    let key = format!("{name}{suffix}");
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    let built = built.get_or_insert_with(HashMap::new);
+    if let Some(done) = built.get(&key) {
+        return done.clone();
+    }
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/programs")
         .join(format!("{name}.c"));
-    let suffix = extra.join("").replace('-', "");
-    let out = scratch().join(format!("{name}{suffix}"));
+    let out = scratch().join(&key);
     let r = Command::new("cc")
         .args(["-O2", "-pthread", "-o"])
         .arg(&out)
         .arg(&src)
         .args(extra)
         .output();
-    match r {
+    let result = match r {
         Ok(o) if o.status.success() => Some(out),
         Ok(o) => {
             eprintln!(
@@ -59,7 +68,9 @@ fn build(name: &str, extra: &[&str]) -> Option<PathBuf> {
             eprintln!("skipped: no C compiler (cc): {e}");
             None
         }
-    }
+    };
+    built.insert(key, result.clone());
+    result
 }
 
 /// What one `uzswap run` did.
