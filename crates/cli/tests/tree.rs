@@ -21,9 +21,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 /// The tree may pass the budget by this share, after start-up.
 const OVER_SHARE: f64 = 0.05;
-/// And by this much besides: a process's first pages before its first
-/// allotment (one 10 ms tick), and the ledger's own page.
-const SLACK: u64 = 4 * MIB;
+/// And by this much besides: what processes allocate between two of
+/// their evictor's readings of their share (every 10 ms, later when the
+/// machine's CPUs are busy: 7.9 MiB over 64 MiB was seen with a parallel
+/// build running beside the test), a new process's first pages before its
+/// first allotment, and the ledger's own pages.
+const SLACK: u64 = 8 * MIB;
 /// Samples before this do not count: the dynamic loader and the runtimes
 /// start before any allotment.
 const STARTUP: Duration = Duration::from_millis(500);
