@@ -17,6 +17,9 @@ use std::process::Command;
 /// Limits the build to its first N translation units (tests, quick looks).
 pub const SOURCES_ENV: &str = "UZSWAP_BENCH_TREE_SOURCES";
 
+/// The date gcc gives `__DATE__` and `__TIME__` (2026-01-01).
+const SOURCE_DATE_EPOCH: u64 = 1_767_225_600;
+
 /// The compiler's flags for every unit.
 pub const CFLAGS: &str = "-O2 -g0";
 
@@ -298,7 +301,11 @@ impl Workload {
         self.units = objs.len();
         let makefile = format!(
             "# Written by uzswap-bench tree: every unit to an object, nothing linked.\n\
-             CC = gcc\nCFLAGS = {CFLAGS}\n.SUFFIXES:\nall: {}\n{rules}",
+             CC = gcc\nCFLAGS = {CFLAGS}\n\
+             # mimalloc's options.c has __DATE__ and __TIME__: fixed, so that\n\
+             # every build of the same tree gives the same bytes.\n\
+             export SOURCE_DATE_EPOCH = {SOURCE_DATE_EPOCH}\n\
+             .SUFFIXES:\nall: {}\n{rules}",
             objs.join(" ")
         );
         std::fs::write(self.dir().join("Makefile"), makefile)?;
