@@ -185,6 +185,11 @@ struct Sample {
 /// What one run of a program gave.
 struct Ran {
     wall_seconds: f64,
+    /// CPU time (user + system) of the program and every descendant.
+    cpu_seconds: f64,
+    /// The machine's 1-minute load average when it ended (others' work
+    /// on a shared machine shows here).
+    load_average: f64,
     status: std::process::ExitStatus,
     samples: Vec<Sample>,
     /// Its stdout and stderr.
@@ -238,6 +243,7 @@ fn run_sampled(
         .stdout(log.try_clone()?)
         .stderr(log);
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let cpu_before = children_cpu_seconds();
     let started = Instant::now();
     let mut group = Group(Some(cmd.spawn().context("starting the program")?));
     let pid = group.0.as_ref().expect("spawned").id();
@@ -276,10 +282,26 @@ fn run_sampled(
     let samples = std::mem::take(&mut *samples.lock().expect("sampler"));
     Ok(Ran {
         wall_seconds,
+        cpu_seconds: children_cpu_seconds() - cpu_before,
+        load_average: std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0.0),
         status,
         samples,
         log: std::fs::read_to_string(&log_path).unwrap_or_default(),
     })
+}
+
+/// User and system CPU seconds of every child waited for so far (and of
+/// their descendants each waited for).
+fn children_cpu_seconds() -> f64 {
+    // SAFETY: a zeroed rusage is a valid out-parameter for getrusage.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
 }
 
 /// The tree under `root` as the kernel counts it.
@@ -334,6 +356,8 @@ fn common(ran: &Ran, w: &Workload, reference: Option<&Outputs>) -> Result<(Value
         json!({
             "outputs_differing": differing,
             "wall_seconds": ran.wall_seconds,
+            "cpu_seconds": ran.cpu_seconds,
+            "load_average_at_end": ran.load_average,
             "exit_status": ran.status.code(),
             "signal": std::os::unix::process::ExitStatusExt::signal(&ran.status),
             "peak_memory_bytes": ran.peak(),
