@@ -56,7 +56,7 @@ pub struct Args {
 
 /// The `uzswap` binary: `explicit`, or the one beside this executable
 /// (cargo puts every binary of the workspace in one directory).
-fn find_uzswap(explicit: Option<&Path>) -> Result<PathBuf> {
+pub(crate) fn find_uzswap(explicit: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = explicit {
         ensure!(
             p.is_file(),

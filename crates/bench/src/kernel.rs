@@ -178,8 +178,12 @@ pub struct ZswapSample {
     /// Original size of the pages stored ("Zswapped:").
     pub stored_bytes: u64,
     pub zswpout: u64,
+    /// Pages loaded back from the zswap pool.
+    pub zswpin: u64,
     pub zswpwb: u64,
     pub pswpout: u64,
+    /// Pages read back from swap.
+    pub pswpin: u64,
 }
 
 impl ZswapSample {
@@ -207,8 +211,10 @@ impl ZswapSample {
             let v: u64 = v.parse().unwrap_or(0);
             match k {
                 "zswpout" => s.zswpout = v,
+                "zswpin" => s.zswpin = v,
                 "zswpwb" => s.zswpwb = v,
                 "pswpout" => s.pswpout = v,
+                "pswpin" => s.pswpin = v,
                 _ => {}
             }
         }
@@ -301,6 +307,18 @@ impl KernelSwap {
         }
         f.sync_all()?;
         Ok(())
+    }
+
+    /// Writes `value` to the machine setting `path` (a zswap parameter,
+    /// `/proc/sys/vm/page-cluster`, ...), saving the value it had the first
+    /// time, so that drop puts it back.
+    pub fn set(&mut self, path: &str, value: &str) -> Result<()> {
+        if !self.saved.iter().any(|(p, _)| p == path) {
+            let v = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {path}: this kernel does not have it"))?;
+            self.saved.push((path.to_string(), v.trim().to_string()));
+        }
+        std::fs::write(path, value).with_context(|| format!("writing {value} to {path}"))
     }
 
     /// Makes a memory cgroup (v1) limited to `limit` bytes; removed on drop.

@@ -14,8 +14,10 @@ mod bench_cache;
 mod bench_pool;
 mod bench_run;
 mod bench_seal;
+mod bench_tree;
 mod bench_usemem;
 mod kernel;
+mod tree_workload;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -179,6 +181,12 @@ enum Cmd {
     /// same binary in a memory cgroup of the same size with the kernel's
     /// zswap (root; swap, zswap settings and the cgroup are restored).
     Run(bench_run::Args),
+    /// A process tree under one budget: a parallel build of real C sources
+    /// (make -jN) or a Python multiprocessing program, unconstrained, under
+    /// `uzswap run --memory-max`, and in a memory cgroup of the same limit
+    /// with the kernel's zswap (each shrinker/readahead configuration) and
+    /// with plain swap (root; every setting is restored).
+    Tree(bench_tree::Args),
     /// The usemem workload (fill, then read-check-rewrite passes) under a
     /// resident budget, optionally against the kernel's zswap and swap.
     Usemem(bench_usemem::Args),
@@ -306,6 +314,11 @@ fn run(cli: Cli) -> Result<()> {
             rounds,
             json,
         } => emit(json, &bench_seal::run(data, mib as usize, rounds as usize)?),
+        Cmd::Tree(args) => {
+            let v = bench_tree::run(&args)?;
+            eprint!("{}", bench_tree::table(&v));
+            emit(args.json, &v)
+        }
         Cmd::Run(args) => {
             let v = bench_run::run(&args)?;
             if !args.json {

@@ -1,0 +1,930 @@
+//! `uzswap-bench tree`: a whole process tree under one memory budget B: a
+//! parallel build of real C sources at each `-jN` (or a Python
+//! multiprocessing program), run on four sides in one run:
+//! 1. unconstrained (the reference: wall time, the tree's peak, and the
+//!    outputs every other side must reproduce byte for byte);
+//! 2. `uzswap run --memory-max B` (its tree sampled from /proc here, and
+//!    its own `--stats-json` tree figures);
+//! 3. the kernel: a memory cgroup (v1) of limit B with a swap file and
+//!    zswap (lzo) in each configuration of the zswap shrinker (on/off) ×
+//!    swap readahead (`vm.page-cluster` 3/0); the fastest that completed
+//!    without an OOM kill is "the kernel";
+//! 4. plain swap (zswap off) in the same cgroup.
+//!
+//! Memory is each side's own account of the tree: `Pss_Anon` summed over
+//! the processes for the unconstrained and uzswap sides (uzswap's includes
+//! `uzswap run` itself, as its budget does), sampled every 100 ms; the
+//! cgroup's usage plus the zswap pool for the kernel sides (the v1
+//! controller leaves the pool outside its limit), sampled at one instant.
+//! The first [`STARTUP_SAMPLES`] samples do not count for the peak, as in
+//! `uzswap run`'s own accounting.
+//!
+//! Everything changed on the machine is put back by [`KernelSwap`]'s drop
+//! on every exit path; Ctrl-C and SIGTERM are caught, the running program's
+//! process group is killed, and the benchmark returns an error through
+//! those drops rather than dying with the machine changed.
+
+use crate::bench_cache::median;
+use crate::kernel::{KernelSwap, ZswapSample};
+use crate::note;
+use crate::tree_workload::{Kind, Outputs, Workload, CFLAGS};
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use uzswap_ledger::tree;
+
+const MIB: u64 = 1 << 20;
+/// How often every side's memory is sampled.
+const SAMPLE: Duration = Duration::from_millis(100);
+/// Samples after the start that do not count for the peak (the loader,
+/// the runtimes' start-up), as `uzswap run` counts its own peak.
+const STARTUP_SAMPLES: usize = 3;
+/// The memory target: the tree at or below this × B at every sample.
+const MEMORY_TARGET: f64 = 1.05;
+/// Default budget of the python workload.
+const PYTHON_BUDGET_MIB: u64 = 128;
+const ZSWAP_PARAMS: &str = "/sys/module/zswap/parameters";
+const PAGE_CLUSTER: &str = "/proc/sys/vm/page-cluster";
+
+/// Which kernel configurations run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelConfigs {
+    /// All four in the first round of each -jN, then only the fastest.
+    Best,
+    /// All four in every round.
+    All,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, value_enum, default_value = "build")]
+    pub workload: Kind,
+    /// The build's parallelism, comma-separated (python: ignored).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8",
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub jobs: Vec<u32>,
+    /// The budget B of every side, MiB. Default: half of the unconstrained
+    /// peak at each -jN for the build, 128 for python.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(8..=1 << 20))]
+    pub budget_mib: Option<u64>,
+    /// Rounds of every side, the order reversed in every other round; the
+    /// wall times reported are the medians.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub rounds: u32,
+    #[arg(long, value_enum, default_value = "all")]
+    pub kernel_configs: KernelConfigs,
+    /// Only the unconstrained and uzswap sides (no root needed).
+    #[arg(long)]
+    pub skip_kernel: bool,
+    /// The `uzswap` binary (default: the one beside this executable).
+    #[arg(long, value_name = "PATH")]
+    pub uzswap: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One configuration of the kernel side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct KernelConfig {
+    /// zswap on (lzo), or plain swap.
+    zswap: bool,
+    shrinker: bool,
+    page_cluster: u32,
+}
+
+impl KernelConfig {
+    fn name(&self) -> String {
+        if !self.zswap {
+            return format!("swap pc{}", self.page_cluster);
+        }
+        format!(
+            "zswap shrinker={} pc{}",
+            if self.shrinker { "Y" } else { "N" },
+            self.page_cluster
+        )
+    }
+}
+
+const ZSWAP_CONFIGS: [KernelConfig; 4] = [
+    KernelConfig {
+        zswap: true,
+        shrinker: false,
+        page_cluster: 3,
+    },
+    KernelConfig {
+        zswap: true,
+        shrinker: true,
+        page_cluster: 3,
+    },
+    KernelConfig {
+        zswap: true,
+        shrinker: false,
+        page_cluster: 0,
+    },
+    KernelConfig {
+        zswap: true,
+        shrinker: true,
+        page_cluster: 0,
+    },
+];
+const PLAIN_SWAP: KernelConfig = KernelConfig {
+    zswap: false,
+    shrinker: false,
+    page_cluster: 3,
+};
+
+// ---------------------------------------------------------------------
+// Interruption: a flag the signal handler sets and every wait checks.
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Catches SIGINT and SIGTERM for the rest of the process: they set
+/// [`INTERRUPTED`] instead of killing it with the machine changed.
+fn catch_interrupts() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a zeroed sigaction is a valid "no flags, empty mask"
+        // value; the handler only stores to an atomic (async-signal-safe).
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+fn check_interrupted() -> Result<()> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        bail!("interrupted: the program was killed and the machine's settings put back");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------
+// Running one program while sampling it.
+
+/// One look at a side's memory.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sample {
+    /// What is held against B: the tree's Pss_Anon, or cgroup + pool.
+    memory: u64,
+    /// Kernel sides: the cgroup's usage and the zswap pool, same instant.
+    cgroup: u64,
+    zswap_pool: u64,
+}
+
+/// What one run of a program gave.
+struct Ran {
+    wall_seconds: f64,
+    /// CPU time (user + system) of the program and every descendant.
+    cpu_seconds: f64,
+    /// The machine's 1-minute load average when it ended (others' work
+    /// on a shared machine shows here).
+    load_average: f64,
+    status: std::process::ExitStatus,
+    samples: Vec<Sample>,
+    /// Its stdout and stderr.
+    log: String,
+}
+
+impl Ran {
+    fn counted(&self) -> impl Iterator<Item = &Sample> {
+        self.samples.iter().skip(STARTUP_SAMPLES)
+    }
+
+    fn peak(&self) -> u64 {
+        self.counted().map(|s| s.memory).max().unwrap_or(0)
+    }
+
+    fn over(&self, limit: u64) -> usize {
+        self.counted().filter(|s| s.memory > limit).count()
+    }
+}
+
+/// Kills the process group of a program still running when dropped (an
+/// error or an interruption in the middle of a run).
+struct Group(Option<std::process::Child>);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            // SAFETY: kill has no memory preconditions; the group is the
+            // child's own (process_group(0)).
+            unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs `cmd` in `dir` as its own process group, output to a log file,
+/// sampling `probe(pid)` every [`SAMPLE`] until it exits.
+fn run_sampled(
+    mut cmd: Command,
+    dir: &Path,
+    probe: impl Fn(u32) -> Sample + Send + 'static,
+) -> Result<Ran> {
+    check_interrupted()?;
+    let log_path = dir.join("run.log");
+    let log = std::fs::File::create(&log_path)?;
+    cmd.current_dir(dir)
+        .env_remove("MAKEFLAGS")
+        .env_remove("MFLAGS")
+        .env_remove("MAKELEVEL")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let cpu_before = children_cpu_seconds();
+    let started = Instant::now();
+    let mut group = Group(Some(cmd.spawn().context("starting the program")?));
+    let pid = group.0.as_ref().expect("spawned").id();
+    let stop = Arc::new(AtomicBool::new(false));
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let sampler = {
+        let (stop, samples) = (Arc::clone(&stop), Arc::clone(&samples));
+        std::thread::spawn(move || {
+            let mut next = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                let s = probe(pid);
+                samples.lock().expect("sampler").push(s);
+                next += SAMPLE;
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+        })
+    };
+    let status = loop {
+        if let Some(st) = group.0.as_mut().expect("running").try_wait()? {
+            break st;
+        }
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            drop(group); // kills the program's whole group
+            stop.store(true, Ordering::Relaxed);
+            let _ = sampler.join();
+            check_interrupted()?;
+            unreachable!("interrupted");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let wall_seconds = started.elapsed().as_secs_f64();
+    group.0 = None;
+    stop.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    check_interrupted()?;
+    let samples = std::mem::take(&mut *samples.lock().expect("sampler"));
+    Ok(Ran {
+        wall_seconds,
+        cpu_seconds: children_cpu_seconds() - cpu_before,
+        load_average: std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0.0),
+        status,
+        samples,
+        log: std::fs::read_to_string(&log_path).unwrap_or_default(),
+    })
+}
+
+/// User and system CPU seconds of every child waited for so far (and of
+/// their descendants each waited for).
+fn children_cpu_seconds() -> f64 {
+    // SAFETY: a zeroed rusage is a valid out-parameter for getrusage.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// The tree under `root` as the kernel counts it.
+fn tree_probe(root: u32) -> Sample {
+    Sample {
+        memory: tree::sample(root, &[]).pss_anon,
+        ..Sample::default()
+    }
+}
+
+fn read_u64(path: &Path) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A counter of a cgroup's `memory.oom_control` (`oom_kill`).
+fn oom_kills(cg: &Path) -> u64 {
+    std::fs::read_to_string(cg.join("memory.oom_control"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The last lines of a run's log, for an error message.
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(6)..].join("\n")
+}
+
+// ---------------------------------------------------------------------
+// The sides.
+
+/// Fields every side reports.
+fn common(ran: &Ran, w: &Workload, reference: Option<&Outputs>) -> Result<(Value, Outputs)> {
+    let outputs = w.outputs(&ran.log)?;
+    let differing = reference.map(|r| outputs.differing(r)).unwrap_or_default();
+    let identical = match reference {
+        Some(r) => &outputs == r,
+        None => w.complete(&outputs),
+    };
+    if !differing.is_empty() {
+        note(&format!(
+            "outputs differ from the unconstrained run's: {}",
+            differing.join(" ")
+        ));
+    }
+    Ok((
+        json!({
+            "outputs_differing": differing,
+            "wall_seconds": ran.wall_seconds,
+            "cpu_seconds": ran.cpu_seconds,
+            "load_average_at_end": ran.load_average,
+            "exit_status": ran.status.code(),
+            "signal": std::os::unix::process::ExitStatusExt::signal(&ran.status),
+            "peak_memory_bytes": ran.peak(),
+            "samples": ran.samples.len(),
+            "outputs_identical": identical,
+        }),
+        outputs,
+    ))
+}
+
+fn unconstrained(w: &Workload, jobs: u32, reference: Option<&Outputs>) -> Result<(Value, Outputs)> {
+    w.reset()?;
+    let argv = w.argv(jobs);
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    let ran = run_sampled(cmd, w.dir(), tree_probe)?;
+    if !ran.status.success() {
+        bail!(
+            "the unconstrained run of `{}` failed ({}):\n{}",
+            argv.join(" "),
+            ran.status,
+            tail(&ran.log)
+        );
+    }
+    let (mut v, outputs) = common(&ran, w, reference)?;
+    v["oom_killed"] = json!(false);
+    Ok((v, outputs))
+}
+
+fn uzswap_side(
+    w: &Workload,
+    jobs: u32,
+    budget: u64,
+    uzswap: &Path,
+    reference: &Outputs,
+) -> Result<Value> {
+    w.reset()?;
+    let stats_path = w.dir().join("uzswap-stats.json");
+    let _ = std::fs::remove_file(&stats_path);
+    let mut cmd = Command::new(uzswap);
+    cmd.arg("run")
+        .arg("--memory-max")
+        .arg(budget.to_string())
+        .arg("--stats-json")
+        .arg(&stats_path)
+        .arg("--")
+        .args(w.argv(jobs));
+    let ran = run_sampled(cmd, w.dir(), tree_probe)?;
+    let (mut v, _) = common(&ran, w, Some(reference))?;
+    let stats: Value = std::fs::read(&stats_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null);
+    let procs: Vec<&Value> = stats
+        .pointer("/tree/processes")
+        .and_then(Value::as_object)
+        .map(|m| m.values().collect())
+        .unwrap_or_default();
+    let sum = |k: &str| -> u64 { procs.iter().filter_map(|p| p[k].as_u64()).sum() };
+    let root = |p: &str| stats.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    v["oom_killed"] = json!(false);
+    v["over_target_samples"] = json!(ran.over((budget as f64 * MEMORY_TARGET) as u64));
+    v["stats_peak_bytes"] = stats
+        .pointer("/tree/peak_bytes")
+        .cloned()
+        .unwrap_or(Value::Null);
+    v["stats_over_budget"] = stats
+        .pointer("/tree/over_budget")
+        .cloned()
+        .unwrap_or(Value::Null);
+    v["over_budget_reasons"] = stats
+        .pointer("/tree/over_budget_reasons")
+        .cloned()
+        .unwrap_or(Value::Null);
+    v["managed_processes"] = json!(procs.len());
+    v["max_processes"] = stats
+        .pointer("/tree/max_processes")
+        .cloned()
+        .unwrap_or(Value::Null);
+    // Over the tree: pages evicted (to the pool or the backing file) and
+    // faults resolved, from every process's last report.
+    v["tree_evictions"] = json!(sum("evictions"));
+    v["tree_faults"] = json!(sum("faults"));
+    // Written to and read back from the backing file: only the root
+    // process's final statistics have these counters.
+    v["backing_out_pages"] =
+        json!(root("/cache/written_back_pages") + root("/cache/stores_to_backing"));
+    v["backing_in_pages"] = json!(root("/cache/loads_backing"));
+    v["backing_counts_root_only"] = json!(true);
+    v["headline"] = json!(ran
+        .log
+        .lines()
+        .find(|l| l.starts_with("uzswap: the program's memory peaked"))
+        .unwrap_or(""));
+    if !ran.status.success() {
+        note(&format!(
+            "uzswap side failed ({}):\n{}",
+            ran.status,
+            tail(&ran.log)
+        ));
+    }
+    Ok(v)
+}
+
+/// One kernel configuration in a fresh cgroup of limit `budget`.
+fn kernel_side(
+    ks: &mut KernelSwap,
+    cfg: KernelConfig,
+    w: &Workload,
+    jobs: u32,
+    budget: u64,
+    reference: &Outputs,
+) -> Result<Value> {
+    ks.set(
+        &format!("{ZSWAP_PARAMS}/enabled"),
+        if cfg.zswap { "Y" } else { "N" },
+    )?;
+    if cfg.zswap {
+        ks.set(
+            &format!("{ZSWAP_PARAMS}/shrinker_enabled"),
+            if cfg.shrinker { "Y" } else { "N" },
+        )?;
+    }
+    ks.set(PAGE_CLUSTER, &cfg.page_cluster.to_string())?;
+    w.reset()?;
+    let cg = ks.cgroup(budget)?;
+    let argv = w.argv(jobs);
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg("echo $$ > \"$0\" && exec \"$@\"")
+        .arg(cg.join("tasks"))
+        .args(&argv);
+    let start = ZswapSample::read()?;
+    let probe_cg = cg.clone();
+    let ran = run_sampled(cmd, w.dir(), move |_| {
+        let cgroup = read_u64(&probe_cg.join("memory.usage_in_bytes"));
+        let zswap_pool = ZswapSample::read().map(|z| z.pool_bytes).unwrap_or(0);
+        Sample {
+            memory: cgroup + zswap_pool,
+            cgroup,
+            zswap_pool,
+        }
+    })?;
+    let end = ZswapSample::read()?;
+    let ooms = oom_kills(&cg);
+    let (mut v, _) = common(&ran, w, Some(reference))?;
+    let oom = ooms > 0 || ran.status.code() == Some(137);
+    v["config"] = json!(cfg.name());
+    v["zswap"] = json!(cfg.zswap);
+    v["shrinker_enabled"] = json!(cfg.shrinker);
+    v["page_cluster"] = json!(cfg.page_cluster);
+    v["compressor"] = json!(cfg.zswap.then(|| ks.compressor.clone()));
+    v["oom_killed"] = json!(oom);
+    v["oom_kills"] = json!(ooms);
+    v["completed"] = json!(ran.status.success() && !oom);
+    v["peak_cgroup_bytes"] = json!(ran.counted().map(|s| s.cgroup).max().unwrap_or(0));
+    v["peak_zswap_pool_bytes"] = json!(ran.counted().map(|s| s.zswap_pool).max().unwrap_or(0));
+    v["cgroup_max_usage_bytes"] = json!(read_u64(&cg.join("memory.max_usage_in_bytes")));
+    v["pswpout"] = json!(end.pswpout - start.pswpout);
+    v["pswpin"] = json!(end.pswpin - start.pswpin);
+    v["zswpout"] = json!(end.zswpout - start.zswpout);
+    v["zswpin"] = json!(end.zswpin - start.zswpin);
+    v["zswpwb"] = json!(end.zswpwb - start.zswpwb);
+    if oom || !ran.status.success() {
+        // A failed configuration has no time.
+        v["wall_seconds"] = Value::Null;
+        note(&format!(
+            "kernel {}: failed ({}, {ooms} OOM kills)",
+            cfg.name(),
+            ran.status
+        ));
+    }
+    Ok(v)
+}
+
+// ---------------------------------------------------------------------
+// Rounds and results.
+
+/// A side over the rounds: the round of the median wall time in full, the
+/// wall time the median, the peak the largest, outputs identical and
+/// completion only if in every round, OOM if in any.
+fn combine(runs: Vec<Value>) -> Value {
+    if runs.is_empty() {
+        return Value::Null;
+    }
+    let walls: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r["wall_seconds"].as_f64())
+        .collect();
+    let failed = walls.len() < runs.len();
+    let mut out = if failed {
+        runs.iter()
+            .find(|r| r["wall_seconds"].is_null())
+            .cloned()
+            .expect("a failed round")
+    } else {
+        let m = median(walls.clone());
+        runs.iter()
+            .find(|r| r["wall_seconds"].as_f64() == Some(m))
+            .cloned()
+            .expect("the median round")
+    };
+    let all = |k: &str| runs.iter().all(|r| r[k].as_bool().unwrap_or(false));
+    let any = |k: &str| runs.iter().any(|r| r[k].as_bool().unwrap_or(false));
+    out["outputs_identical"] = json!(all("outputs_identical"));
+    out["oom_killed"] = json!(any("oom_killed"));
+    if let Some(max) = runs
+        .iter()
+        .filter_map(|r| r["peak_memory_bytes"].as_u64())
+        .max()
+    {
+        out["peak_memory_bytes"] = json!(max);
+    }
+    if runs.len() > 1 {
+        out["wall_seconds_each_round"] = runs.iter().map(|r| r["wall_seconds"].clone()).collect();
+    }
+    if !failed && runs.len() > 1 {
+        out["wall_seconds"] = json!(median(walls));
+    }
+    out
+}
+
+fn f(v: &Value, k: &str) -> Option<f64> {
+    v[k].as_f64()
+}
+
+/// One -jN: every side, `rounds` times.
+fn case(args: &Args, w: &Workload, jobs: u32, uzswap: &Path) -> Result<Value> {
+    let label = match w.kind {
+        Kind::Build => format!("make -j{jobs}"),
+        Kind::Python => "python".into(),
+    };
+    note(&format!("{label}: unconstrained (reference) ..."));
+    let (first, reference) = unconstrained(w, jobs, None)?;
+    if !first["outputs_identical"].as_bool().unwrap_or(false) {
+        bail!("{label}: the unconstrained run did not produce every output: {first}");
+    }
+    let unconstrained_peak = first["peak_memory_bytes"].as_u64().unwrap_or(0);
+    let budget = match (args.budget_mib, w.kind) {
+        (Some(m), _) => m * MIB,
+        (None, Kind::Python) => PYTHON_BUDGET_MIB * MIB,
+        (None, Kind::Build) => (unconstrained_peak / 2).div_ceil(MIB).max(16) * MIB,
+    };
+    note(&format!(
+        "{label}: {:.1} s, peak {} MiB; budget {} MiB",
+        first["wall_seconds"].as_f64().unwrap_or(0.0),
+        unconstrained_peak / MIB,
+        budget / MIB
+    ));
+    // The kernel's swap: set up once for the case, put back at its end.
+    let mut ks = if args.skip_kernel {
+        None
+    } else {
+        Some(KernelSwap::setup(
+            (unconstrained_peak * 3 / 2).max(256 * MIB),
+            Some("lzo"),
+        )?)
+    };
+    let mut free_runs = vec![first];
+    let mut ours = Vec::new();
+    let mut kernel: Vec<Vec<Value>> = vec![Vec::new(); ZSWAP_CONFIGS.len()];
+    let mut swap = Vec::new();
+    let mut best: Option<usize> = None;
+    for round in 0..args.rounds {
+        // Order of this round's sides; reversed in odd rounds.
+        let mut order: Vec<usize> = (0..3 + ZSWAP_CONFIGS.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for side in order {
+            match side {
+                0 if round > 0 => {
+                    note(&format!("{label}: unconstrained ..."));
+                    free_runs.push(unconstrained(w, jobs, Some(&reference))?.0);
+                }
+                0 => {}
+                1 => {
+                    note(&format!(
+                        "{label}: uzswap run --memory-max {} MiB ...",
+                        budget / MIB
+                    ));
+                    let v = uzswap_side(w, jobs, budget, uzswap, &reference)?;
+                    note(&format!(
+                        "{label}: uzswap {:.1} s, tree peak {} MiB (its own account {} MiB), identical {}",
+                        f(&v, "wall_seconds").unwrap_or(0.0),
+                        v["peak_memory_bytes"].as_u64().unwrap_or(0) / MIB,
+                        v["stats_peak_bytes"].as_u64().unwrap_or(0) / MIB,
+                        v["outputs_identical"]
+                    ));
+                    ours.push(v);
+                }
+                2 => {
+                    let Some(ks) = ks.as_mut() else { continue };
+                    note(&format!("{label}: kernel, plain swap ..."));
+                    swap.push(kernel_side(ks, PLAIN_SWAP, w, jobs, budget, &reference)?);
+                }
+                k => {
+                    let Some(ks) = ks.as_mut() else { continue };
+                    let i = k - 3;
+                    if args.kernel_configs == KernelConfigs::Best && round > 0 && best != Some(i) {
+                        continue;
+                    }
+                    let cfg = ZSWAP_CONFIGS[i];
+                    note(&format!("{label}: kernel, {} ...", cfg.name()));
+                    let v = kernel_side(ks, cfg, w, jobs, budget, &reference)?;
+                    if let Some(t) = f(&v, "wall_seconds") {
+                        note(&format!(
+                            "{label}: kernel {} {t:.1} s, peak {} MiB",
+                            cfg.name(),
+                            v["peak_memory_bytes"].as_u64().unwrap_or(0) / MIB
+                        ));
+                    }
+                    kernel[i].push(v);
+                }
+            }
+        }
+        if round == 0 && ks.is_some() {
+            best = fastest(
+                &kernel
+                    .iter()
+                    .map(|r| combine(r.clone()))
+                    .collect::<Vec<_>>(),
+            );
+        }
+    }
+    drop(ks); // swap off, zswap and page-cluster back, cgroups removed
+    let configs: Vec<Value> = kernel
+        .into_iter()
+        .filter(|r| !r.is_empty())
+        .map(combine)
+        .collect();
+    let best = fastest(&configs);
+    let ours = combine(ours);
+    let mut out = json!({
+        "jobs": jobs,
+        "label": label,
+        "budget_bytes": budget,
+        "unconstrained": combine(free_runs),
+        "uzswap": ours,
+    });
+    let limit = budget as f64 * MEMORY_TARGET;
+    let memory_ok = ours["over_target_samples"].as_u64() == Some(0)
+        && (ours["peak_memory_bytes"].as_u64().unwrap_or(0) as f64) <= limit;
+    let mut identical = ours["outputs_identical"].as_bool().unwrap_or(false);
+    let mut targets = json!({ "memory_within_1_05_budget": memory_ok });
+    if !configs.is_empty() {
+        out["kernel_configs"] = json!(configs);
+        out["swap"] = combine(swap);
+        match best {
+            Some(b) => {
+                let k = &configs[b];
+                out["kernel"] = k.clone();
+                out["kernel_best_config"] = k["config"].clone();
+                let wall = f(&ours, "wall_seconds").unwrap_or(f64::INFINITY)
+                    / f(k, "wall_seconds").unwrap_or(f64::NAN);
+                out["wall_ratio_vs_kernel"] = json!(wall);
+                out["memory_ratio_vs_kernel"] = json!(
+                    ours["peak_memory_bytes"].as_u64().unwrap_or(0) as f64
+                        / k["peak_memory_bytes"].as_u64().unwrap_or(1).max(1) as f64
+                );
+                targets["wall_at_most_kernel"] = json!(wall <= 1.0);
+                identical &= k["outputs_identical"].as_bool().unwrap_or(false);
+            }
+            None => {
+                out["kernel"] = Value::Null;
+                targets["wall_at_most_kernel"] = json!(null);
+                note(&format!("{label}: no kernel zswap configuration completed"));
+            }
+        }
+    }
+    targets["outputs_identical"] = json!(identical);
+    out["outputs_identical"] = json!(identical);
+    out["targets"] = targets;
+    Ok(out)
+}
+
+/// The index of the fastest configuration that completed with identical
+/// outputs in every round.
+fn fastest(configs: &[Value]) -> Option<usize> {
+    configs
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| {
+            !c["oom_killed"].as_bool().unwrap_or(true)
+                && c["outputs_identical"].as_bool().unwrap_or(false)
+        })
+        .filter_map(|(i, c)| f(c, "wall_seconds").map(|t| (i, t)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(i, _)| i)
+}
+
+pub fn run(args: &Args) -> Result<Value> {
+    let uzswap = crate::bench_run::find_uzswap(args.uzswap.as_deref())?;
+    // The programs run in their own directory.
+    let uzswap =
+        std::fs::canonicalize(&uzswap).with_context(|| format!("locating {}", uzswap.display()))?;
+    catch_interrupts();
+    let w = Workload::prepare(args.workload)?;
+    note(&format!(
+        "tree: {} in {}{}",
+        w.sources.join(", "),
+        w.dir().display(),
+        if w.kind == Kind::Build {
+            format!(" ({} units, gcc {CFLAGS})", w.units)
+        } else {
+            String::new()
+        }
+    ));
+    let jobs = match w.kind {
+        Kind::Build => args.jobs.clone(),
+        Kind::Python => vec![1],
+    };
+    let mut cases = Vec::new();
+    for j in jobs {
+        cases.push(case(args, &w, j, &uzswap)?);
+    }
+    let all = |k: &str| {
+        cases
+            .iter()
+            .all(|c| c["targets"][k].as_bool().unwrap_or(false))
+    };
+    let met = all("memory_within_1_05_budget")
+        && all("outputs_identical")
+        && (args.skip_kernel || all("wall_at_most_kernel"));
+    Ok(json!({
+        "benchmark": "tree",
+        "workload": w.kind,
+        "sources": w.sources,
+        "units": w.units,
+        "cflags": CFLAGS,
+        "rounds": args.rounds,
+        "kernel_configs": if args.skip_kernel { json!(null) } else { json!(args.kernel_configs) },
+        "memory_target": MEMORY_TARGET,
+        "machine": machine(),
+        "cases": cases,
+        "targets_met": met,
+    }))
+}
+
+/// What the figures were measured on.
+fn machine() -> Value {
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:").map(|v| v.trim().to_string()))
+        .unwrap_or_default();
+    let gcc = Command::new("gcc")
+        .arg("--version")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+        .unwrap_or_default();
+    json!({
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "kernel": kernel.trim(),
+        "mem_total": mem,
+        "gcc": gcc,
+    })
+}
+
+/// A table of the result, for stderr.
+pub fn table(v: &Value) -> String {
+    let mib = |x: &Value| {
+        x.as_u64()
+            .map(|b| format!("{:.0}", b as f64 / MIB as f64))
+            .unwrap_or_else(|| "-".into())
+    };
+    let secs = |x: &Value| {
+        x.as_f64()
+            .map(|t| format!("{t:.1}"))
+            .unwrap_or_else(|| "-".into())
+    };
+    let mut s = format!(
+        "{:<10} {:<26} {:>8} {:>9} {:>10} {:>10} {:>9} {:>4}\n",
+        "case", "side", "wall s", "peak MiB", "out pages", "in pages", "identical", "OOM"
+    );
+    for c in v["cases"].as_array().into_iter().flatten() {
+        let label = c["label"].as_str().unwrap_or("");
+        let mut row = |name: &str, x: &Value, out: &Value, inn: &Value| {
+            s += &format!(
+                "{label:<10} {name:<26} {:>8} {:>9} {:>10} {:>10} {:>9} {:>4}\n",
+                secs(&x["wall_seconds"]),
+                mib(&x["peak_memory_bytes"]),
+                out.as_u64()
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                inn.as_u64()
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                x["outputs_identical"],
+                if x["oom_killed"].as_bool().unwrap_or(false) {
+                    "yes"
+                } else {
+                    "no"
+                }
+            );
+        };
+        row(
+            "unconstrained",
+            &c["unconstrained"],
+            &Value::Null,
+            &Value::Null,
+        );
+        let u = &c["uzswap"];
+        row(
+            &format!(
+                "uzswap ({} MiB)",
+                c["budget_bytes"].as_u64().unwrap_or(0) / MIB
+            ),
+            u,
+            &u["tree_evictions"],
+            &u["tree_faults"],
+        );
+        for k in c["kernel_configs"].as_array().into_iter().flatten() {
+            row(
+                k["config"].as_str().unwrap_or(""),
+                k,
+                &json!(k["pswpout"].as_u64().unwrap_or(0) + k["zswpout"].as_u64().unwrap_or(0)),
+                &json!(k["pswpin"].as_u64().unwrap_or(0) + k["zswpin"].as_u64().unwrap_or(0)),
+            );
+        }
+        if c.get("swap").is_some() {
+            let k = &c["swap"];
+            row("plain swap", k, &k["pswpout"], &k["pswpin"]);
+        }
+        if let Some(r) = c["wall_ratio_vs_kernel"].as_f64() {
+            s += &format!(
+                "{label:<10} uzswap/kernel ({}): wall {r:.2}x, memory {:.2}x\n",
+                c["kernel_best_config"].as_str().unwrap_or(""),
+                c["memory_ratio_vs_kernel"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
+    s += "(out/in pages: uzswap, evictions/faults over the tree; kernel, swap + zswap out/in)\n";
+    s += &format!("targets met: {}\n", v["targets_met"]);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_combine_to_the_median_time_and_the_largest_peak() {
+        let r = |t: f64, peak: u64, same: bool| json!({ "wall_seconds": t, "peak_memory_bytes": peak, "outputs_identical": same, "oom_killed": false });
+        let c = combine(vec![r(3.0, 10, true), r(1.0, 30, true), r(2.0, 20, false)]);
+        assert_eq!(c["wall_seconds"], json!(2.0));
+        assert_eq!(c["peak_memory_bytes"], json!(30));
+        assert_eq!(c["outputs_identical"], json!(false));
+        assert_eq!(c["wall_seconds_each_round"], json!([3.0, 1.0, 2.0]));
+    }
+
+    #[test]
+    fn a_failed_round_has_no_time_and_is_never_the_fastest() {
+        let ok = json!({ "wall_seconds": 5.0, "outputs_identical": true, "oom_killed": false });
+        let oom = json!({ "wall_seconds": null, "outputs_identical": false, "oom_killed": true });
+        let c = combine(vec![ok.clone(), oom.clone()]);
+        assert!(c["wall_seconds"].is_null());
+        assert_eq!(c["oom_killed"], json!(true));
+        let fast_oom =
+            json!({ "wall_seconds": 1.0, "outputs_identical": true, "oom_killed": true });
+        assert_eq!(fastest(&[fast_oom, c, ok]), Some(2));
+    }
+}

@@ -1,0 +1,438 @@
+//! The programs `uzswap-bench tree` runs, each in a private directory that
+//! every side builds or runs in, one after the other (so paths inside the
+//! outputs are the same on every side):
+//! - `build`: the C libraries this project's dependencies vendor, found in
+//!   the cargo registry (zstd, lz4, libdeflate, mimalloc), copied in and
+//!   compiled by a generated Makefile, each `.c` to an `.o` with
+//!   `gcc -O2 -g0`; the outputs are the sha256 of every `.o`;
+//! - `python`: a multiprocessing program (a parent holding a dataset,
+//!   three workers started by spawn, each building and checking its own);
+//!   the output is its verdict line.
+
+use anyhow::{bail, ensure, Context, Result};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Limits the build to its first N translation units (tests, quick looks).
+pub const SOURCES_ENV: &str = "UZSWAP_BENCH_TREE_SOURCES";
+
+/// The date gcc gives `__DATE__` and `__TIME__` (2026-01-01).
+const SOURCE_DATE_EPOCH: u64 = 1_767_225_600;
+
+/// The compiler's flags for every unit.
+pub const CFLAGS: &str = "-O2 -g0";
+
+/// Which program the benchmark runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// A parallel build of real C sources (`make -jN`).
+    Build,
+    /// A Python multiprocessing program (spawn).
+    Python,
+}
+
+/// A library vendored by a crate of the registry: where its sources are
+/// in the crate, what is copied in, and what is compiled.
+struct Library {
+    /// Its name, and the name of its directory in the build.
+    name: &'static str,
+    /// The crate directory's name starts with this.
+    crate_prefix: &'static str,
+    /// The library's root inside the crate.
+    root: &'static str,
+    /// What is copied from the root (files or directories).
+    copy: &'static [&'static str],
+    /// Directories (under the copy) whose `.c` files are compiled, or
+    /// single `.c` files.
+    units: &'static [&'static str],
+    /// Flags beyond [`CFLAGS`]; `@` stands for the library's directory.
+    flags: &'static str,
+}
+
+/// Lightest first: a build limited by [`SOURCES_ENV`] stays quick.
+const LIBRARIES: &[Library] = &[
+    Library {
+        name: "lz4",
+        crate_prefix: "lz4-sys-",
+        root: "liblz4/lib",
+        copy: &["."],
+        units: &["."],
+        flags: "-I@",
+    },
+    Library {
+        name: "libdeflate",
+        crate_prefix: "libdeflate-sys-",
+        root: "libdeflate",
+        copy: &["lib", "libdeflate.h", "common_defs.h"],
+        units: &["lib", "lib/x86"],
+        flags: "-I@",
+    },
+    Library {
+        name: "zstd",
+        crate_prefix: "zstd-sys-",
+        root: "zstd/lib",
+        copy: &[
+            "zstd.h",
+            "zdict.h",
+            "zstd_errors.h",
+            "common",
+            "compress",
+            "decompress",
+            "dictBuilder",
+        ],
+        units: &["common", "compress", "decompress", "dictBuilder"],
+        flags: "-DZSTD_DISABLE_ASM -I@ -I@/common",
+    },
+    // mimalloc builds as one unit (static.c includes every source).
+    Library {
+        name: "mimalloc2",
+        crate_prefix: "libmimalloc-sys-",
+        root: "c_src/mimalloc/v2",
+        copy: &["include", "src"],
+        units: &["src/static.c"],
+        flags: "-I@/include",
+    },
+    Library {
+        name: "mimalloc3",
+        crate_prefix: "libmimalloc-sys-",
+        root: "c_src/mimalloc/v3",
+        copy: &["include", "src"],
+        units: &["src/static.c"],
+        flags: "-I@/include",
+    },
+];
+
+/// A program ready to run in its directory.
+pub struct Workload {
+    pub kind: Kind,
+    dir: tempfile::TempDir,
+    /// What was found and used (library and crate directory), for the record.
+    pub sources: Vec<String>,
+    /// Translation units of the build (0 for python).
+    pub units: usize,
+}
+
+/// What one run left behind, compared with the unconstrained run's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outputs(BTreeMap<String, String>);
+
+impl Outputs {
+    pub fn count(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The outputs that differ from `reference`'s or are missing from
+    /// either, by name.
+    pub fn differing(&self, reference: &Outputs) -> Vec<String> {
+        let mut names: Vec<&String> = self.0.keys().chain(reference.0.keys()).collect();
+        names.sort();
+        names.dedup();
+        names
+            .into_iter()
+            .filter(|n| self.0.get(*n) != reference.0.get(*n))
+            .cloned()
+            .collect()
+    }
+}
+
+impl Workload {
+    /// Writes the program into a private directory in $TMPDIR.
+    pub fn prepare(kind: Kind) -> Result<Workload> {
+        let dir = tempfile::Builder::new()
+            .prefix("uzswap-bench-tree-")
+            .tempdir()
+            .context("making a private directory in $TMPDIR")?;
+        let mut w = Workload {
+            kind,
+            dir,
+            sources: Vec::new(),
+            units: 0,
+        };
+        match kind {
+            Kind::Build => w.write_build()?,
+            Kind::Python => {
+                std::fs::write(w.dir().join("tree.py"), PYTHON)?;
+                w.sources.push("tree.py (written by uzswap-bench)".into());
+            }
+        }
+        Ok(w)
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The command line of one run at `jobs` (ignored by python).
+    pub fn argv(&self, jobs: u32) -> Vec<String> {
+        match self.kind {
+            Kind::Build => vec!["make".into(), "-s".into(), format!("-j{jobs}")],
+            Kind::Python => vec!["python3".into(), "tree.py".into()],
+        }
+    }
+
+    /// Clears what a previous run left (the objects), so that every run
+    /// starts from the same state.
+    pub fn reset(&self) -> Result<()> {
+        if self.kind == Kind::Build {
+            let obj = self.dir().join("obj");
+            if obj.exists() {
+                std::fs::remove_dir_all(&obj)?;
+            }
+            std::fs::create_dir(&obj)?;
+        }
+        Ok(())
+    }
+
+    /// What the run produced: the sha256 of every object (build), or the
+    /// program's verdict line (python), from `log`, its captured output.
+    pub fn outputs(&self, log: &str) -> Result<Outputs> {
+        let mut out = BTreeMap::new();
+        match self.kind {
+            Kind::Build => {
+                let mut objs: Vec<PathBuf> = std::fs::read_dir(self.dir().join("obj"))?
+                    .flatten()
+                    .map(|e| e.path())
+                    .collect();
+                objs.sort();
+                if objs.is_empty() {
+                    return Ok(Outputs(out));
+                }
+                let o = Command::new("sha256sum")
+                    .args(&objs)
+                    .output()
+                    .context("running sha256sum (coreutils)")?;
+                ensure!(o.status.success(), "sha256sum failed: {}", o.status);
+                for line in String::from_utf8_lossy(&o.stdout).lines() {
+                    if let Some((hash, file)) = line.split_once("  ") {
+                        let name = Path::new(file).file_name().unwrap_or_default();
+                        out.insert(name.to_string_lossy().into_owned(), hash.to_string());
+                    }
+                }
+            }
+            Kind::Python => {
+                let verdict = log
+                    .lines()
+                    .rfind(|l| l.starts_with("tree.py: "))
+                    .unwrap_or("tree.py: no verdict");
+                out.insert("verdict".into(), verdict.to_string());
+            }
+        }
+        Ok(Outputs(out))
+    }
+
+    /// Whether `o` is a complete, correct result on its own (all objects
+    /// built; the python program's data checked out).
+    pub fn complete(&self, o: &Outputs) -> bool {
+        match self.kind {
+            Kind::Build => o.count() == self.units,
+            Kind::Python => o.0.get("verdict").is_some_and(|v| v == PYTHON_OK),
+        }
+    }
+
+    /// Copies the libraries in and writes the Makefile.
+    fn write_build(&mut self) -> Result<()> {
+        let registry = registry_src()?;
+        let limit: Option<usize> = match std::env::var(SOURCES_ENV) {
+            Ok(v) => Some(v.parse().ok().filter(|&n| n > 0).with_context(|| {
+                format!("{SOURCES_ENV}={v:?}: give a count of units, 1 or more")
+            })?),
+            Err(_) => None,
+        };
+        let mut rules = String::new();
+        let mut objs = Vec::new();
+        let mut missing = Vec::new();
+        for lib in LIBRARIES {
+            let Some(krate) = newest_crate(&registry, lib.crate_prefix) else {
+                missing.push(lib.crate_prefix.trim_end_matches('-'));
+                continue;
+            };
+            let root = krate.join(lib.root);
+            if !root.is_dir() {
+                missing.push(lib.crate_prefix.trim_end_matches('-'));
+                continue;
+            }
+            let dest = self.dir().join("src").join(lib.name);
+            for c in lib.copy {
+                let (from, to) = match *c {
+                    "." => (root.clone(), dest.clone()),
+                    c => (root.join(c), dest.join(c)),
+                };
+                copy_tree(&from, &to)?;
+            }
+            self.sources.push(format!(
+                "{} ({})",
+                lib.name,
+                krate.file_name().unwrap_or_default().to_string_lossy()
+            ));
+            let flags = lib.flags.replace('@', &format!("src/{}", lib.name));
+            for unit in units_of(&dest, lib.units)? {
+                if limit.is_some_and(|n| objs.len() >= n) {
+                    break;
+                }
+                let rel = unit
+                    .strip_prefix(self.dir())
+                    .expect("under the build directory");
+                let rel = rel.to_string_lossy().into_owned();
+                let obj = format!(
+                    "obj/{}.o",
+                    rel.trim_start_matches("src/")
+                        .trim_end_matches(".c")
+                        .replace(['/', '.'], "_")
+                );
+                rules += &format!("{obj}: {rel}\n\t$(CC) $(CFLAGS) {flags} -c {rel} -o {obj}\n");
+                objs.push(obj);
+            }
+        }
+        if objs.is_empty() {
+            bail!(
+                "no C sources of zstd-sys, lz4-sys, libdeflate-sys or libmimalloc-sys under {}: \
+                 run `cargo fetch` in this repository first",
+                registry.display()
+            );
+        }
+        if !missing.is_empty() {
+            crate::note(&format!(
+                "tree: not in the cargo registry, left out: {} (`cargo fetch` brings them)",
+                missing.join(", ")
+            ));
+        }
+        self.units = objs.len();
+        let makefile = format!(
+            "# Written by uzswap-bench tree: every unit to an object, nothing linked.\n\
+             CC = gcc\nCFLAGS = {CFLAGS}\n\
+             # mimalloc's options.c has __DATE__ and __TIME__: fixed, so that\n\
+             # every build of the same tree gives the same bytes.\n\
+             export SOURCE_DATE_EPOCH = {SOURCE_DATE_EPOCH}\n\
+             .SUFFIXES:\nall: {}\n{rules}",
+            objs.join(" ")
+        );
+        std::fs::write(self.dir().join("Makefile"), makefile)?;
+        Ok(())
+    }
+}
+
+/// `$CARGO_HOME/registry/src` (or `~/.cargo/...`): the directories of its
+/// registries.
+fn registry_src() -> Result<PathBuf> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .context("neither CARGO_HOME nor HOME is set: cannot find the cargo registry")?;
+    let src = home.join("registry").join("src");
+    ensure!(
+        src.is_dir(),
+        "no cargo registry at {}: run `cargo fetch` in this repository first",
+        src.display()
+    );
+    Ok(src)
+}
+
+/// The newest crate directory starting with `prefix` in any registry.
+fn newest_crate(src: &Path, prefix: &str) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(src)
+        .ok()?
+        .flatten()
+        .flat_map(|reg| {
+            std::fs::read_dir(reg.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        .map(|e| e.path())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+/// The `.c` files named by `units` (directories or files) under `dir`,
+/// sorted.
+fn units_of(dir: &Path, units: &[&str]) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for u in units {
+        let p = dir.join(u);
+        if p.is_file() {
+            out.push(p);
+            continue;
+        }
+        let mut cs: Vec<PathBuf> = std::fs::read_dir(&p)
+            .with_context(|| format!("reading {}", p.display()))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "c"))
+            .collect();
+        cs.sort();
+        out.extend(cs);
+    }
+    Ok(out)
+}
+
+/// Copies a file or a directory tree.
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    if from.is_dir() {
+        std::fs::create_dir_all(to).with_context(|| format!("making {}", to.display()))?;
+        for e in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+            let e = e?;
+            copy_tree(&e.path(), &to.join(e.file_name()))?;
+        }
+    } else {
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("making {}", parent.display()))?;
+        }
+        std::fs::copy(from, to)
+            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    }
+    Ok(())
+}
+
+/// The python program's last line when every check passed.
+const PYTHON_OK: &str = "tree.py: ok";
+
+/// A parent holding ~100 MB of distinct objects and three workers started
+/// by spawn, each building ~75 MB of its own and checking it twice; the
+/// parent recomputes every worker's digest as a stream (holding nothing)
+/// and checks its own dataset before and after.
+const PYTHON: &str = r#"import hashlib, multiprocessing as mp, sys
+
+PARENT_ROWS = 550_000
+WORKER_ROWS = 400_000
+SEEDS = (2, 3, 5)
+
+def rows(seed, n):
+    for i in range(n):
+        yield (i * seed, "item-%d-%d" % (seed, i * 2654435761 % 1000003), i / (seed + 1))
+
+def digest(it):
+    h = hashlib.sha256()
+    for a, s, f in it:
+        h.update(("%d %s %r;" % (a, s, f)).encode())
+    return h.hexdigest()
+
+def work(seed, q):
+    data = list(rows(seed, WORKER_ROWS))
+    first = digest(data)
+    second = digest(data)
+    q.put((seed, first if first == second else "unstable"))
+
+if __name__ == "__main__":
+    data = list(rows(1, PARENT_ROWS))
+    before = digest(data)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=work, args=(s, q)) for s in SEEDS]
+    for p in ps:
+        p.start()
+    got = dict(q.get() for _ in SEEDS)
+    for p in ps:
+        p.join()
+    bad = [s for s in SEEDS if got.get(s) != digest(rows(s, WORKER_ROWS))]
+    if digest(data) != before or before != digest(rows(1, PARENT_ROWS)):
+        bad.append(1)
+    if any(p.exitcode != 0 for p in ps):
+        bad.append("exit")
+    print("tree.py: ok" if not bad else "tree.py: WRONG %r" % bad, flush=True)
+    sys.exit(1 if bad else 0)
+"#;
