@@ -66,6 +66,22 @@ fn note(msg: &str) {
     let _ = writeln!(std::io::stderr(), "{msg}");
 }
 
+/// A byte count for people: `512 B`, `1.5 MiB`.
+pub fn human(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < U.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Demo { mib } => demo::demo(mib),

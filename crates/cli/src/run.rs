@@ -9,6 +9,7 @@
 //! becomes `128 + N`, as shells do) and prints a summary of the final
 //! statistics the program's runtime wrote (a `uzswap_contract::Snapshot`).
 
+use crate::human;
 use anyhow::{bail, Context, Result};
 use std::ffi::OsString;
 use std::io::Read;
@@ -486,21 +487,6 @@ fn wait_for(pid: i32) -> Result<i32> {
         if e.kind() != std::io::ErrorKind::Interrupted {
             return Err(e).context("waiting for the program");
         }
-    }
-}
-
-pub fn human(b: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < U.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", U[i])
     }
 }
 

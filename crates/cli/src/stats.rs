@@ -308,7 +308,7 @@ pub fn show(pid: u32, o: Options) -> Result<String> {
 
 /// The table of the tree, its totals against the budget, then the detail.
 pub fn tree_text(v: &TreeView) -> String {
-    use crate::run::human;
+    use crate::human;
     let t = &v.totals;
     let mut s = format!(
         "uzswap run {}: {} processes hold {} of a budget of {} ({:.0}%), {} unallotted\n",
@@ -704,7 +704,7 @@ pub fn faults_line(s: &Snapshot) -> String {
 
 /// A readable page: the headline figures and the pool's class table.
 pub fn text(v: &Snapshot) -> String {
-    use crate::run::human;
+    use crate::human;
     let (pager, cache) = (&v.pager, &v.cache);
     let mut s = format!(
         "pid {} up {:.1} s: memory max {}, pool max {}, compressor {}\n",

@@ -198,8 +198,8 @@ fn arbitrate(ledger: Arc<Ledger>, root: u32, quiet: bool, stop: &AtomicBool) -> 
                 if !quiet {
                     crate::note(&format!(
                         "uzswap: WARNING: the program holds {} of memory, over its budget of {}: {}",
-                        crate::run::human(total),
-                        crate::run::human(budget),
+                        crate::human(total),
+                        crate::human(budget),
                         why.join("; ")
                     ));
                 }
@@ -221,7 +221,7 @@ fn reasons(
     flags: &BTreeMap<u32, (String, u64)>,
     processes: usize,
 ) -> Vec<String> {
-    let h = crate::run::human;
+    let h = crate::human;
     let mut why = Vec::new();
     if let Some(need) = floors_over {
         why.push(format!(
