@@ -27,6 +27,7 @@
 //!
 //! Both implement [`Zpool`], so a cache can take either, chosen at creation.
 
+mod fork;
 pub mod stats;
 mod sys;
 pub mod xcf;
@@ -177,6 +178,34 @@ pub trait Zpool: Send + Sync {
     /// description of the first broken invariant. For tests; takes every
     /// lock of the pool in turn.
     fn check_invariants(&self) -> Result<(), String>;
+
+    /// Fork: takes every lock of the pool, in the pool's own lock order, and
+    /// keeps them all held (a thread inside the pool finishes its call
+    /// first), so that the child's copy of the pool is consistent. Must be
+    /// followed, on the same thread, by [`Self::fork_parent`] (in the
+    /// parent) or [`Self::fork_child`] (in the child); meanwhile this thread
+    /// must not call the pool (it would wait for itself).
+    ///
+    /// For a `pthread_atfork` prepare handler. Handles stay valid in both
+    /// processes: the child's pool is a copy-on-write copy of the parent's.
+    /// Panics under the `shuttle` feature (the model checker never forks).
+    fn fork_prepare(&self);
+
+    /// Releases every lock [`Self::fork_prepare`] took.
+    ///
+    /// # Safety
+    /// Only after `fork_prepare` on this thread, in the parent.
+    unsafe fn fork_parent(&self);
+
+    /// Releases every lock [`Self::fork_prepare`] took and restarts the
+    /// pool's helper threads (zsmalloc's compactor), which do not exist in
+    /// the child. Work queued for them before the fork is kept and done by
+    /// the new ones.
+    ///
+    /// # Safety
+    /// Only after `fork_prepare` on this thread, in the child, where this
+    /// thread is the only one.
+    unsafe fn fork_child(&self);
 }
 
 /// Which allocator to build; see [`new_pool`].

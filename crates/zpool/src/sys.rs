@@ -32,9 +32,10 @@
 //! list per run length. Virtual address space is cheap; resident memory is
 //! what is given back.
 
+use crate::fork::{AfterFork, Side};
 use crate::Error;
 use std::ptr::NonNull;
-use uzswap_os::sync::Mutex;
+use uzswap_os::sync::{Mutex, MutexGuard};
 use uzswap_os::PAGE_SIZE;
 
 /// Longest run the arena hands out, in pages.
@@ -59,6 +60,13 @@ pub const RELEASE_BATCH_PAGES: usize = if cfg!(feature = "shuttle") { 2 } else {
 pub(crate) struct ReleaseBatch {
     runs: Vec<(usize, usize)>,
     pages: usize,
+}
+
+impl ReleaseBatch {
+    /// Pages in the batch.
+    pub(crate) fn pages(&self) -> usize {
+        self.pages
+    }
 }
 
 /// Run lists of released batches an arena keeps for reuse.
@@ -96,6 +104,27 @@ pub(crate) struct PageArena {
     inner: Mutex<ArenaInner>,
 }
 
+/// The arena's lock, taken for a fork (see `Zpool::fork_prepare`).
+pub(crate) struct ArenaForkGuard<'a>(MutexGuard<'a, ArenaInner>);
+
+impl ArenaForkGuard<'_> {
+    /// Pages of the batches handed out by `free_run` and not released yet.
+    /// A batch is either queued where a thread that survives the fork finds
+    /// it (zsmalloc's compactor state) or in the hands of a thread
+    /// releasing it outside every lock; a fork in the second case would
+    /// lose its runs in the child, and leave `flush` there waiting for them
+    /// forever. So `fork_prepare` retries until every batch is queued.
+    pub(crate) fn in_flight_pages(&self) -> usize {
+        self.0.in_flight_pages
+    }
+
+    /// Keeps the lock held past this guard, until
+    /// [`PageArena::unlock_after_fork`].
+    pub(crate) fn keep(self) {
+        std::mem::forget(self.0);
+    }
+}
+
 impl PageArena {
     pub(crate) fn new() -> PageArena {
         PageArena {
@@ -110,6 +139,21 @@ impl PageArena {
                 batches: 0,
             }),
         }
+    }
+
+    /// Locks the arena for a fork; see [`ArenaForkGuard`].
+    pub(crate) fn lock_for_fork(&self) -> ArenaForkGuard<'_> {
+        ArenaForkGuard(self.inner.lock())
+    }
+
+    /// Releases the lock that [`ArenaForkGuard::keep`] kept.
+    ///
+    /// # Safety
+    /// As [`AfterFork::after_fork`]: this thread kept the lock, and is the
+    /// only thread with `Side::Child`.
+    pub(crate) unsafe fn unlock_after_fork(&self, side: Side) {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.inner.after_fork(side) };
     }
 
     /// Returns `n` zeroed contiguous pages.

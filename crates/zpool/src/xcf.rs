@@ -48,9 +48,16 @@
 //!
 //! # Lock order
 //! 1. one shard lock (never two at once: stats and compact take them one
-//!    after the other). Exception: `check_invariants` holds all of them,
-//!    taken in index order;
+//!    after the other). Exceptions: `check_invariants` and `fork_prepare`
+//!    hold all of them, taken in index order;
 //! 2. the arena lock (inside `alloc_run`/`free_run`).
+//!
+//! Fork ([`Zpool::fork_prepare`]) takes every shard lock in index order,
+//! then the arena lock once no thread is releasing a batch of freed pages
+//! outside it (only `compact`'s flush does, with no shard lock held), and
+//! keeps them all until `fork_parent` or `fork_child` releases them. The
+//! pool has no helper thread to restart in the child. The caveat about
+//! parking_lot's waiters in the child is zsmalloc's (its "# Locks").
 //!
 //! # Limits of the design
 //! - A shard only allocates from its own pages: when the pool is at its
@@ -72,6 +79,7 @@
 //! its bytes unchanged while blocks move: no reader can see a half-moved
 //! object. `map_read` holds the shard lock while its closure runs.
 
+use crate::fork::{self, AfterFork, Side};
 use crate::sys::PageArena;
 use crate::{check_size, CompactReport, Error, Handle, PoolStats, Zpool};
 use parking_lot::Mutex;
@@ -1012,6 +1020,23 @@ impl XcfPool {
         Ok((self.encode(s, gen, slot), g, slot))
     }
 
+    /// Releases every lock `fork_prepare` took, innermost first.
+    ///
+    /// # Safety
+    /// As [`AfterFork::after_fork`]: this thread took them all in
+    /// `fork_prepare` and kept them; with `Side::Child`, it is the only
+    /// thread of the process.
+    unsafe fn release_after_fork(&self, side: Side) {
+        // SAFETY: forwarded from this function's contract; nothing here uses
+        // what the locks guard.
+        unsafe {
+            self.shared.arena.unlock_after_fork(side);
+            for s in self.shards.iter().rev() {
+                s.0.after_fork(side);
+            }
+        }
+    }
+
     fn home_shard(&self) -> usize {
         SHARD_HINT.with(|c| {
             let mut v = c.get();
@@ -1213,5 +1238,36 @@ impl Zpool for XcfPool {
             ));
         }
         Ok(())
+    }
+
+    /// Every shard lock in index order, then the arena lock once no batch
+    /// of freed pages is in flight (a thread releasing one holds no shard
+    /// lock, so it finishes while the arena lock is let go and retaken).
+    fn fork_prepare(&self) {
+        fork::check_supported();
+        for s in self.shards.iter() {
+            std::mem::forget(s.lock());
+        }
+        loop {
+            let a = self.shared.arena.lock_for_fork();
+            if a.in_flight_pages() == 0 {
+                a.keep();
+                return;
+            }
+            drop(a);
+            std::thread::yield_now();
+        }
+    }
+
+    unsafe fn fork_parent(&self) {
+        // SAFETY: the caller ran fork_prepare on this thread, in the parent.
+        unsafe { self.release_after_fork(Side::Parent) };
+    }
+
+    /// No helper thread to restart: releasing the locks is all.
+    unsafe fn fork_child(&self) {
+        // SAFETY: the caller ran fork_prepare on this thread, and this is
+        // the child, where the thread is alone.
+        unsafe { self.release_after_fork(Side::Child) };
     }
 }

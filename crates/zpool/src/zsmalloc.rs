@@ -35,10 +35,29 @@
 //!
 //! # Locks
 //! Lock order, outer to inner:
-//! 1. `Class::inner` (one `RwLock` per class; never two classes at once);
+//! 1. `Class::inner` (one `RwLock` per class; never two classes at once,
+//!    except in `check_invariants` and `fork_prepare`, which take all of
+//!    them in index order);
 //! 2. `PageArena::inner` (taken only to get or give back page runs);
 //! 3. `Compactor::state` (only to post a class for background compaction
-//!    or a batch of pages to release; never held with the arena lock).
+//!    or a batch of pages to release; never held with the arena lock,
+//!    except by `fork_prepare`).
+//!
+//! Fork ([`Zpool::fork_prepare`]) takes every one of them in this order
+//! (each class exclusive, in index order; each shard's arena, in shard
+//! order; the compactor state) and keeps them until `fork_parent` or
+//! `fork_child` releases them, so the child copies a pool no thread was
+//! changing. Before it keeps the arenas and the compactor state it waits
+//! until no thread holds a batch of freed pages outside them (one being
+//! released): in the child every batch is then released or queued, and the
+//! child's new compactor thread releases the queued ones. Caveat: a
+//! parking_lot lock released in the child whose parent had parked waiters
+//! would wake, or even hand the lock over to, a thread that does not exist
+//! in the child (parking_lot lists waiters in a process-wide table, which
+//! the child inherits); the child therefore drops those waiters from the
+//! table before releasing each lock, and the wake-up then sent to the dead
+//! thread is harmless (see `fork.rs`, which also names the window it leaves
+//! open).
 //!
 //! Reads (`read`, `map_read`, `object_size`) take the class lock shared;
 //! everything that changes the class, including writing object bytes, takes
@@ -62,8 +81,9 @@
 //!   that slot;
 //! - per pool: `pages_held == Σ_zspage committed`.
 
+use crate::fork::{self, AfterFork, Side};
 use crate::stats::FULLNESS_BUCKETS;
-use crate::sys::{PageArena, ReleaseBatch, MAX_RUN_PAGES};
+use crate::sys::{ArenaForkGuard, PageArena, ReleaseBatch, MAX_RUN_PAGES};
 use crate::{check_size, ClassStats, CompactReport, Error, Handle, PoolStats, Zpool};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -348,7 +368,13 @@ const MAX_QUEUED_RELEASES: usize = 4;
 /// The zsmalloc-class pool. See the module documentation.
 pub struct ZsPool {
     shared: Arc<Shared>,
-    thread: Option<sync::thread::JoinHandle<()>>,
+    /// The compactor thread, if the pool has one. Behind a lock because a
+    /// forked child replaces it (`fork_child`, through `&self`); nothing
+    /// else takes that lock but `Drop`.
+    thread: parking_lot::Mutex<Option<sync::thread::JoinHandle<()>>>,
+    /// Run first on the compactor thread, also on the one a forked child
+    /// starts.
+    thread_start: Option<fn()>,
 }
 
 static NEXT_TAG: AtomicU32 = AtomicU32::new(0);
@@ -491,24 +517,36 @@ impl ZsPool {
         });
         let thread = match config.compact_watermark_percent {
             None => None,
-            Some(_) => {
-                let weak = Arc::downgrade(&shared);
-                let started = match config.thread_start {
-                    #[cfg(not(feature = "shuttle"))]
-                    Some(f) => {
-                        uzswap_os::spawn_helper("zs-compact", Some(f), move || compactor_main(weak))
-                    }
-                    // (A model-checked build starts its threads in the model.)
-                    _ => sync::thread::Builder::new()
-                        .name("zs-compact".into())
-                        .spawn(move || compactor_main(weak)),
-                };
-                Some(started.map_err(|e| {
-                    Error::Config(format!("cannot start the compaction thread: {e}"))
-                })?)
-            }
+            Some(_) => Some(start_compactor(&shared, config.thread_start)?),
         };
-        Ok(ZsPool { shared, thread })
+        Ok(ZsPool {
+            shared,
+            thread: parking_lot::Mutex::new(thread),
+            thread_start: config.thread_start,
+        })
+    }
+
+    /// Releases every lock `fork_prepare` took, innermost first.
+    ///
+    /// # Safety
+    /// As [`AfterFork::after_fork`]: this thread took them all in
+    /// `fork_prepare` and kept them; with `Side::Child`, it is the only
+    /// thread of the process.
+    unsafe fn release_after_fork(&self, side: Side) {
+        let sh = &*self.shared;
+        // SAFETY: forwarded from this function's contract (for the condvar,
+        // that this thread is alone in the child); `fork_prepare` kept every
+        // lock released here, and nothing here uses what they guard.
+        unsafe {
+            sh.compactor.wake.after_fork(side);
+            sh.compactor.state.after_fork(side);
+            for s in sh.shard_state.iter().rev() {
+                s.arena.unlock_after_fork(side);
+            }
+            for c in sh.classes.iter().rev() {
+                c.inner.after_fork(side);
+            }
+        }
     }
 
     /// The classes as (index, slot size, pages per zspage, objects per
@@ -585,11 +623,28 @@ impl Drop for ZsPool {
             st.stop = true;
         }
         self.shared.compactor.wake.notify_all();
-        if let Some(t) = self.thread.take() {
+        if let Some(t) = self.thread.get_mut().take() {
             let _ = t.join();
         }
         // The arena unmaps its chunks when `shared` goes.
     }
+}
+
+/// Starts the background compactor of `shared` (named "zs-compact").
+fn start_compactor(
+    shared: &Arc<Shared>,
+    thread_start: Option<fn()>,
+) -> Result<sync::thread::JoinHandle<()>, Error> {
+    let weak = Arc::downgrade(shared);
+    let started = match thread_start {
+        #[cfg(not(feature = "shuttle"))]
+        Some(f) => uzswap_os::spawn_helper("zs-compact", Some(f), move || compactor_main(weak)),
+        // (A model-checked build starts its threads in the model.)
+        _ => sync::thread::Builder::new()
+            .name("zs-compact".into())
+            .spawn(move || compactor_main(weak)),
+    };
+    started.map_err(|e| Error::Config(format!("cannot start the compaction thread: {e}")))
 }
 
 fn compactor_main(weak: Weak<Shared>) {
@@ -1561,5 +1616,90 @@ impl Zpool for ZsPool {
             ));
         }
         Ok(())
+    }
+
+    /// Takes the locks in the order of the module documentation. A thread
+    /// holding a batch of freed pages outside every lock (releasing it)
+    /// needs no class lock to finish, so the classes are kept while the
+    /// arenas and the compactor state are taken and let go until every
+    /// batch an arena counts as in flight is queued in the compactor state.
+    fn fork_prepare(&self) {
+        fork::check_supported();
+        let sh = &*self.shared;
+        for c in &sh.classes {
+            std::mem::forget(c.inner.write());
+        }
+        loop {
+            let arenas: Vec<ArenaForkGuard<'_>> = sh
+                .shard_state
+                .iter()
+                .map(|s| s.arena.lock_for_fork())
+                .collect();
+            let st = sh.compactor.state.lock();
+            let mut queued = vec![0; sh.shards];
+            for (shard, b) in &st.releases {
+                queued[*shard] += b.pages();
+            }
+            if arenas
+                .iter()
+                .zip(&queued)
+                .all(|(a, &q)| a.in_flight_pages() == q)
+            {
+                arenas.into_iter().for_each(ArenaForkGuard::keep);
+                std::mem::forget(st);
+                return;
+            }
+            drop(st);
+            drop(arenas);
+            sync::thread::yield_now();
+        }
+    }
+
+    unsafe fn fork_parent(&self) {
+        // SAFETY: the caller ran fork_prepare on this thread, in the parent.
+        unsafe { self.release_after_fork(Side::Parent) };
+    }
+
+    /// The parent's compactor thread is gone; a new one takes over what was
+    /// queued for it (batches to release, classes to compact). If it cannot
+    /// be started, the pool goes on without background compaction: the
+    /// queued batches are released here, and freeing threads release their
+    /// own from then on.
+    unsafe fn fork_child(&self) {
+        // SAFETY: the caller ran fork_prepare on this thread, and this is
+        // the child, where the thread is alone.
+        unsafe { self.release_after_fork(Side::Child) };
+        let sh = &*self.shared;
+        if sh.watermark_percent.is_none() {
+            return; // no compactor
+        }
+        {
+            let mut st = sh.compactor.state.lock();
+            // A post wakes the new thread whether it sleeps yet or not.
+            st.idle = true;
+            // The dead thread may have taken a class off `pending` and not
+            // yet cleared its flag, which would keep the class from being
+            // posted again.
+            for c in &sh.classes {
+                c.compact_pending
+                    .store(st.pending.contains(&c.index), Ordering::Relaxed);
+            }
+        }
+        match start_compactor(&self.shared, self.thread_start) {
+            // The parent's handle names a thread of the parent: never joined
+            // here.
+            Ok(t) => std::mem::forget(self.thread.lock().replace(t)),
+            Err(_) => {
+                let queued = {
+                    let mut st = sh.compactor.state.lock();
+                    st.stop = true;
+                    std::mem::take(&mut st.releases)
+                };
+                for (shard, b) in queued {
+                    sh.shard_state[shard].arena.release(b);
+                }
+                std::mem::forget(self.thread.lock().take());
+            }
+        }
     }
 }

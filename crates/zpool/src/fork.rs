@@ -1,0 +1,144 @@
+//! Releasing, after a `fork()`, the locks that [`Zpool::fork_prepare`]
+//! took and kept (their guards were forgotten).
+//!
+//! In the parent a lock is simply force-unlocked. In the child that is not
+//! enough with parking_lot: its waiters sit in one global table (keyed by
+//! the lock's address, kept in ordinary memory, so the child has a copy of
+//! it), and a parent thread that was parked on a pool lock at the fork is
+//! still listed there, although it does not exist in the child. Unlocking
+//! would pick that dead thread, and parking_lot's eventual fairness may
+//! *hand the lock over* to it instead of unlocking: the lock would then stay
+//! held forever. Listed first, the dead thread would also take the
+//! wake-up meant for a live waiter later on. So in the child the dead
+//! waiters of every lock (and of the compactor's condvar) are removed from
+//! the table first ([`parking_lot_core::unpark_all`] on the lock's keys;
+//! the wake-up it sends goes to a thread that does not exist, which is
+//! harmless), and the lock is released after.
+//!
+//! The keys are the address of the raw lock (and that address plus one,
+//! the queue of a writer waiting for readers to leave an `RwLock`), and the
+//! address of the condvar: parking_lot's own choice, the same in every
+//! release so far. `tests/fork.rs` forks while a thread is parked on a pool
+//! lock, so a change there shows as a failing test.
+//!
+//! Not covered: a parent thread that held one of the table's bucket locks at
+//! the instant of the fork (a few instructions around each park and
+//! unpark of any parking_lot lock in the process) leaves that bucket locked
+//! in the child, which then blocks the first time it parks or unparks
+//! anything hashed to it. Every program that forks with threads running
+//! and uses parking_lot in the child has this window; it is short, but it
+//! is not closed here.
+//!
+//! Under the `shuttle` feature the locks are the model checker's, which
+//! never forks: the fork methods panic there.
+//!
+//! [`Zpool::fork_prepare`]: crate::Zpool::fork_prepare
+
+/// Which process a lock is released in after the fork.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    Parent,
+    /// The child, where the calling thread is the only one.
+    Child,
+}
+
+/// Panics under the model checker, whose locks cannot be released by force
+/// (and which never forks anyway).
+pub(crate) fn check_supported() {
+    if cfg!(feature = "shuttle") {
+        panic!(
+            "Zpool::fork_* is not available under the `shuttle` feature: the model checker's \
+             locks cannot be held across a fork (and it never forks)"
+        );
+    }
+}
+
+/// A primitive that `fork_prepare` left in a state to be undone after the
+/// fork.
+pub(crate) trait AfterFork {
+    /// For a lock: releases it (held by this thread since `fork_prepare`,
+    /// its guard forgotten), in the child after removing the parent's
+    /// parked threads from parking_lot's table. For a condvar: in the child,
+    /// removes the parent's parked threads; nothing in the parent.
+    ///
+    /// # Safety
+    /// For a lock, this thread holds it (exclusively) through a forgotten
+    /// guard and uses nothing it guards afterwards. With `Side::Child`, this
+    /// thread is the only one in the process.
+    unsafe fn after_fork(&self, side: Side);
+}
+
+/// Removes every thread parked under `key` from parking_lot's table.
+///
+/// # Safety
+/// `key` is a key of a primitive of ours, and no thread of this process
+/// waits under it (in the child, the listed threads are the parent's).
+unsafe fn forget_waiters(key: usize) {
+    // SAFETY: the key is ours (per the contract), and the threads listed
+    // under it do not exist: waking them writes only to their (copied, still
+    // mapped) thread data and makes a futex call nobody waits for.
+    unsafe { parking_lot_core::unpark_all(key, parking_lot_core::DEFAULT_UNPARK_TOKEN) };
+}
+
+impl<T> AfterFork for parking_lot::Mutex<T> {
+    unsafe fn after_fork(&self, side: Side) {
+        if side == Side::Child {
+            // SAFETY: `raw` is used only for its address, the key
+            // parking_lot parks the mutex's waiters under; the caller says
+            // this thread is the only one.
+            unsafe { forget_waiters(self.raw() as *const parking_lot::RawMutex as usize) };
+        }
+        // SAFETY: the caller holds the mutex through a forgotten guard.
+        unsafe { self.force_unlock() };
+    }
+}
+
+impl<T> AfterFork for parking_lot::RwLock<T> {
+    unsafe fn after_fork(&self, side: Side) {
+        if side == Side::Child {
+            // SAFETY: `raw` is used only for its address: parking_lot parks
+            // a lock's waiters under it, and a writer waiting for readers
+            // under it plus one. The caller says this thread is the only one.
+            unsafe {
+                let key = self.raw() as *const parking_lot::RawRwLock as usize;
+                forget_waiters(key);
+                forget_waiters(key + 1);
+            }
+        }
+        // SAFETY: the caller holds the write lock through a forgotten guard.
+        unsafe { self.force_unlock_write() };
+    }
+}
+
+impl AfterFork for parking_lot::Condvar {
+    unsafe fn after_fork(&self, side: Side) {
+        if side == Side::Child {
+            // SAFETY: parking_lot parks a condvar's waiters under its
+            // address; the caller says this thread is the only one.
+            unsafe { forget_waiters(self as *const parking_lot::Condvar as usize) };
+        }
+    }
+}
+
+// The model checker's primitives (uzswap_os::sync's shim under the
+// feature; without it they are parking_lot's, above).
+#[cfg(feature = "shuttle")]
+impl<T> AfterFork for uzswap_os::sync::Mutex<T> {
+    unsafe fn after_fork(&self, _: Side) {
+        check_supported();
+    }
+}
+
+#[cfg(feature = "shuttle")]
+impl<T> AfterFork for uzswap_os::sync::RwLock<T> {
+    unsafe fn after_fork(&self, _: Side) {
+        check_supported();
+    }
+}
+
+#[cfg(feature = "shuttle")]
+impl AfterFork for uzswap_os::sync::Condvar {
+    unsafe fn after_fork(&self, _: Side) {
+        check_supported();
+    }
+}
