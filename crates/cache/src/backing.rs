@@ -37,6 +37,17 @@ pub trait BackingStore: Send + Sync {
     }
     /// For messages: where the slots live.
     fn describe(&self) -> String;
+    /// In a forked child (see `Cache::fork_child`): parent and child share
+    /// the store, and each will write slots the other may still read. The
+    /// child makes the store its own: it copies slots `0..end` (the used
+    /// ones; the rest may be left out) to a new store and uses that from
+    /// now on. A store that cannot says so (the default).
+    fn fork_private(&self, _end: u64) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{} cannot be copied for a forked child", self.describe()),
+        ))
+    }
 }
 
 /// A shared store is a store: the caller can keep a handle on a tier it
@@ -56,6 +67,9 @@ impl<S: BackingStore + ?Sized> BackingStore for std::sync::Arc<S> {
     }
     fn describe(&self) -> String {
         (**self).describe()
+    }
+    fn fork_private(&self, end: u64) -> io::Result<()> {
+        (**self).fork_private(end)
     }
 }
 
@@ -184,6 +198,55 @@ impl BackingStore for FileBacking {
 
     fn describe(&self) -> String {
         format!("backing file in {}", self.path.display())
+    }
+
+    /// Copies the data extents of the first `end` slots (holes stay holes)
+    /// to a new unnamed file beside this one and puts it in place of this
+    /// one's descriptor (`dup3`): the descriptor number, and so `self`,
+    /// stays valid, and from then on names the copy.
+    fn fork_private(&self, end: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let copy = FileBacking::create(&self.dir)?;
+        let (src, dst) = (self.file.as_raw_fd(), copy.file.as_raw_fd());
+        let end = (end * PAGE_SIZE as u64) as libc::off_t;
+        let mut at: libc::off_t = 0;
+        while at < end {
+            // SAFETY: lseek on our own descriptor.
+            let data = unsafe { libc::lseek(src, at, libc::SEEK_DATA) };
+            if data < 0 || data >= end {
+                break; // ENXIO: no data past `at`
+            }
+            // SAFETY: as above.
+            let hole = unsafe { libc::lseek(src, data, libc::SEEK_HOLE) }.min(end);
+            let (mut from, mut to) = (data, data);
+            while from < hole {
+                // SAFETY: both descriptors are ours; the offsets are locals.
+                let n = unsafe {
+                    libc::copy_file_range(src, &mut from, dst, &mut to, (hole - from) as usize, 0)
+                };
+                if n < 0 {
+                    let e = io::Error::last_os_error();
+                    if e.kind() == io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                if n == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the backing file ended while it was copied",
+                    ));
+                }
+            }
+            at = hole;
+        }
+        // SAFETY: dup3 onto our own descriptor number: it atomically closes
+        // the shared file there and names the copy instead; `copy` keeps
+        // (and closes on drop) its own number.
+        if unsafe { libc::dup3(dst, src, libc::O_CLOEXEC) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 }
 
@@ -349,6 +412,10 @@ impl<S: BackingStore> BackingStore for FaultInjector<S> {
 
     fn describe(&self) -> String {
         format!("fault-injecting {}", self.inner.describe())
+    }
+
+    fn fork_private(&self, end: u64) -> io::Result<()> {
+        self.inner.fork_private(end)
     }
 }
 

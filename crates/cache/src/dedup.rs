@@ -172,6 +172,30 @@ impl DedupIndex {
     }
 }
 
+#[cfg(not(feature = "shuttle"))]
+impl DedupIndex {
+    /// Fork: takes every shard lock, in index order, and keeps them.
+    pub(crate) fn fork_lock(&self) {
+        for s in self.shards.iter() {
+            std::mem::forget(s.lock());
+        }
+    }
+
+    /// Releases what [`DedupIndex::fork_lock`] took.
+    ///
+    /// # Safety
+    /// Only after `fork_lock` on this thread (or in the child of the fork
+    /// that followed it).
+    pub(crate) unsafe fn fork_unlock(&self, side: uzswap_os::fork::Side) {
+        use uzswap_os::fork::AfterFork;
+        for s in self.shards.iter() {
+            // SAFETY: fork_lock took it and forgot the guard; in the child
+            // this is the only thread (the caller's contract).
+            unsafe { s.after_fork(side) };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

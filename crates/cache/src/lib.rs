@@ -34,6 +34,8 @@ mod stats;
 
 pub use admission::IoLimits;
 pub use backing::{BackingStore, Fault, FaultInjector, FileBacking};
+#[cfg(not(feature = "shuttle"))]
+pub use cache::ForkError;
 pub use cache::{same_filled_word, Cache, CacheUsage, LoadMode, Loaded, Stored, SHARDS};
 pub use codec::{Codec, Compressor};
 pub use config::{

@@ -10,6 +10,12 @@
 //!
 //! With encryption off, a keyed-by-position xxh3 checksum takes the tag's
 //! place, so corruption and stale slots are still detected.
+//!
+//! A forked child inherits the key and the sequence counter. Parent and
+//! child would then both seal their next writes under the same key and the
+//! same sequence numbers, which GCM forbids, so the child takes a fresh key
+//! ([`Sealer::rekey`]) for every sequence number from the fork on; it keeps
+//! the old key to open what was sealed before.
 
 use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
 
@@ -38,7 +44,9 @@ impl SealId {
 pub struct SealBroken;
 
 pub enum Sealer {
-    Aead(Box<LessSafeKey>),
+    /// The keys, each with the first sequence number it seals (ascending;
+    /// the last one seals new writes).
+    Aead(Vec<(u64, LessSafeKey)>),
     Checksum,
 }
 
@@ -48,13 +56,24 @@ impl Sealer {
         if !encrypt {
             return Ok(Sealer::Checksum);
         }
-        let mut key = [0u8; 32];
-        getrandom(&mut key)?;
-        let cipher = UnboundKey::new(&AES_256_GCM, &key)
-            .map_err(|_| std::io::Error::other("AES-256-GCM refused a 32-byte key"))?;
-        // The cipher holds its own expanded copy; wipe ours.
-        key.iter_mut().for_each(|b| *b = 0);
-        Ok(Sealer::Aead(Box::new(LessSafeKey::new(cipher))))
+        Ok(Sealer::Aead(vec![(0, fresh_key()?)]))
+    }
+
+    /// From sequence number `from` on, seals under a fresh key (earlier
+    /// numbers still open under the key they were sealed with). `from`
+    /// must be above every sequence number sealed so far.
+    pub fn rekey(&mut self, from: u64) -> std::io::Result<()> {
+        if let Sealer::Aead(keys) = self {
+            debug_assert!(keys.last().is_none_or(|(f, _)| *f < from));
+            keys.push((from, fresh_key()?));
+        }
+        Ok(())
+    }
+
+    /// The key that seals (or sealed) write `seq`.
+    fn key(keys: &[(u64, LessSafeKey)], seq: u64) -> &LessSafeKey {
+        let i = keys.partition_point(|(from, _)| *from <= seq);
+        &keys[i.saturating_sub(1)].1
     }
 
     pub fn encrypts(&self) -> bool {
@@ -64,8 +83,8 @@ impl Sealer {
     /// Seals `page` in place; returns the tag to keep.
     pub fn seal(&self, id: SealId, page: &mut [u8]) -> [u8; 16] {
         match self {
-            Sealer::Aead(c) => {
-                let tag = c
+            Sealer::Aead(keys) => {
+                let tag = Sealer::key(keys, id.seq)
                     .seal_in_place_separate_tag(nonce(id.seq), Aad::from(id.aad()), page)
                     .expect("a page is far below the cipher's length limit");
                 tag.as_ref().try_into().expect("a 16-byte tag")
@@ -78,7 +97,7 @@ impl Sealer {
     /// can mistake its contents for the page.
     pub fn open(&self, id: SealId, page: &mut [u8], tag: &[u8; 16]) -> Result<(), SealBroken> {
         let ok = match self {
-            Sealer::Aead(c) => c
+            Sealer::Aead(keys) => Sealer::key(keys, id.seq)
                 .open_in_place_separate_tag(
                     nonce(id.seq),
                     Aad::from(id.aad()),
@@ -103,6 +122,16 @@ fn nonce(seq: u64) -> Nonce {
     let mut n = [0u8; 12];
     n[..8].copy_from_slice(&seq.to_le_bytes());
     Nonce::assume_unique_for_key(n)
+}
+
+fn fresh_key() -> std::io::Result<LessSafeKey> {
+    let mut key = [0u8; 32];
+    getrandom(&mut key)?;
+    let cipher = UnboundKey::new(&AES_256_GCM, &key)
+        .map_err(|_| std::io::Error::other("AES-256-GCM refused a 32-byte key"))?;
+    // The cipher holds its own expanded copy; wipe ours.
+    key.iter_mut().for_each(|b| *b = 0);
+    Ok(LessSafeKey::new(cipher))
 }
 
 fn checksum(id: SealId, page: &[u8]) -> [u8; 16] {
@@ -163,6 +192,28 @@ mod tests {
             flipped[1234] ^= 0x10;
             assert_eq!(s.open(ID, &mut flipped, &tag), Err(SealBroken));
         }
+    }
+
+    #[test]
+    fn a_new_key_seals_from_its_first_number_and_old_writes_still_open() {
+        let mut s = Sealer::new(true).unwrap();
+        let page = vec![7u8; 4096];
+        let mut old = page.clone();
+        let old_tag = s.seal(ID, &mut old);
+        let mut same_seq_before = page.clone();
+        let t_before = s.seal(SealId { seq: 200, ..ID }, &mut same_seq_before);
+        s.rekey(150).unwrap();
+        let mut after = page.clone();
+        let t_after = s.seal(SealId { seq: 200, ..ID }, &mut after);
+        // Same identity, same bytes, a different key: different ciphertext.
+        assert_ne!(after, same_seq_before);
+        assert_ne!(t_after, t_before);
+        let mut o = old.clone();
+        s.open(ID, &mut o, &old_tag).unwrap();
+        assert_eq!(o, page);
+        let mut a = after.clone();
+        s.open(SealId { seq: 200, ..ID }, &mut a, &t_after).unwrap();
+        assert_eq!(a, page);
     }
 
     #[test]

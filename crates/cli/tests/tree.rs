@@ -171,6 +171,63 @@ fn python_workers_started_by_spawn_share_one_budget() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// Python multiprocessing's default start method on Linux: workers forked
+/// without exec. Nothing of the parent is brought back for the forks; each
+/// worker takes over its copy of the parent's memory (evicted pages
+/// included), reads the parent's records it inherited and checks them,
+/// and the tree stays within the one budget.
+#[test]
+fn python_workers_started_by_fork_share_one_budget() {
+    require_uffd!();
+    if missing("python3", &["python3", "-c", "pass"]) {
+        return;
+    }
+    let dir = scratch("fork");
+    let script = programs().join("workers.py");
+    let stats = dir.join("stats.json");
+    let r = run(
+        &dir,
+        &[
+            "--memory-max",
+            "64M",
+            "--stats-json",
+            stats.to_str().unwrap(),
+            "--",
+            "python3",
+            script.to_str().unwrap(),
+            "fork",
+            "3",
+            "40",
+        ],
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("ok 3 workers"), "{}", r.stdout);
+    assert!(
+        r.processes >= 4,
+        "the workers were not seen: {}",
+        r.processes
+    );
+    assert_within(&r, 64 * MIB);
+    // The parent brought nothing back for the forks, and the workers ran
+    // managed (each its own slot, faults and evictions).
+    let snap: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let pager = &snap["pager"];
+    assert_eq!(pager["fork_prefault_pages"], 0, "{pager}");
+    let procs = snap["tree"]["processes"]
+        .as_array()
+        .expect("tree.processes");
+    let busy = procs
+        .iter()
+        .filter(|p| p["evictions"].as_u64().unwrap_or(0) > 0)
+        .count();
+    assert!(
+        busy >= 2,
+        "the forked workers evicted nothing of their own: {procs:?}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// The real C sources this test compiles: the zstd library that the
 /// project's zstd binding builds from the cargo registry.
 fn zstd_sources() -> Option<PathBuf> {

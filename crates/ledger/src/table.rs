@@ -438,6 +438,11 @@ impl Member {
         self.index
     }
 
+    /// The process it was claimed for.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// The ledger it belongs to.
     pub fn ledger(&self) -> &Arc<Ledger> {
         &self.ledger

@@ -11,13 +11,16 @@
 //!   sees each one before it runs;
 //! - [`sync`]: the locks, atomics, threads and thread-locals of the
 //!   allocator's and the cache's protocols, which the `shuttle` feature
-//!   swaps for the model checker's.
+//!   swaps for the model checker's;
+//! - [`fork`]: releasing after `fork()` the locks a prepare hook kept, in
+//!   the child without the parent's parked threads.
 //!
 //! This crate depends on no other crate of the project, and nothing here
 //! knows about pools, caches or faults. The allocator's own `mmap` and
 //! `madvise` calls stay in its `sys` module, and userfaultfd in the region
 //! crate's: only what several crates share lives here.
 
+pub mod fork;
 pub mod sync;
 
 /// Size of an OS page, and the unit of everything in uzswap: pool pages,
@@ -74,12 +77,45 @@ where
             if let Some(f) = thread_start {
                 f();
             }
+            let _listed = fork::HelperGuard::enter();
             let _ = tx.send(());
             drop(tx);
             body()
         })?;
     rx.recv()
         .map_err(|_| std::io::Error::other(format!("helper thread {name} died at start")))?;
+    Ok(t)
+}
+
+/// As [`spawn_helper`], but while the thread starts the calling thread
+/// runs `meanwhile(started)`, which must return once `started` is true
+/// (the new thread sets it after `thread_start`, before `body`). For a
+/// caller that must keep serving something the new thread's start-up may
+/// wait for (a forked child's first fault handler: the thread library
+/// touches memory that only a handler can bring back).
+pub fn spawn_helper_serving<F>(
+    name: &str,
+    thread_start: Option<fn()>,
+    body: F,
+    meanwhile: impl FnOnce(&std::sync::atomic::AtomicBool),
+) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce() + Send + 'static,
+{
+    let started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = started.clone();
+    let t = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            if let Some(f) = thread_start {
+                f();
+            }
+            let _listed = fork::HelperGuard::enter();
+            flag.store(true, std::sync::atomic::Ordering::Release);
+            drop(flag);
+            body()
+        })?;
+    meanwhile(&started);
     Ok(t)
 }
 

@@ -35,12 +35,15 @@
 //! or the children a build system starts) runs its own runtime with the
 //! same budget: the budget is per process.
 //!
-//! `fork()` without `exec`: the pager brings every evicted page back first
-//! (its own `pthread_atfork` hook), so the child's copy is complete and
-//! correct; the child has no handler threads and runs unmanaged (its
-//! `malloc` goes to glibc, its mappings to the kernel; blocks it inherited
-//! from the managed heap are still freed into that heap, now plain
-//! memory). `vfork` and `posix_spawn` share the parent's memory, whose
+//! `fork()` without `exec`: nothing is brought back. The pager's own
+//! `pthread_atfork` hooks hand the child its copy of the pager (see
+//! `uzswap_region`'s docs, "Fork"): its regions are registered again with
+//! a userfaultfd of its own, its evicted pages are served from its
+//! copy-on-write copy of the pool and its own copy of the backing file,
+//! and it runs its own handler and evictor. This library's child hook then
+//! gives it a slot of its own in the ledger and its own statistics socket:
+//! the child is managed like any process of the tree, its `malloc` still
+//! mimalloc's. `vfork` and `posix_spawn` share the parent's memory, whose
 //! faults the parent's handler keeps serving.
 
 mod ranges;
@@ -135,10 +138,14 @@ static GLOBAL: LibcHeap = LibcHeap;
 /// Set once everything is running: from then on the program's `malloc` and
 /// anonymous mappings are managed.
 static READY: AtomicBool = AtomicBool::new(false);
+/// A fork is between this library's prepare hook and its parent or child
+/// hook: `malloc` and new mappings go to glibc and the kernel meanwhile.
+/// The space's lock is held across the fork, and in the child the pager
+/// starts its threads before this library's child hook releases it; a new
+/// thread's start-up allocations come before it is marked internal.
+static FORKING: AtomicBool = AtomicBool::new(false);
 /// The process that set things up (a forked child is not it).
 static OWNER_PID: AtomicI32 = AtomicI32::new(0);
-/// Set in a forked child: nothing new is managed there.
-static FORKED: AtomicBool = AtomicBool::new(false);
 
 struct Runtime {
     space: space::Space,
@@ -196,7 +203,7 @@ fn mark_thread_internal() {
 /// The runtime, if the calling thread's memory is to be managed.
 #[inline]
 fn managed() -> Option<&'static Runtime> {
-    if !READY.load(Ordering::Acquire) || internal() || FORKED.load(Ordering::Relaxed) {
+    if !READY.load(Ordering::Acquire) || internal() || FORKING.load(Ordering::Acquire) {
         return None;
     }
     RUNTIME.get()
@@ -206,7 +213,7 @@ fn managed() -> Option<&'static Runtime> {
 /// thread).
 #[inline]
 fn runtime() -> Option<&'static Runtime> {
-    if !READY.load(Ordering::Acquire) || FORKED.load(Ordering::Relaxed) {
+    if !READY.load(Ordering::Acquire) {
         return None;
     }
     RUNTIME.get()
@@ -718,6 +725,7 @@ extern "C" fn at_exit() {
 
 extern "C" fn fork_prepare() {
     enter_internal();
+    FORKING.store(true, Ordering::Release);
     if let Some(rt) = runtime() {
         rt.space.lock_for_fork();
     }
@@ -725,17 +733,36 @@ extern "C" fn fork_prepare() {
 
 extern "C" fn fork_parent() {
     if let Some(rt) = runtime() {
-        // SAFETY: locked by fork_prepare on this thread.
-        unsafe { rt.space.unlock_after_fork() };
+        rt.space.unlock_after_fork();
     }
+    FORKING.store(false, Ordering::Release);
     leave_internal();
 }
 
+/// The child of a `fork()` without exec: the pager's own hook, which ran
+/// first, has taken over the child's copy of the memory (its evicted pages
+/// stay evicted, in the child's copy of the pool and of the backing file),
+/// so the child is managed like any process of the tree: it takes a slot
+/// of its own in the ledger and answers `uzswap stats` on its own socket.
 extern "C" fn fork_child() {
     if let Some(rt) = runtime() {
-        // SAFETY: the child's copy of the lock fork_prepare took.
-        unsafe { rt.space.unlock_after_fork() };
-        FORKED.store(true, Ordering::Relaxed);
+        rt.space.unlock_after_fork();
+        OWNER_PID.store(std::process::id() as i32, Ordering::Relaxed);
+        if let Some(sh) = &rt.share {
+            if let Err(e) = sh.rejoin() {
+                sys::warn(&format!(
+                    "a forked child ({}) has no slot of its own in the budget's ledger: {e}; its memory counts as unreported",
+                    std::process::id()
+                ));
+            }
+        }
+        if let Err(e) = stats::serve(mark_thread_internal) {
+            sys::warn(&format!(
+                "a forked child ({}) cannot answer uzswap stats: {e}",
+                std::process::id()
+            ));
+        }
     }
+    FORKING.store(false, Ordering::Release);
     leave_internal();
 }

@@ -34,7 +34,9 @@ const MIN_POOL: u64 = 1 << 20;
 
 /// A process's slot and what it last did with it.
 pub(crate) struct Share {
-    member: Member,
+    /// This process's slot (a forked child claims its own: `rejoin`). A std
+    /// mutex, never held across a fork (see `uzswap_os::fork`).
+    member: std::sync::Mutex<Member>,
     /// The tree's budget (the pager's budget).
     budget: u64,
     /// `--pool-max`, if given.
@@ -57,16 +59,9 @@ impl Share {
         backing: bool,
     ) -> Result<Share, String> {
         let ledger = std::sync::Arc::new(Ledger::open(path).map_err(|e| e.to_string())?);
-        let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
-        let member = ledger
-            .claim(
-                std::process::id(),
-                uzswap_ledger::self_start_time(),
-                comm.trim_end(),
-            )
-            .map_err(|e| e.to_string())?;
+        let member = claim(&ledger)?;
         Ok(Share {
-            member,
+            member: std::sync::Mutex::new(member),
             budget,
             pool_max,
             backing,
@@ -76,10 +71,26 @@ impl Share {
         })
     }
 
+    fn member(&self) -> std::sync::MutexGuard<'_, Member> {
+        self.member
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// In a forked child: claims a slot of its own. The slot it inherited
+    /// is the parent's and stays the parent's (never left from here).
+    pub(crate) fn rejoin(&self) -> Result<(), String> {
+        let mut m = self.member();
+        let fresh = claim(m.ledger())?;
+        std::mem::forget(std::mem::replace(&mut *m, fresh));
+        self.pool_limit.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// The pool limit to start with, before any allotment: what the
     /// arbiter has left unallotted, split as [`Share::charge`] splits.
     pub(crate) fn initial_pool_limit(&self) -> u64 {
-        self.pool_share(self.member.limit())
+        self.pool_share(self.member().limit())
     }
 
     fn pool_share(&self, avail: u64) -> u64 {
@@ -118,7 +129,13 @@ impl Share {
         self.last_refused
             .store(c.reject_reclaim_fail, Ordering::Relaxed);
         self.last_fail.store(c.writeback_fail, Ordering::Relaxed);
-        self.member.publish(&Usage {
+        let member = self.member();
+        if member.pid() != std::process::id() {
+            // A forked child between its pager's hook and `rejoin`: the
+            // slot is still the parent's; report nothing into it.
+            return self.budget.saturating_sub(member.limit());
+        }
+        member.publish(&Usage {
             resident: p.resident_pages * PAGE_SIZE as u64,
             pool: c.pool_bytes,
             runtime: heap,
@@ -128,7 +145,8 @@ impl Share {
             stored: c.stored_pages,
             flags,
         });
-        let allot = self.member.limit();
+        let allot = member.limit();
+        drop(member);
         if let Some(cache) = cache {
             let want = self.pool_share(allot.saturating_sub(heap));
             let had = self.pool_limit.load(Ordering::Relaxed);
@@ -149,11 +167,23 @@ impl Share {
     pub(crate) fn is_root(&self) -> bool {
         // SAFETY: getppid has no preconditions.
         let parent = unsafe { libc::getppid() } as u32;
-        parent == self.member.ledger().arbiter_pid()
+        parent == self.member().ledger().arbiter_pid()
     }
 
     /// Gives the slot back (at exit: a static is never dropped).
     pub(crate) fn leave(&self) {
-        self.member.leave();
+        self.member().leave();
     }
+}
+
+/// A slot for this process in `ledger`.
+fn claim(ledger: &std::sync::Arc<Ledger>) -> Result<Member, String> {
+    let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
+    ledger
+        .claim(
+            std::process::id(),
+            uzswap_ledger::self_start_time(),
+            comm.trim_end(),
+        )
+        .map_err(|e| e.to_string())
 }

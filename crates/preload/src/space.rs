@@ -15,7 +15,7 @@
 
 use crate::ranges::Ranges;
 use crate::sys;
-use parking_lot::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use uzswap_contract::SpaceStats;
 use uzswap_region::{Pager, Region, PAGE_SIZE};
 
@@ -24,6 +24,15 @@ use uzswap_region::{Pager, Region, PAGE_SIZE};
 /// only where pages were used, so a chunk's bookkeeping (up to 1 MiB)
 /// grows with its use and costs nothing before.
 pub const CHUNK: usize = 256 << 20;
+
+thread_local! {
+    /// The space's lock across a fork (`lock_for_fork`). A std mutex: a
+    /// program thread that maps memory during the fork waits on the lock's
+    /// own futex, never in a table that the child would inherit half
+    /// updated.
+    static FORK_GUARD: std::cell::RefCell<Option<MutexGuard<'static, Inner>>> =
+        const { std::cell::RefCell::new(None) };
+}
 
 pub struct Space {
     start: usize,
@@ -134,7 +143,7 @@ impl Space {
     pub fn map(&self, len: usize, prot: i32) -> Result<usize, i32> {
         let len = round_up(len).filter(|&l| l > 0).ok_or(libc::EINVAL)?;
         let at = {
-            let mut inner = self.inner.lock();
+            let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
             let Some(at) = inner.free.take_first_fit(len, PAGE_SIZE) else {
                 drop(inner);
                 sys::warn(&format!(
@@ -171,7 +180,12 @@ impl Space {
             return Err(libc::EINVAL);
         }
         let end = addr + len;
-        let retired = self.inner.lock().retired.overlap(addr, end);
+        let retired = self
+            .inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retired
+            .overlap(addr, end);
         // Put the reservation back under the program's own mappings; those
         // addresses stay retired.
         for &(s, e) in &retired {
@@ -189,7 +203,7 @@ impl Space {
             sys::discard(s, e - s)?;
             sys::protect(s, e - s, libc::PROT_READ | libc::PROT_WRITE)?;
         }
-        let mut inner = self.inner.lock();
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         for (s, e) in live.overlap(addr, end) {
             let already: usize = inner.free.overlap(s, e).iter().map(|(a, b)| b - a).sum();
             inner.mapped -= (e - s - already).min(inner.mapped);
@@ -204,7 +218,7 @@ impl Space {
     pub fn retire(&self, addr: usize, len: usize) {
         let end = addr.saturating_add(len).min(self.end);
         let addr = addr.max(self.start);
-        let mut inner = self.inner.lock();
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let was_free: usize = inner
             .free
             .overlap(addr, end)
@@ -234,7 +248,10 @@ impl Space {
         if old_len == 0 || !self.contains(old, old_len) {
             return Err(libc::EINVAL);
         }
-        self.inner.lock().mremaps += 1;
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .mremaps += 1;
         if new_len <= old_len {
             if new_len < old_len {
                 self.unmap(old + new_len, old_len - new_len)?;
@@ -243,7 +260,7 @@ impl Space {
         }
         let (tail, tail_end) = (old + old_len, old + new_len);
         {
-            let mut inner = self.inner.lock();
+            let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
             if tail_end <= self.end && inner.free.contains(tail, tail_end) {
                 inner.free.remove(tail, tail_end);
                 if let Err(e) = self.activate(&mut inner, tail, tail_end) {
@@ -264,12 +281,15 @@ impl Space {
         // mremap), and they do not overlap (the new one was free).
         unsafe { std::ptr::copy_nonoverlapping(old as *const u8, new as *mut u8, old_len) };
         self.unmap(old, old_len)?;
-        self.inner.lock().mremap_copies += 1;
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .mremap_copies += 1;
         Ok(new)
     }
 
     pub fn stats(&self) -> SpaceStats {
-        let inner = self.inner.lock();
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         SpaceStats {
             reserved_bytes: (self.end - self.start) as u64,
             mapped_bytes: inner.mapped as u64,
@@ -282,16 +302,17 @@ impl Space {
         }
     }
 
-    /// Taken across `fork()` so the child never inherits it locked.
-    pub fn lock_for_fork(&self) {
-        std::mem::forget(self.inner.lock());
+    /// Taken across `fork()` so the child never inherits it locked. The
+    /// guard waits in a thread-local of the forking thread, which runs the
+    /// parent or child hook too.
+    pub fn lock_for_fork(&'static self) {
+        let g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        FORK_GUARD.with(|f| *f.borrow_mut() = Some(g));
     }
 
-    /// # Safety
-    /// Only after `lock_for_fork` on this thread (or in the child of the
-    /// fork that followed it).
-    pub unsafe fn unlock_after_fork(&self) {
-        // SAFETY: the lock was taken and leaked by `lock_for_fork`.
-        unsafe { self.inner.force_unlock() };
+    /// Releases what `lock_for_fork` took (in the parent, or in the child
+    /// of the fork that followed it).
+    pub fn unlock_after_fork(&self) {
+        FORK_GUARD.with(|f| f.borrow_mut().take());
     }
 }

@@ -45,6 +45,24 @@ impl PageStore for cache::Cache {
         let _ = cache::Cache::invalidate_area(self, area);
     }
 
+    fn fork_prepare(&self) {
+        cache::Cache::fork_prepare(self)
+    }
+
+    unsafe fn fork_parent(&self) {
+        // SAFETY: the caller's contract is the cache's.
+        unsafe { cache::Cache::fork_parent(self) }
+    }
+
+    unsafe fn fork_child(&self) -> Result<(), String> {
+        // SAFETY: the caller's contract is the cache's.
+        unsafe { cache::Cache::fork_child(self) }.map_err(|e| e.to_string())
+    }
+
+    fn fork_child_start(&self) -> Result<(), String> {
+        cache::Cache::fork_child_start(self).map_err(|e| e.to_string())
+    }
+
     fn stats(&self) -> StoreStats {
         let s = cache::Cache::stats(self);
         StoreStats {

@@ -335,8 +335,8 @@ pub mod store;
 pub mod sys;
 
 pub use pager::{
-    Charge, PageState, Pager, PagerConfig, PagerError, PagerUsage, RegionError, VictimPolicy,
-    CHARGE_PERIOD,
+    Charge, ForkChild, PageState, Pager, PagerConfig, PagerError, PagerUsage, RegionError,
+    VictimPolicy, CHARGE_PERIOD,
 };
 pub use region::Region;
 pub use stats::{LatencySummary, PagerStats};

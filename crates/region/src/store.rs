@@ -91,6 +91,32 @@ pub trait PageStore: Send + Sync {
     fn invalidate_area(&self, area: u32);
     /// Counters.
     fn stats(&self) -> StoreStats;
+    /// Fork (the pager's `pthread_atfork` hooks, see `pager/fork.rs`):
+    /// takes every lock of the store and keeps it, so that the child's copy
+    /// is consistent. Followed on the same thread by `fork_parent` or
+    /// `fork_child`. The default is for stores without locks of their own.
+    fn fork_prepare(&self) {}
+    /// Releases what `fork_prepare` took, in the parent.
+    ///
+    /// # Safety
+    /// Only after `fork_prepare` on this thread.
+    unsafe fn fork_parent(&self) {}
+    /// Releases what `fork_prepare` took, in the child, and makes the
+    /// store the child's own (its threads, files and keys). An error means
+    /// the child's store cannot be used safely.
+    ///
+    /// # Safety
+    /// Only after `fork_prepare` on this thread, in the child.
+    unsafe fn fork_child(&self) -> Result<(), String> {
+        Ok(())
+    }
+    /// In the child, after `fork_child` and once every lock a parent thread
+    /// could have waited on is released: starts the store's threads (none
+    /// may start earlier: a new thread may be given the stack of a dead
+    /// parent thread still listed in parking_lot's table).
+    fn fork_child_start(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 enum Entry {
@@ -140,6 +166,22 @@ fn same_word(page: &[u8]) -> Option<u64> {
 }
 
 impl PageStore for MemStore {
+    fn fork_prepare(&self) {
+        std::mem::forget(self.map.lock());
+    }
+
+    unsafe fn fork_parent(&self) {
+        // SAFETY: fork_prepare took the lock on this thread and forgot it.
+        unsafe { uzswap_os::fork::AfterFork::after_fork(&self.map, uzswap_os::fork::Side::Parent) };
+    }
+
+    unsafe fn fork_child(&self) -> Result<(), String> {
+        // SAFETY: as in fork_parent; the child's copy of the lock, and this
+        // is the child's only thread.
+        unsafe { uzswap_os::fork::AfterFork::after_fork(&self.map, uzswap_os::fork::Side::Child) };
+        Ok(())
+    }
+
     fn open_area(&self, _area: u32) {}
 
     fn store(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {

@@ -414,6 +414,23 @@ impl Uffd {
         self.features
     }
 
+    /// In a forked child: the inherited descriptor is the parent's (its
+    /// context is the parent's memory, and the child's mappings lost their
+    /// registration). Opens a new userfaultfd with the same features and
+    /// puts it in place of this one's descriptor number (`dup3`), so every
+    /// holder of `self` now works on the child's memory. Ranges must be
+    /// registered again.
+    pub fn renew(&self) -> io::Result<()> {
+        let fd = open_raw(None).map_err(|e| io::Error::other(e.to_string()))?;
+        let got = api(&fd, self.features)?;
+        if got & self.features != self.features {
+            return Err(io::Error::other(
+                "the kernel took back userfaultfd features",
+            ));
+        }
+        replace_fd(&fd, &self.fd)
+    }
+
     /// The descriptor, for poll.
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
@@ -679,6 +696,24 @@ impl EventFd {
     pub fn raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }
+
+    /// In a forked child: a fresh eventfd in place of the one shared with
+    /// the parent (whose threads would otherwise take the child's signals).
+    pub fn renew(&self) -> io::Result<()> {
+        let fresh = EventFd::new()?;
+        replace_fd(&fresh.0, &self.0)
+    }
+}
+
+/// Makes descriptor number `old` name what `new` names (`dup3`, atomic);
+/// `new` keeps its own number and closes it when dropped.
+fn replace_fd(new: &OwnedFd, old: &OwnedFd) -> io::Result<()> {
+    // SAFETY: both descriptors are open and ours; dup3 closes what `old`
+    // named and makes its number a copy of `new`.
+    if unsafe { libc::dup3(new.as_raw_fd(), old.as_raw_fd(), libc::O_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// What became of a page [`Staging::take`] tried to move.
@@ -752,6 +787,24 @@ impl Staging {
     /// Pages the area holds.
     pub fn pages(&self) -> usize {
         self.pages
+    }
+
+    /// In a forked child: the area was not copied (`MADV_DONTFORK`) and its
+    /// descriptor is the parent's. Maps the area again at the same address,
+    /// registered with a new descriptor of its own in place of the old one.
+    pub fn renew(&self) -> io::Result<()> {
+        let len = self.pages * PAGE_SIZE;
+        // SAFETY: the range is the staging area's, which this child did not
+        // inherit (MADV_DONTFORK): nothing of the child's lives there.
+        unsafe { map_anon_at(self.base, len) }?;
+        let _ = no_huge_pages(self.base, len);
+        // SAFETY: our own fresh mapping; MADV_DONTFORK changes no contents.
+        unsafe { madvise(self.base, len, libc::MADV_DONTFORK) }?;
+        let fd = open_raw(None).map_err(|e| io::Error::other(e.to_string()))?;
+        api(&fd, feature::MOVE)?;
+        replace_fd(&fd, &self.uffd.fd)?;
+        self.uffd
+            .register_mode(self.base, len, REGISTER_MODE_MISSING)
     }
 
     /// Moves the page at `src` into the empty slot `slot`.
@@ -1012,6 +1065,17 @@ pub fn set_idle(idle: bool) -> io::Result<()> {
 pub fn getpid() -> i32 {
     // SAFETY: getpid has no preconditions.
     unsafe { libc::getpid() }
+}
+
+/// Says `msg` on stderr and ends the process with status 125 (no
+/// destructors, no atexit handlers: for a forked child that cannot go on).
+pub fn die(msg: &str) -> ! {
+    let line = format!("{msg}\n");
+    // SAFETY: writes a local buffer to stderr, then ends the process.
+    unsafe {
+        libc::write(2, line.as_ptr().cast(), line.len());
+        libc::_exit(125)
+    }
 }
 
 /// Registers fork hooks (see `crate::fork`).

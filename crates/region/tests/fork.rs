@@ -1,10 +1,11 @@
 //! fork() with evicted pages: the child must see the parent's bytes, never
-//! zeros or stale data. In its own test binary because the fork hook
-//! brings back the pages of every pager in the process.
+//! zeros or stale data. In its own test binary because the fork hooks act
+//! on every pager in the process.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use uzswap_region::{MemStore, PageState, Pager, PagerConfig, PAGE_SIZE};
+use uzswap_cache::{Backing, Cache, CacheConfig, PoolLimit};
+use uzswap_region::{ForkChild, MemStore, PageState, Pager, PagerConfig, PAGE_SIZE};
 
 fn fill(buf: &mut [u8], p: usize, v: u8) {
     for (i, b) in buf.iter_mut().enumerate() {
@@ -13,9 +14,11 @@ fn fill(buf: &mut [u8], p: usize, v: u8) {
 }
 
 #[test]
-fn child_sees_evicted_pages() {
+fn with_prefault_the_child_sees_evicted_pages_brought_back() {
     let store = Arc::new(MemStore::new());
-    let pager = Pager::new(store, PagerConfig::new(32)).unwrap();
+    let mut cfg = PagerConfig::new(32);
+    cfg.fork = ForkChild::Prefault;
+    let pager = Pager::new(store, cfg).unwrap();
     let pages = 256;
     let r = pager.region(pages * PAGE_SIZE).unwrap();
     let base = r.as_ptr() as usize;
@@ -89,13 +92,13 @@ fn child_sees_evicted_pages() {
     pager.check_invariants().unwrap();
 }
 
-/// The control: without the fork hook the child reads zeros where the
+/// The control: without the fork hooks the child reads zeros where the
 /// parent's pages were evicted (its copy of the region has no handler).
 #[test]
-fn without_prefault_the_child_would_see_zeros() {
+fn unmanaged_the_child_would_see_zeros() {
     let store = Arc::new(MemStore::new());
     let mut cfg = PagerConfig::new(32);
-    cfg.fork_prefault = false;
+    cfg.fork = uzswap_region::ForkChild::Unmanaged;
     let pager = Pager::new(store, cfg).unwrap();
     let r = pager.region(64 * PAGE_SIZE).unwrap();
     let base = r.as_ptr();
@@ -116,4 +119,302 @@ fn without_prefault_the_child_would_see_zeros() {
     // SAFETY: waiting for our own child.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert_eq!(libc::WEXITSTATUS(status), 0, "the child read zeros");
+}
+
+/// The contents of page `p` at version `v`: a header (page number,
+/// version), a random-looking part that compresses a little, then a
+/// pattern.
+fn versioned(buf: &mut [u8], p: usize, v: u64) {
+    buf[..8].copy_from_slice(&(p as u64).to_le_bytes());
+    buf[8..16].copy_from_slice(&v.to_le_bytes());
+    let mut x = (p as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ v;
+    for (i, b) in buf[16..].iter_mut().enumerate() {
+        if i < 1024 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        } else {
+            *b = (i as u8) ^ (v as u8) ^ (p as u8);
+        }
+    }
+}
+
+/// The version page `p` holds if it is whole and consistent, else None.
+fn version_of(page: &[u8], p: usize) -> Option<u64> {
+    let v = u64::from_le_bytes(page[8..16].try_into().unwrap());
+    let mut want = vec![0u8; PAGE_SIZE];
+    versioned(&mut want, p, v);
+    (page == &want[..]).then_some(v)
+}
+
+fn pipe() -> (i32, i32) {
+    let mut fds = [0; 2];
+    // SAFETY: pipe fills two descriptors.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    (fds[0], fds[1])
+}
+
+fn wait_child(pid: i32) {
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status),
+        "the child was killed by signal {} (a page it could not load?)",
+        libc::WTERMSIG(status)
+    );
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "the child failed (its exit status is its check's number)"
+    );
+}
+
+/// In a child: `code` as the exit status if `ok` is false (no destructors,
+/// no harness).
+fn child_check(ok: bool, code: i32, what: &str) {
+    if !ok {
+        eprintln!("child: {what}");
+        // SAFETY: leaving the child at once.
+        unsafe { libc::_exit(code) };
+    }
+}
+
+/// The default, `ForkChild::Managed`: the parent brings nothing back for
+/// the fork, the child serves the parent's evicted pages (pool and backing
+/// file) from its own copy, evicts its own pages, and the two never see
+/// each other's writes, including the parent's reuse of backing slots the
+/// child still needs.
+#[test]
+fn a_managed_child_serves_evicted_pages_from_its_own_copy() {
+    const BUDGET: usize = 64;
+    const PAGES: usize = 2048;
+    let cache = Arc::new(
+        Cache::new(CacheConfig {
+            // Room for a few hundred pages: most go to the file.
+            pool_limit: PoolLimit::Bytes(512 << 10),
+            backing: Backing::File(std::env::temp_dir()),
+            ..CacheConfig::default()
+        })
+        .unwrap(),
+    );
+    let pager = Pager::new(cache.clone(), PagerConfig::new(BUDGET)).unwrap();
+    let r = pager.region(PAGES * PAGE_SIZE).unwrap();
+    let base = r.as_ptr() as usize;
+    let page = |p: usize| {
+        // SAFETY: page p of the live region, used by one thread at a time.
+        unsafe { std::slice::from_raw_parts_mut((base + p * PAGE_SIZE) as *mut u8, PAGE_SIZE) }
+    };
+    for p in 0..PAGES {
+        versioned(page(p), p, 1);
+    }
+    r.evict(0..PAGES);
+    // Let the writer put the pool's overflow in the file.
+    for _ in 0..400 {
+        if cache.stats().backing_pages > (PAGES / 2) as u64 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let before = cache.stats();
+    assert!(before.backing_pages > (PAGES / 2) as u64, "{before:?}");
+    let (go_r, go_w) = pipe();
+    // SAFETY: the child runs this test's code only, then _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // Wait until the parent has rewritten half its pages (freeing and
+        // reusing backing slots); EOF if it died.
+        let mut b = [0u8; 1];
+        // SAFETY: our copy of the write end, then one byte into a local.
+        let n = unsafe {
+            libc::close(go_w);
+            libc::read(go_r, b.as_mut_ptr().cast(), 1)
+        };
+        child_check(n == 1, 7, "the parent went away");
+        let mut bad = 0;
+        for p in 0..PAGES {
+            if version_of(page(p), p) != Some(1) {
+                bad += 1;
+            }
+        }
+        child_check(bad == 0, 2, &format!("{bad} pages not as at the fork"));
+        let st = pager.stats();
+        child_check(
+            st.faults_backing > 0 && st.faults_pool + st.faults_same_filled > 0,
+            3,
+            &format!("the child served no evicted page itself: {st:?}"),
+        );
+        // The child's own writes go through its own eviction.
+        for p in 0..PAGES {
+            versioned(page(p), p, 3);
+        }
+        for p in 0..PAGES {
+            if version_of(page(p), p) != Some(3) {
+                bad += 1;
+            }
+        }
+        child_check(bad == 0, 4, &format!("{bad} of the child's pages lost"));
+        let st = pager.stats();
+        child_check(st.evictions > PAGES as u64 / 2, 5, &format!("{st:?}"));
+        child_check(
+            pager.check_invariants().is_ok() && cache.check_invariants().is_ok(),
+            6,
+            &format!(
+                "{:?} {:?}",
+                pager.check_invariants(),
+                cache.check_invariants()
+            ),
+        );
+        // SAFETY: leaving the child without the harness.
+        unsafe { libc::_exit(0) };
+    }
+    // SAFETY: the child's end.
+    unsafe { libc::close(go_r) };
+    let st = pager.stats();
+    assert_eq!(st.fork_prefault_pages, 0, "nothing comes back for the fork");
+    assert!(
+        st.resident_pages <= BUDGET as u64,
+        "the fork left the parent at its budget: {st:?}"
+    );
+    let written = |c: &Cache| {
+        let s = c.stats();
+        s.written_back_pages + s.stores_to_backing
+    };
+    let writes = written(&cache);
+    for p in 0..PAGES / 2 {
+        versioned(page(p), p, 2);
+    }
+    for _ in 0..400 {
+        if written(&cache) > writes + 64 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(
+        written(&cache) > writes + 64,
+        "the parent wrote back after the fork: {:?}",
+        cache.stats()
+    );
+    // SAFETY: one byte from a local.
+    assert_eq!(unsafe { libc::write(go_w, [1u8].as_ptr().cast(), 1) }, 1);
+    wait_child(pid);
+    for p in 0..PAGES {
+        let want = if p < PAGES / 2 { 2 } else { 1 };
+        assert_eq!(version_of(page(p), p), Some(want), "parent page {p}");
+    }
+    pager.check_invariants().unwrap();
+    cache.check_invariants().unwrap();
+}
+
+/// Writers rewrite pages under a small budget (eviction never stops) while
+/// the main thread forks again and again; each child checks that every
+/// page is whole and at least as new as it was when the fork began, then
+/// writes and reads back pages of its own.
+#[test]
+fn fork_during_heavy_eviction_loses_nothing() {
+    const BUDGET: usize = 48;
+    const PAGES: usize = 768;
+    let cache = Arc::new(
+        Cache::new(CacheConfig {
+            pool_limit: PoolLimit::Bytes(256 << 10),
+            backing: Backing::File(std::env::temp_dir()),
+            ..CacheConfig::default()
+        })
+        .unwrap(),
+    );
+    let pager = Pager::new(cache.clone(), PagerConfig::new(BUDGET)).unwrap();
+    let r = pager.region(PAGES * PAGE_SIZE).unwrap();
+    let base = r.as_ptr() as usize;
+    let page = |p: usize| {
+        // SAFETY: page p of the live region; writers own disjoint pages
+        // and write them only under `fence`, which the fork holds.
+        unsafe { std::slice::from_raw_parts_mut((base + p * PAGE_SIZE) as *mut u8, PAGE_SIZE) }
+    };
+    for p in 0..PAGES {
+        versioned(page(p), p, 0);
+    }
+    let versions: Vec<AtomicU64> = (0..PAGES).map(|_| AtomicU64::new(0)).collect();
+    let fence = std::sync::RwLock::new(());
+    let stop = AtomicBool::new(false);
+    const WRITERS: usize = 2;
+    /// Stops the writers however the loop below ends (a failed check
+    /// panics, and the scope then waits for them).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    std::thread::scope(|sc| {
+        let _stop = StopOnDrop(&stop);
+        for w in 0..WRITERS {
+            let (page, versions, fence, stop) = (&page, &versions, &fence, &stop);
+            sc.spawn(move || {
+                let mut x = w as u64 + 1;
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let p = (x as usize % (PAGES / WRITERS)) * WRITERS + w;
+                    let _g = fence.read().unwrap();
+                    let v = versions[p].load(Ordering::Relaxed) + 1;
+                    versioned(page(p), p, v);
+                    versions[p].store(v, Ordering::Relaxed);
+                }
+            });
+        }
+        for round in 0..8 {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            let g = fence.write().unwrap();
+            let at_fork: Vec<u64> = versions.iter().map(|v| v.load(Ordering::Relaxed)).collect();
+            // SAFETY: the child runs this test's code only, then _exit.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0);
+            if pid == 0 {
+                // The fence and the writers are the parent's: touch neither.
+                std::mem::forget(g);
+                let mut bad = 0;
+                for (p, &v) in at_fork.iter().enumerate() {
+                    if version_of(page(p), p) != Some(v) {
+                        bad += 1;
+                    }
+                }
+                child_check(bad == 0, 2, &format!("round {round}: {bad} pages wrong"));
+                for p in (0..PAGES).step_by(3) {
+                    versioned(page(p), p, 1000 + round);
+                }
+                for (p, &v) in at_fork.iter().enumerate() {
+                    let want = if p % 3 == 0 { 1000 + round } else { v };
+                    if version_of(page(p), p) != Some(want) {
+                        bad += 1;
+                    }
+                }
+                child_check(
+                    bad == 0,
+                    3,
+                    &format!("round {round}: {bad} own pages wrong"),
+                );
+                child_check(
+                    pager.check_invariants().is_ok(),
+                    4,
+                    &format!("{:?}", pager.check_invariants()),
+                );
+                // SAFETY: leaving the child without the harness.
+                unsafe { libc::_exit(0) };
+            }
+            drop(g);
+            wait_child(pid);
+        }
+    });
+    for (p, v) in versions.iter().enumerate() {
+        let want = v.load(Ordering::Relaxed);
+        assert_eq!(version_of(page(p), p), Some(want), "parent page {p}");
+    }
+    let st = pager.stats();
+    assert!(st.evictions > PAGES as u64, "eviction ran: {st:?}");
+    assert_eq!(st.fork_prefault_pages, 0);
+    pager.check_invariants().unwrap();
+    cache.check_invariants().unwrap();
 }

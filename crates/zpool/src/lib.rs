@@ -27,7 +27,6 @@
 //!
 //! Both implement [`Zpool`], so a cache can take either, chosen at creation.
 
-mod fork;
 pub mod stats;
 mod sys;
 pub mod xcf;
@@ -197,15 +196,23 @@ pub trait Zpool: Send + Sync {
     /// Only after `fork_prepare` on this thread, in the parent.
     unsafe fn fork_parent(&self);
 
-    /// Releases every lock [`Self::fork_prepare`] took and restarts the
-    /// pool's helper threads (zsmalloc's compactor), which do not exist in
-    /// the child. Work queued for them before the fork is kept and done by
-    /// the new ones.
+    /// Releases every lock [`Self::fork_prepare`] took, in the child.
+    /// Starts no thread: a new thread may be given the stack of a parent
+    /// thread that is still listed as parked in parking_lot's table, so
+    /// threads start only once every lock of the process that such a thread
+    /// could wait on was released ([`Self::fork_child_start`]).
     ///
     /// # Safety
     /// Only after `fork_prepare` on this thread, in the child, where this
     /// thread is the only one.
     unsafe fn fork_child(&self);
+
+    /// In the child, after [`Self::fork_child`] (and after every other lock
+    /// a parent thread could have waited on is released): restarts the
+    /// pool's helper threads (zsmalloc's compactor), which do not exist in
+    /// the child. Work queued for them before the fork is kept and done by
+    /// the new ones.
+    fn fork_child_start(&self) {}
 }
 
 /// Which allocator to build; see [`new_pool`].

@@ -32,9 +32,9 @@
 //! list per run length. Virtual address space is cheap; resident memory is
 //! what is given back.
 
-use crate::fork::{AfterFork, Side};
 use crate::Error;
 use std::ptr::NonNull;
+use uzswap_os::fork::{AfterFork, Side};
 use uzswap_os::sync::{Mutex, MutexGuard};
 use uzswap_os::PAGE_SIZE;
 

@@ -79,13 +79,13 @@
 //! its bytes unchanged while blocks move: no reader can see a half-moved
 //! object. `map_read` holds the shard lock while its closure runs.
 
-use crate::fork::{self, AfterFork, Side};
 use crate::sys::PageArena;
 use crate::{check_size, CompactReport, Error, Handle, PoolStats, Zpool};
 use parking_lot::Mutex;
 use std::cell::{Cell, RefCell};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use uzswap_os::fork::{self, AfterFork, Side};
 use uzswap_os::PAGE_SIZE;
 
 /// Allocation granularity: block offsets and lengths are multiples of it.

@@ -81,13 +81,13 @@
 //!   that slot;
 //! - per pool: `pages_held == Σ_zspage committed`.
 
-use crate::fork::{self, AfterFork, Side};
 use crate::stats::FULLNESS_BUCKETS;
 use crate::sys::{ArenaForkGuard, PageArena, ReleaseBatch, MAX_RUN_PAGES};
 use crate::{check_size, ClassStats, CompactReport, Error, Handle, PoolStats, Zpool};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
+use uzswap_os::fork::{self, AfterFork, Side};
 use uzswap_os::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, RwLock};
 use uzswap_os::PAGE_SIZE;
 
@@ -636,13 +636,16 @@ fn start_compactor(
     thread_start: Option<fn()>,
 ) -> Result<sync::thread::JoinHandle<()>, Error> {
     let weak = Arc::downgrade(shared);
-    let started = match thread_start {
-        #[cfg(not(feature = "shuttle"))]
-        Some(f) => uzswap_os::spawn_helper("zs-compact", Some(f), move || compactor_main(weak)),
-        // (A model-checked build starts its threads in the model.)
-        _ => sync::thread::Builder::new()
+    // A helper thread (listed for the fork hooks' `settle_helpers`), except
+    // in a model-checked build, which starts its threads in the model.
+    #[cfg(not(feature = "shuttle"))]
+    let started = uzswap_os::spawn_helper("zs-compact", thread_start, move || compactor_main(weak));
+    #[cfg(feature = "shuttle")]
+    let started = {
+        let _ = thread_start;
+        sync::thread::Builder::new()
             .name("zs-compact".into())
-            .spawn(move || compactor_main(weak)),
+            .spawn(move || compactor_main(weak))
     };
     started.map_err(|e| Error::Config(format!("cannot start the compaction thread: {e}")))
 }
@@ -1669,6 +1672,9 @@ impl Zpool for ZsPool {
         // SAFETY: the caller ran fork_prepare on this thread, and this is
         // the child, where the thread is alone.
         unsafe { self.release_after_fork(Side::Child) };
+    }
+
+    fn fork_child_start(&self) {
         let sh = &*self.shared;
         if sh.watermark_percent.is_none() {
             return; // no compactor

@@ -160,6 +160,7 @@ fn fork_prepared(pool: &dyn Zpool, child: impl FnOnce() -> Result<u64, String>) 
         }
         // SAFETY: fork_prepare ran on this thread, the only one here.
         unsafe { pool.fork_child() };
+        pool.fork_child_start();
         let code = match catch_unwind(AssertUnwindSafe(child)) {
             Ok(Ok(n)) => {
                 let b = n.to_le_bytes();
@@ -609,6 +610,7 @@ fn a_child_drops_its_pool() {
         unsafe { libc::alarm(CHILD_ALARM_S) };
         // SAFETY: fork_prepare ran on this thread, alone here.
         unsafe { pool.fork_child() };
+        pool.fork_child_start();
         let ok = verify(&pool, o).is_ok() && threads_named("zs-compact", 1) == 1;
         drop(pool);
         let code = if ok && threads_named("zs-compact", 0) == 0 {

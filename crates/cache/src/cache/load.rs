@@ -206,6 +206,7 @@ impl Inner {
         self.inflight_reads.fetch_sub(1, RELAXED);
         r.map_err(LoadError::Io)?;
         self.sealer
+            .read()
             .open(id, page, tag)
             .map_err(|_| LoadError::Corrupt { where_: "backing" })?;
         Ok(Loaded::Backing)

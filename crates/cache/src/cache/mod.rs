@@ -71,11 +71,17 @@
 
 mod check;
 mod entry;
+// Fork releases locks it took on another call (`force_unlock`): parking_lot
+// has it, the model checker's locks do not, and the model never forks.
+#[cfg(not(feature = "shuttle"))]
+mod fork;
 mod load;
 mod store;
 mod writeback;
 mod writer;
 
+#[cfg(not(feature = "shuttle"))]
+pub use fork::ForkError;
 pub use store::same_filled_word;
 
 use crate::admission::{IoAdmission, IoLimits};
@@ -286,7 +292,9 @@ struct Inner {
     backing: Option<Box<dyn BackingStore>>,
     /// Which backing slots are used: lock 2.
     slots: Mutex<SlotMap>,
-    sealer: Sealer,
+    /// Seals what goes to the backing tier; written only by `fork_child`
+    /// (a fresh key), read by every seal and open: a leaf lock.
+    sealer: RwLock<Sealer>,
     /// The next seal sequence number (unique per sealed write).
     seq: AtomicU64,
     /// Pages per writeback batch.
@@ -332,7 +340,16 @@ pub struct CacheUsage {
 /// The compressed page cache. Cheap to share: wrap it in an `Arc`.
 pub struct Cache {
     inner: Arc<Inner>,
-    writer: Option<std::thread::JoinHandle<()>>,
+    /// The writer thread (a forked child starts its own: `fork.rs`).
+    writer: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// `CacheConfig::thread_start`, for threads started after a fork.
+    #[cfg_attr(feature = "shuttle", allow(dead_code))]
+    thread_start: Option<fn()>,
+    /// The pipe a forked child says "copied" through (`fork.rs`): set by
+    /// `fork_prepare`, taken by the hook after the fork; a leaf lock,
+    /// never held across the fork.
+    #[cfg_attr(feature = "shuttle", allow(dead_code))]
+    fork_pipe: parking_lot::Mutex<Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -381,7 +398,7 @@ impl Cache {
             slots: Mutex::new(SlotMap::new(
                 cfg.backing_max_bytes.map(|b| b / PAGE_SIZE as u64),
             )),
-            sealer: Sealer::new(cfg.encrypt).map_err(Error::Random)?,
+            sealer: RwLock::new(Sealer::new(cfg.encrypt).map_err(Error::Random)?),
             seq: AtomicU64::new(1),
             batch: cfg.writeback_batch,
             io_limits: cfg.io_limits,
@@ -406,7 +423,12 @@ impl Cache {
             })
             .transpose()
             .map_err(|e| Error::Config(format!("cannot start the writer thread: {e}")))?;
-        Ok(Cache { inner, writer })
+        Ok(Cache {
+            inner,
+            writer: parking_lot::Mutex::new(writer),
+            thread_start: cfg.thread_start,
+            fork_pipe: parking_lot::Mutex::new(None),
+        })
     }
 
     /// Opens an area (idempotent). Keys of an area are valid until
@@ -585,7 +607,7 @@ impl Cache {
 
     /// Whether written-back pages are encrypted.
     pub fn encrypts(&self) -> bool {
-        self.inner.sealer.encrypts()
+        self.inner.sealer.read().encrypts()
     }
 
     /// Re-derives every gauge from the index and checks it against the
@@ -599,7 +621,7 @@ impl Cache {
 impl Drop for Cache {
     fn drop(&mut self) {
         self.inner.stop_writer();
-        if let Some(t) = self.writer.take() {
+        if let Some(t) = self.writer.get_mut().take() {
             let _ = t.join();
         }
         // The pool's memory goes with Inner; the backing file, unlinked,

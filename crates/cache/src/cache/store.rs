@@ -212,7 +212,7 @@ impl Inner {
         let res = SCRATCH.with(|s| {
             let mut buf = s.borrow_mut();
             buf.copy_from_slice(page);
-            let tag = self.sealer.seal(
+            let tag = self.sealer.read().seal(
                 SealId {
                     area,
                     offset,

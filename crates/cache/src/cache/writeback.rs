@@ -146,6 +146,7 @@ impl Inner {
             };
             let tag = self
                 .sealer
+                .read()
                 .seal(id, &mut buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
             v.sealed = Some((slot, seq, tag));
         }

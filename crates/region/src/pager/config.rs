@@ -7,6 +7,25 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// What a child forked without exec gets of a pager (see `crate` docs,
+/// "Fork").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ForkChild {
+    /// The child takes over its copy of the pager: its regions are
+    /// registered again with a userfaultfd of its own before `fork()`
+    /// returns, evicted pages stay in its copy of the store (a backing file
+    /// is copied for it), and it runs its own handler and evictor under the
+    /// same budget. Nothing is brought back for the fork.
+    #[default]
+    Managed,
+    /// Every evicted page is brought back before `fork()`; the child's
+    /// regions are plain memory and it has no pager.
+    Prefault,
+    /// Nothing: in the child, pages that were evicted read as zeros. Only
+    /// for programs that fork just to exec.
+    Unmanaged,
+}
+
 /// How victims are chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum VictimPolicy {
@@ -45,8 +64,8 @@ pub struct PagerConfig {
     /// the kernel's zswap frees an entry on load: less memory, more
     /// compression.
     pub keep_clean: bool,
-    /// Bring every evicted page back before `fork()` (see `crate` docs).
-    pub fork_prefault: bool,
+    /// What a child forked without exec gets (see `crate` docs, "Fork").
+    pub fork: ForkChild,
     /// Drop victims of short spans by moving them into a staging area
     /// (`UFFDIO_MOVE`, where the kernel has it), which raises no remove
     /// event, instead of `MADV_DONTNEED` on the region (see `crate` docs,
@@ -90,7 +109,7 @@ impl PagerConfig {
             evict_batch: 64,
             cpu_handlers: false,
             cpu_spin: Duration::from_millis(2),
-            fork_prefault: true,
+            fork: ForkChild::Managed,
             evict_by_move: true,
             keep_clean: true,
             thread_start: None,

@@ -187,6 +187,11 @@ impl Shared {
     /// the caller finishes the load with [`Shared::finish_load`] once it
     /// released the dispatch lock.
     pub(super) fn fault_stored(&self, s: &mut State, f: Fault, area: u32, page: u64) -> Outcome {
+        if s.forking {
+            // The fork waits for the loads in flight to end and must not
+            // see new ones: retried once it is done.
+            return Outcome::Defer;
+        }
         let mut free = s.limit.saturating_sub(s.resident);
         if s.store_full {
             free = free.max(1); // the budget is soft (see `store_full`)

@@ -1,20 +1,58 @@
-//! Fork: the `pthread_atfork` hooks that stop eviction and bring every
-//! evicted page back before `fork()`, so that the child (which has no
-//! handler) reads real bytes.
+//! Fork: the `pthread_atfork` hooks (see the crate docs, "Fork").
+//!
+//! What a child gets is [`ForkChild`]'s choice, by default `Managed`: the
+//! child takes over its copy of the pager. Its regions lost their
+//! userfaultfd registration at the fork (no `UFFD_FEATURE_EVENT_FORK`, which
+//! needs CAP_SYS_PTRACE), so an evicted page would read as zeros; the child
+//! hook registers them again with a userfaultfd of its own before `fork()`
+//! returns, and serves their faults from its copy of the store. Nothing is
+//! brought back into memory for the fork.
+//!
+//! The steps:
+//! 1. *prepare* (parent): the gate (no eviction batch in flight), then
+//!    `forking` under the state lock: no new load starts (faults that would
+//!    load are deferred) and the hook waits for the loads in flight to end,
+//!    so that no page is half loaded at the fork. Then the dispatch and
+//!    state locks, held through the fork, and the store's locks
+//!    (`PageStore::fork_prepare`).
+//! 2. *child*: the store makes itself the child's (`PageStore::fork_child`:
+//!    its own backing file, key and threads); the locks are released; the
+//!    pager renews its descriptors (userfaultfd, eventfds, the staging
+//!    area), forgets what the parent's threads were doing (messages read,
+//!    parked and deferred faults: those threads are not in the child),
+//!    registers every segment again, write-protects its `Clean` pages again
+//!    (the fork cleared their markers); last, once every lock of every
+//!    pager and store is released, the store's threads and its own start
+//!    (glibc may give a new thread the stack of a dead parent thread that
+//!    parking_lot's table still lists on one of those locks).
+//! 3. *parent*: the store's locks (it waits for the child's copy of the
+//!    backing file), then the pager's; `forking` ends and the deferred
+//!    faults are retried.
+//!
+//! Invariants relied on: with the gate held no page is `Evicting`,
+//! `EvictAborted` or `Discarding`, none is claimed or zapping, and the
+//! evictor owns no span; with `loading == 0` none is `Loading`. So in the
+//! child every page is `Absent` or `Stored` (not mapped), or `Dirty` or
+//! `Clean` (mapped, a copy-on-write copy of the parent's).
 
+use super::config::ForkChild;
 use super::handler::PageBuf;
 use super::state::PageState;
 use super::Shared;
 use crate::sys::{self, PAGE_SIZE};
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+use uzswap_os::fork::{AfterFork, Side};
 
 /// Every pager of the process (the hooks skip the dropped ones).
 static REGISTRY: Mutex<Vec<Weak<Shared>>> = parking_lot::const_mutex(Vec::new());
-/// The pagers whose gate `fork_prepare` holds, for the parent and child
+/// The pagers whose locks `fork_prepare` holds, for the parent and child
 /// hooks to release.
 static FORK_HELD: Mutex<Vec<Arc<Shared>>> = parking_lot::const_mutex(Vec::new());
 static ATFORK: std::sync::Once = std::sync::Once::new();
+/// A fork is between its prepare and its parent or child hook.
+static FORKING: AtomicBool = AtomicBool::new(false);
 
 /// Lists a new pager for the fork hooks (installed with the first pager).
 pub(super) fn register(sh: &Arc<Shared>) {
@@ -24,46 +62,236 @@ pub(super) fn register(sh: &Arc<Shared>) {
     });
 }
 
-/// The gate is the one lock taken without a guard: it is taken here and
-/// released in `fork_parent` or `fork_child`, other calls of the same
-/// thread; the guard is forgotten and the lock released by hand there.
+/// The gate, and with `Managed` the dispatch and state locks, are taken
+/// without a guard here and released in `fork_parent` or `fork_child`,
+/// other calls of the same thread: the guards are forgotten and the locks
+/// released by hand there.
 unsafe extern "C" fn fork_prepare() {
+    // One fork at a time, and a second forking thread waits here, asleep,
+    // not parked in parking_lot's table on a lock this one holds (which
+    // would put it among the threads that could be inside the table at the
+    // fork: see `uzswap_os::fork`).
+    while FORKING
+        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
     let list: Vec<Arc<Shared>> = REGISTRY
         .lock()
         .iter()
         .filter_map(Weak::upgrade)
-        .filter(|s| s.cfg.fork_prefault && s.pid == sys::getpid())
+        .filter(|s| s.cfg.fork != ForkChild::Unmanaged && s.ours())
         .collect();
     for s in &list {
         std::mem::forget(s.gate.lock());
-        s.prefault_all_locked();
+        match s.cfg.fork {
+            ForkChild::Prefault => {
+                s.prefault_all_locked();
+            }
+            ForkChild::Managed => s.quiesce_for_fork(),
+            ForkChild::Unmanaged => unreachable!("filtered out above"),
+        }
     }
+    let managed = list.iter().any(|s| s.cfg.fork == ForkChild::Managed);
     *FORK_HELD.lock() = list;
+    if managed {
+        // The child will take parking_lot locks: no helper thread may be
+        // inside the lock table at the fork (see `uzswap_os::fork`).
+        uzswap_os::fork::settle_helpers(SETTLE_LIMIT);
+    }
 }
+
+/// How long the prepare hook waits for the helper threads to fall asleep.
+const SETTLE_LIMIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 unsafe extern "C" fn fork_parent() {
     for s in std::mem::take(&mut *FORK_HELD.lock()) {
+        if s.cfg.fork == ForkChild::Managed {
+            // SAFETY: fork_prepare took the store's locks, and the dispatch
+            // and state locks, on this thread and forgot the guards.
+            unsafe {
+                s.store.fork_parent();
+                s.state.after_fork(Side::Parent);
+                s.dispatch.after_fork(Side::Parent);
+            }
+            s.state.lock().forking = false;
+        }
         // SAFETY: fork_prepare locked the gate of every pager in FORK_HELD
         // on this thread, forgot the guard, and nothing unlocked it since.
-        unsafe { s.gate.force_unlock() };
+        unsafe { s.gate.after_fork(Side::Parent) };
         let _g = s.state.lock();
         s.work_cv.notify_one();
     }
+    FORKING.store(false, Ordering::Release);
 }
 
 unsafe extern "C" fn fork_child() {
+    // The parent's helper threads are not here (new ones list themselves).
+    uzswap_os::fork::forget_helpers();
     let held = std::mem::take(&mut *FORK_HELD.lock());
+    // Every lock first, then the threads: a new thread must not park on a
+    // lock whose parent waiters are still listed.
     for s in &held {
+        if s.cfg.fork == ForkChild::Managed {
+            // SAFETY: fork_prepare took the store's locks and the dispatch
+            // and state locks on this thread and forgot the guards; in the
+            // child, whose only thread runs this hook.
+            let r = unsafe { s.store.fork_child() };
+            if let Err(e) = r {
+                take_over_failed(&e);
+            }
+            // SAFETY: as above.
+            unsafe {
+                s.state.after_fork(Side::Child);
+                s.dispatch.after_fork(Side::Child);
+                s.work_cv.after_fork(Side::Child);
+                s.done_cv.after_fork(Side::Child);
+            }
+        }
         // SAFETY: as in fork_parent; the child's copy of the lock is held by
         // the (only) thread that runs this hook.
-        unsafe { s.gate.force_unlock() };
+        unsafe { s.gate.after_fork(Side::Child) };
     }
-    // The child never uses the pager: keep the references from running
-    // any destructor there.
+    for s in &held {
+        if s.cfg.fork == ForkChild::Managed {
+            if let Err(e) = s.take_over() {
+                take_over_failed(&e.to_string());
+            }
+        }
+    }
+    // Only now may threads start: glibc may give a new thread the stack of
+    // a dead parent thread, whose entry in parking_lot's table (on one of
+    // the locks released above) would then be overwritten while listed.
+    // The handlers first (this thread serves faults while each starts),
+    // then every other thread, whose start-up may fault too.
+    for s in &held {
+        if s.cfg.fork == ForkChild::Managed {
+            if let Err(e) = s.start_handler(true) {
+                take_over_failed(&e.to_string());
+            }
+        }
+    }
+    for s in &held {
+        if s.cfg.fork == ForkChild::Managed {
+            let r = s
+                .store
+                .fork_child_start()
+                .and_then(|()| s.start_others().map_err(|e| e.to_string()));
+            if let Err(e) = r {
+                take_over_failed(&e);
+            }
+        }
+    }
+    // The references stay (the child's pagers live on in it or, with
+    // `Prefault`, are never used): no destructor runs here.
     std::mem::forget(held);
+    FORKING.store(false, Ordering::Release);
+}
+
+/// The child's copy of the pages cannot be served: it must not run on,
+/// reading zeros where pages were evicted.
+fn take_over_failed(e: &str) -> ! {
+    sys::die(&format!(
+        "uzswap: a forked child cannot take over its memory: {e}"
+    ))
 }
 
 impl Shared {
+    /// Step 1 with `Managed` (gate held): no load starts, those in flight
+    /// end, then the dispatch, state and store locks are taken and kept.
+    fn quiesce_for_fork(&self) {
+        {
+            let mut s = self.state.lock();
+            s.forking = true;
+            while s.loading > 0 {
+                self.done_cv.wait(&mut s);
+            }
+        }
+        // Lock order: dispatch, then state, then the store's. No load can
+        // start in between: `forking` defers them.
+        std::mem::forget(self.dispatch.lock());
+        std::mem::forget(self.state.lock());
+        self.store.fork_prepare();
+    }
+
+    /// Step 2 in the child (only this thread runs; no pager lock is held),
+    /// but for the threads, which the hook starts last.
+    fn take_over(self: &Arc<Self>) -> std::io::Result<()> {
+        self.pid.store(sys::getpid(), Ordering::Relaxed);
+        // The parent's threads are not here: their handles must never be
+        // joined from this process.
+        for t in self.threads.lock().drain(..) {
+            std::mem::forget(t);
+        }
+        let step = |what: &'static str| {
+            move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{what}: {e}"))
+        };
+        self.uffd
+            .renew()
+            .map_err(step("a userfaultfd of its own"))?;
+        self.wake.renew().map_err(step("an eventfd"))?;
+        self.stop.renew().map_err(step("an eventfd"))?;
+        if let Some(st) = &self.staging {
+            st.renew().map_err(step("the staging area"))?;
+        }
+        {
+            let mut d = self.dispatch.lock();
+            d.handoff.clear();
+            d.handoff_at = None;
+            d.deferred.clear();
+        }
+        let (segs, clean) = {
+            let mut s = self.state.lock();
+            s.forking = false;
+            debug_assert!(s.own.is_empty() && s.loading == 0);
+            let mut clean = Vec::new();
+            let segs: Vec<(usize, u32, u64, usize)> = s
+                .segs
+                .iter()
+                .map(|(&a, seg)| (a, seg.area, seg.first, seg.len))
+                .collect();
+            for &(addr, area, first, len) in &segs {
+                let a = s.areas.get_mut(&area).expect("a segment's area");
+                for i in 0..len / PAGE_SIZE {
+                    let m = &mut a.meta[first as usize + i];
+                    m.parked = false;
+                    m.woken = false;
+                    if m.st == PageState::Clean {
+                        clean.push(addr + i * PAGE_SIZE);
+                    }
+                }
+            }
+            // The counters start again: they are the child's.
+            let (budget, limit) = (s.stats.budget_pages, s.stats.limit_pages);
+            s.stats = crate::stats::PagerStats {
+                budget_pages: budget,
+                limit_pages: limit,
+                ..Default::default()
+            };
+            s.stats.peak_resident_pages = s.resident as u64;
+            (segs, clean)
+        };
+        for (addr, _, _, len) in segs {
+            self.uffd
+                .register(addr, len)
+                .map_err(step("registering the regions"))?;
+        }
+        for addr in clean {
+            self.uffd
+                .writeprotect(addr, PAGE_SIZE, true, false)
+                .map_err(|e| std::io::Error::from_raw_os_error(e.errno))
+                .map_err(step("write-protecting clean pages"))?;
+        }
+        self.cpu_handlers.store(0, Ordering::Relaxed);
+        self.throttled.store(false, Ordering::Relaxed);
+        self.again_waiting.store(false, Ordering::Relaxed);
+        for c in [&self.faults_local, &self.faults_remote, &self.faults_again] {
+            c.store(0, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
     /// Brings every stored page back, write-protected and clean. The gate
     /// must be held (no eviction in flight).
     pub(super) fn prefault_all_locked(&self) -> usize {

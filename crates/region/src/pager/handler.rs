@@ -8,7 +8,7 @@ use super::fault::{Fault, Outcome};
 use super::load::Load;
 use super::Shared;
 use crate::sys::{self, Msg, RawMsg, PAGE_SIZE};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -167,6 +167,14 @@ pub(super) enum Step {
 
 impl Shared {
     pub(super) fn handler_loop(self: Arc<Self>) {
+        self.serve(None);
+    }
+
+    /// The main handler's loop; with `until`, it returns once the flag is
+    /// set (its deferred faults left for the next handler), so that a
+    /// thread can serve faults while it waits for something (see
+    /// `start_handler`).
+    pub(super) fn serve(&self, until: Option<&AtomicBool>) {
         let mut msgs = vec![RawMsg::default(); 64];
         let mut batch: Vec<RawMsg> = Vec::with_capacity(64);
         let mut buf = PageBuf::new(self.cfg.readahead_max + 1);
@@ -175,7 +183,9 @@ impl Shared {
         let mut w = Wakes::now();
         let mut last = Instant::now();
         let mut spins = 0u32;
-        while !self.shutdown.load(Ordering::Relaxed) {
+        while !self.shutdown.load(Ordering::Relaxed)
+            && !until.is_some_and(|f| f.load(Ordering::Acquire))
+        {
             let n = {
                 let mut d = self.dispatch.lock();
                 deferred.append(&mut d.deferred);
@@ -233,7 +243,12 @@ impl Shared {
                     std::hint::spin_loop();
                     continue;
                 }
-                let timeout = if deferred.is_empty() { -1 } else { 1 };
+                // With `until`, the flag is read again every millisecond.
+                let timeout = if deferred.is_empty() && until.is_none() {
+                    -1
+                } else {
+                    1
+                };
                 sys::poll2(self.uffd.raw_fd(), self.wake.raw_fd(), timeout);
                 self.wake.drain();
                 last = Instant::now();
@@ -244,6 +259,9 @@ impl Shared {
             }
             last = Instant::now();
             spins = 0;
+        }
+        if !deferred.is_empty() {
+            self.dispatch.lock().deferred.append(&mut deferred);
         }
     }
 

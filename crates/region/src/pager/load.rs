@@ -290,7 +290,7 @@ impl Shared {
         w: &mut Wakes,
     ) {
         let p = l.page + i as u64;
-        s.loading -= 1;
+        self.load_ended(s);
         let m = s.meta(l.area, p);
         m.st = if dirty {
             PageState::Dirty
@@ -307,13 +307,21 @@ impl Shared {
         }
     }
 
+    /// One page of a load ended: the fork hook waits for the last.
+    fn load_ended(&self, s: &mut State) {
+        s.loading -= 1;
+        if s.loading == 0 && s.forking {
+            self.done_cv.notify_all();
+        }
+    }
+
     /// Ends load `l` for its pages `range`, unmapped. A page still the
     /// load's is `Stored` again (loads use `LoadMode::Keep`: the store kept
     /// its entry) and faults parked on it are woken; one taken meanwhile
     /// belongs to whoever took it (it was handled as for `Stored`).
     fn unload(&self, s: &mut State, l: &Load, range: std::ops::Range<usize>, w: &mut Wakes) {
         for i in range {
-            s.loading -= 1;
+            self.load_ended(s);
             if !s.load_owns(l, i, false) {
                 continue;
             }

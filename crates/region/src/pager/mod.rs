@@ -48,7 +48,8 @@ mod load;
 mod state;
 
 pub use config::{
-    Charge, PagerConfig, PagerError, RegionError, VictimPolicy, CHARGE_PERIOD, MAX_CPU_HANDLERS,
+    Charge, ForkChild, PagerConfig, PagerError, RegionError, VictimPolicy, CHARGE_PERIOD,
+    MAX_CPU_HANDLERS,
 };
 pub use state::PageState;
 
@@ -59,7 +60,7 @@ use handler::Dispatch;
 use parking_lot::{Condvar, Mutex};
 use state::{zeroed_meta, Area, Seg, State};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -82,7 +83,11 @@ pub(crate) struct Shared {
     /// The handler holds faults back (budget full): wake it after a batch.
     throttled: AtomicBool,
     wake: sys::EventFd,
-    pid: i32,
+    /// The process the helper threads run in (a forked child that did not
+    /// take the pager over has none: see `fork.rs`).
+    pid: AtomicI32,
+    /// The helper threads (replaced, never joined, in a forked child).
+    threads: Mutex<Vec<JoinHandle<()>>>,
     /// Eviction starts at `limit - margin` and stops at `limit - 2·margin`.
     margin: usize,
     /// Messages read and not yet handled (see [`Dispatch`]).
@@ -116,12 +121,11 @@ pub(crate) struct Shared {
 /// Owns the helper threads; the last `Pager` or `Region` handle stops them.
 pub(crate) struct Owner {
     pub(crate) sh: Arc<Shared>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        if self.sh.pid != sys::getpid() {
+        if !self.sh.ours() {
             // A forked child: the threads do not exist here.
             return;
         }
@@ -134,7 +138,7 @@ impl Drop for Owner {
             let _g = self.sh.state.lock();
             self.sh.work_cv.notify_all();
         }
-        for t in self.threads.lock().drain(..) {
+        for t in self.sh.threads.lock().drain(..) {
             let _ = t.join();
         }
     }
@@ -211,6 +215,7 @@ impl Pager {
                 lat_copy: Histogram::default(),
                 store_full: false,
                 limit: cfg.budget_pages,
+                forking: false,
             }),
             cfg,
             work_cv: Condvar::new(),
@@ -219,7 +224,8 @@ impl Pager {
             shutdown: AtomicBool::new(false),
             throttled: AtomicBool::new(false),
             wake,
-            pid: sys::getpid(),
+            pid: AtomicI32::new(sys::getpid()),
+            threads: Mutex::new(Vec::new()),
             dispatch: Mutex::new(Dispatch::default()),
             last_read_ns: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -234,33 +240,8 @@ impl Pager {
         // The first reading before any region exists, so that no fault is
         // served against the whole budget.
         sh.recharge();
-        let owner = Arc::new(Owner {
-            sh: sh.clone(),
-            threads: Mutex::new(Vec::new()),
-        });
-        let h = sh.clone();
-        let t1 = spawn_helper("uzswap-uffd", sh.cfg.thread_start, move || h.handler_loop())
-            .map_err(PagerError::Start)?;
-        owner.threads.lock().push(t1);
-        let e = sh.clone();
-        let t2 = spawn_helper("uzswap-evict", sh.cfg.thread_start, move || {
-            e.evictor_loop()
-        })
-        .map_err(PagerError::Start)?;
-        owner.threads.lock().push(t2);
-        if sh.cfg.cpu_handlers {
-            // Without an affinity mask there are no CPU handlers: the main
-            // handler serves every fault, as it does anyway as a backstop.
-            let cpus = sys::allowed_cpus().unwrap_or_default();
-            for cpu in cpus.into_iter().take(MAX_CPU_HANDLERS) {
-                let c = sh.clone();
-                let t = spawn_helper("uzswap-uffd-cpu", sh.cfg.thread_start, move || {
-                    c.cpu_handler_loop(cpu)
-                })
-                .map_err(PagerError::Start)?;
-                owner.threads.lock().push(t);
-            }
-        }
+        let owner = Arc::new(Owner { sh: sh.clone() });
+        sh.start_threads().map_err(PagerError::Start)?;
         fork::register(&sh);
         Ok(Pager { owner })
     }
@@ -377,6 +358,69 @@ impl Pager {
 }
 
 impl Shared {
+    /// Whether this process runs the pager's threads.
+    fn ours(&self) -> bool {
+        self.pid.load(Ordering::Relaxed) == sys::getpid()
+    }
+
+    /// Starts the handler, the evictor and the CPU handlers (at creation).
+    fn start_threads(self: &Arc<Self>) -> std::io::Result<()> {
+        self.start_handler(false)?;
+        self.start_others()
+    }
+
+    /// Starts the main handler. With `serve_meanwhile` (a forked child,
+    /// whose regions have no handler yet) the calling thread serves their
+    /// faults until the new thread runs: the thread library's start-up
+    /// reads memory of the program's (its locale data), which may be
+    /// evicted. The budget is soft meanwhile (no evictor runs yet to make
+    /// room for a deferred fault).
+    pub(super) fn start_handler(self: &Arc<Self>, serve_meanwhile: bool) -> std::io::Result<()> {
+        let h = self.clone();
+        let body = move || h.handler_loop();
+        let t = if serve_meanwhile {
+            let soft = {
+                let mut s = self.state.lock();
+                std::mem::replace(&mut s.store_full, true)
+            };
+            let t = uzswap_os::spawn_helper_serving(
+                "uzswap-uffd",
+                self.cfg.thread_start,
+                body,
+                |started| self.serve(Some(started)),
+            );
+            let mut s = self.state.lock();
+            s.store_full = soft;
+            t?
+        } else {
+            spawn_helper("uzswap-uffd", self.cfg.thread_start, body)?
+        };
+        self.threads.lock().push(t);
+        Ok(())
+    }
+
+    /// Starts the evictor and the CPU handlers.
+    pub(super) fn start_others(self: &Arc<Self>) -> std::io::Result<()> {
+        let e = self.clone();
+        let t = spawn_helper("uzswap-evict", self.cfg.thread_start, move || {
+            e.evictor_loop()
+        })?;
+        self.threads.lock().push(t);
+        if self.cfg.cpu_handlers {
+            // Without an affinity mask there are no CPU handlers: the main
+            // handler serves every fault, as it does anyway as a backstop.
+            let cpus = sys::allowed_cpus().unwrap_or_default();
+            for cpu in cpus.into_iter().take(MAX_CPU_HANDLERS) {
+                let c = self.clone();
+                let t = spawn_helper("uzswap-uffd-cpu", self.cfg.thread_start, move || {
+                    c.cpu_handler_loop(cpu)
+                })?;
+                self.threads.lock().push(t);
+            }
+        }
+        Ok(())
+    }
+
     fn stats(&self) -> PagerStats {
         let mut st = {
             let s = self.state.lock();
@@ -409,7 +453,7 @@ impl Shared {
     /// Drops a region: waits for evictions in flight, unregisters, unmaps,
     /// and drops the store's entries.
     pub(crate) fn drop_area(&self, area: u32) {
-        if self.pid != sys::getpid() {
+        if !self.ours() {
             return; // a forked child: the pager is not ours to touch
         }
         let segs = {

@@ -232,6 +232,9 @@ pub(super) struct State {
     /// Pages resident in regions may reach this: the budget less what
     /// `PagerConfig::charge` reported (never below `PagerConfig::floor`).
     pub(super) limit: usize,
+    /// A fork is being prepared (`fork.rs`): no load starts (a fault that
+    /// would load is deferred), and the last load to end wakes `done_cv`.
+    pub(super) forking: bool,
 }
 
 pub(super) fn lookup(segs: &BTreeMap<usize, Seg>, addr: usize) -> Option<(u32, u64)> {

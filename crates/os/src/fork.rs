@@ -1,5 +1,7 @@
-//! Releasing, after a `fork()`, the locks that [`Zpool::fork_prepare`]
-//! took and kept (their guards were forgotten).
+//! Releasing, after a `fork()`, the locks that a `pthread_atfork` prepare
+//! hook took and kept (their guards were forgotten): the allocator's
+//! (`Zpool::fork_prepare`), the cache's, the pager's and the preload
+//! runtime's all go through [`AfterFork`].
 //!
 //! In the parent a lock is simply force-unlocked. In the child that is not
 //! enough with parking_lot: its waiters sit in one global table (keyed by
@@ -18,25 +20,28 @@
 //! The keys are the address of the raw lock (and that address plus one,
 //! the queue of a writer waiting for readers to leave an `RwLock`), and the
 //! address of the condvar: parking_lot's own choice, the same in every
-//! release so far. `tests/fork.rs` forks while a thread is parked on a pool
-//! lock, so a change there shows as a failing test.
+//! release so far. The allocator's `tests/fork.rs` forks while a thread is
+//! parked on a pool lock, so a change there shows as a failing test.
 //!
-//! Not covered: a parent thread that held one of the table's bucket locks at
-//! the instant of the fork (a few instructions around each park and
-//! unpark of any parking_lot lock in the process) leaves that bucket locked
-//! in the child, which then blocks the first time it parks or unparks
-//! anything hashed to it. Every program that forks with threads running
-//! and uses parking_lot in the child has this window; it is short, but it
-//! is not closed here.
+//! A parent thread that held one of the table's bucket locks at the instant
+//! of the fork (a few instructions around each park and unpark of any
+//! parking_lot lock in the process) would leave that bucket locked in the
+//! child, which then blocks the first time it parks or unparks anything
+//! hashed to it. The helper threads are the ones that park here (on the
+//! very locks the prepare hooks hold), so the last prepare hook calls
+//! [`settle_helpers`]: it waits until every helper thread
+//! ([`crate::spawn_helper`]) is asleep, and a sleeping thread holds no
+//! bucket lock (its holder never sleeps inside, it can only be preempted,
+//! and is then runnable). What remains is a helper woken by a timeout in
+//! the microseconds between that check and the fork; and a program of its
+//! own that uses parking_lot from several threads has the window anyway.
 //!
-//! Under the `shuttle` feature the locks are the model checker's, which
-//! never forks: the fork methods panic there.
-//!
-//! [`Zpool::fork_prepare`]: crate::Zpool::fork_prepare
+//! Under the `shuttle` feature the shim's locks are the model checker's,
+//! which never forks: releasing them panics there.
 
 /// Which process a lock is released in after the fork.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Side {
+pub enum Side {
     Parent,
     /// The child, where the calling thread is the only one.
     Child,
@@ -44,7 +49,7 @@ pub(crate) enum Side {
 
 /// Panics under the model checker, whose locks cannot be released by force
 /// (and which never forks anyway).
-pub(crate) fn check_supported() {
+pub fn check_supported() {
     if cfg!(feature = "shuttle") {
         panic!(
             "Zpool::fork_* is not available under the `shuttle` feature: the model checker's \
@@ -55,7 +60,7 @@ pub(crate) fn check_supported() {
 
 /// A primitive that `fork_prepare` left in a state to be undone after the
 /// fork.
-pub(crate) trait AfterFork {
+pub trait AfterFork {
     /// For a lock: releases it (held by this thread since `fork_prepare`,
     /// its guard forgotten), in the child after removing the parent's
     /// parked threads from parking_lot's table. For a condvar: in the child,
@@ -123,22 +128,96 @@ impl AfterFork for parking_lot::Condvar {
 // The model checker's primitives (uzswap_os::sync's shim under the
 // feature; without it they are parking_lot's, above).
 #[cfg(feature = "shuttle")]
-impl<T> AfterFork for uzswap_os::sync::Mutex<T> {
+impl<T> AfterFork for crate::sync::Mutex<T> {
     unsafe fn after_fork(&self, _: Side) {
         check_supported();
     }
 }
 
 #[cfg(feature = "shuttle")]
-impl<T> AfterFork for uzswap_os::sync::RwLock<T> {
+impl<T> AfterFork for crate::sync::RwLock<T> {
     unsafe fn after_fork(&self, _: Side) {
         check_supported();
     }
 }
 
 #[cfg(feature = "shuttle")]
-impl AfterFork for uzswap_os::sync::Condvar {
+impl AfterFork for crate::sync::Condvar {
     unsafe fn after_fork(&self, _: Side) {
         check_supported();
+    }
+}
+
+/// The helper threads alive ([`crate::spawn_helper`]), by kernel thread id;
+/// 0 is a free slot. Lock-free, so that a thread registering at the fork
+/// leaves nothing locked in the child.
+static HELPERS: [std::sync::atomic::AtomicI32; 512] =
+    [const { std::sync::atomic::AtomicI32::new(0) }; 512];
+
+/// Lists the calling helper thread while it lives.
+pub(crate) struct HelperGuard(Option<usize>);
+
+impl HelperGuard {
+    pub(crate) fn enter() -> HelperGuard {
+        use std::sync::atomic::Ordering;
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        // A full table only leaves the thread out of `settle_helpers`.
+        let slot = HELPERS.iter().position(|s| {
+            s.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        });
+        HelperGuard(slot)
+    }
+}
+
+impl Drop for HelperGuard {
+    fn drop(&mut self) {
+        if let Some(i) = self.0 {
+            HELPERS[i].store(0, std::sync::atomic::Ordering::Release);
+        }
+    }
+}
+
+/// Waits, at most `limit`, until every helper thread of this process is
+/// asleep (state `S` or `D` in `/proc/self/task/TID/stat`) or gone. Call in
+/// the last `pthread_atfork` prepare hook, after every lock is held: see
+/// the module docs. Returns whether they all were.
+pub fn settle_helpers(limit: std::time::Duration) -> bool {
+    use std::sync::atomic::Ordering;
+    let until = std::time::Instant::now() + limit;
+    loop {
+        let busy = HELPERS.iter().any(|s| {
+            let tid = s.load(Ordering::Acquire);
+            tid != 0 && !asleep(tid)
+        });
+        if !busy {
+            return true;
+        }
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        // nanosleep: no lock of any kind.
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+}
+
+/// Whether thread `tid` of this process sleeps (or no longer exists).
+fn asleep(tid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")) else {
+        return true;
+    };
+    // The state follows the command, which is in parentheses and may hold
+    // spaces or parentheses itself.
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next());
+    matches!(state, Some("S" | "D" | "Z" | "X"))
+}
+
+/// In a forked child: the parent's helper threads are not here.
+pub fn forget_helpers() {
+    for s in &HELPERS {
+        s.store(0, std::sync::atomic::Ordering::Release);
     }
 }

@@ -1,0 +1,188 @@
+//! Fork: what a program's `pthread_atfork` hooks call so that a forked
+//! child gets a working cache of its own, holding every page the parent's
+//! held at the fork, without reading any of them into memory.
+//!
+//! 1. `fork_prepare` (parent, before `fork`) takes every lock of the cache
+//!    in the lock order of `mod.rs`, then the pool's (`Zpool::fork_prepare`)
+//!    and the sealer's, and keeps them: a thread inside the cache finishes
+//!    its step first (a writeback batch its I/O), so the child's copy is
+//!    consistent. With a backing tier it also opens a pipe.
+//! 2. `fork_child` (child, where only the forking thread exists):
+//!    - the backing file is shared with the parent, which will reuse the
+//!      slots the child still needs: the child copies the used slots to a
+//!      file of its own (`BackingStore::fork_private`, holes left out) and
+//!      tells the parent through the pipe;
+//!    - the sealer's key and sequence numbers were the parent's too: the
+//!      child seals under a fresh key from here on (`Sealer::rekey`);
+//!    - the locks are released; threads start only in `fork_child_start`,
+//!      once the caller has released every other lock a parent thread may
+//!      have waited on (glibc may give a new thread the stack of a dead
+//!      parent thread whose entry parking_lot's table still lists).
+//! 3. `fork_parent` waits (at most `COPY_WAIT`) until the child has copied
+//!    the backing file or died, then releases the locks. Until then no
+//!    slot of the parent is freed or written.
+//!
+//! The pool's pages and the index are the child's copy-on-write copy: both
+//! processes go on with them independently.
+
+use super::{Cache, RELAXED};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+use uzswap_os::fork::{AfterFork, Side};
+
+/// How long the parent waits for a child to copy the backing file before it
+/// goes on (a child that takes longer finds reused slots, which fail their
+/// seal check: a loud error, never wrong bytes).
+const COPY_WAIT: Duration = Duration::from_secs(120);
+
+/// What a forked child could not set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ForkError {
+    /// The child's copy of the backing file could not be made.
+    #[error("cannot copy the backing file for the forked child ({0}); free space where the backing file is, or fork before pages are written back")]
+    Backing(std::io::Error),
+    /// No fresh key for the child's writes.
+    #[error("cannot draw a fresh key for the forked child: {0}")]
+    Random(std::io::Error),
+    /// The writer thread did not start.
+    #[error("cannot start the forked child's writer thread: {0}")]
+    Thread(std::io::Error),
+}
+
+impl Cache {
+    /// Before `fork()`: takes every lock of the cache and keeps it. Must be
+    /// followed, on the same thread, by [`Cache::fork_parent`] in the parent
+    /// or [`Cache::fork_child`] in the child.
+    pub fn fork_prepare(&self) {
+        let i = &*self.inner;
+        // A pipe for the child's "copied" (only if there is a file to copy).
+        let pipe = i.backing.as_ref().and_then(|_| {
+            let mut fds = [0; 2];
+            // SAFETY: pipe2 fills two descriptors on success.
+            (unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0).then(|| {
+                // SAFETY: fresh descriptors we own.
+                unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+            })
+        });
+        *self.fork_pipe.lock() = pipe;
+        std::mem::forget(i.wb_gate.write());
+        std::mem::forget(i.slots.lock());
+        for s in i.shards.iter() {
+            std::mem::forget(s.lock());
+        }
+        i.dedup.fork_lock();
+        i.pool.fork_prepare();
+        std::mem::forget(i.sealer.write());
+        std::mem::forget(i.wake.0.lock());
+    }
+
+    /// After `fork()`, in the parent: waits until the child has made its
+    /// copy of the backing file (or died, or `COPY_WAIT` passed), then
+    /// releases every lock.
+    ///
+    /// # Safety
+    /// Only after [`Cache::fork_prepare`] on this thread, in the parent.
+    pub unsafe fn fork_parent(&self) {
+        if let Some((rx, tx)) = self.fork_pipe.lock().take() {
+            drop(tx); // the child's end alone: EOF if it dies
+            let mut pfd = libc::pollfd {
+                fd: rx.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // EINTR or a timeout: go on (see COPY_WAIT).
+            // SAFETY: one pollfd of our own.
+            unsafe { libc::poll(&mut pfd, 1, COPY_WAIT.as_millis() as libc::c_int) };
+        }
+        // SAFETY: fork_prepare took every lock on this thread.
+        unsafe {
+            self.fork_unlock(false);
+        }
+    }
+
+    /// After `fork()`, in the child: releases every lock, makes the backing
+    /// file the child's own and takes a fresh key. Starts no thread (see
+    /// [`Cache::fork_child_start`]). An error leaves the child's cache
+    /// without a safe backing tier: the caller must not go on using it.
+    ///
+    /// # Safety
+    /// Only after [`Cache::fork_prepare`] on this thread, in the child (the
+    /// only thread there).
+    pub unsafe fn fork_child(&self) -> Result<(), ForkError> {
+        let pipe = self.fork_pipe.lock().take();
+        // SAFETY: fork_prepare took every lock on this thread; this is the
+        // child, where no other thread exists to race the steps below.
+        unsafe { self.fork_unlock(true) };
+        let i = &*self.inner;
+        if let Some(b) = &i.backing {
+            let end = i.slots.lock().end();
+            b.fork_private(end).map_err(ForkError::Backing)?;
+            i.sealer
+                .write()
+                .rekey(i.seq.load(RELAXED))
+                .map_err(ForkError::Random)?;
+        }
+        if let Some((rx, tx)) = pipe {
+            drop(rx);
+            // SAFETY: one byte from a local to our end of the pipe.
+            unsafe { libc::write(tx.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        }
+        Ok(())
+    }
+
+    /// In the child, after [`Cache::fork_child`], once every lock of the
+    /// process that a parent thread could have waited on is released (a new
+    /// thread may be given such a thread's stack, see
+    /// `Zpool::fork_child`): starts the pool's threads and the writer.
+    pub fn fork_child_start(&self) -> Result<(), ForkError> {
+        self.inner.pool.fork_child_start();
+        // The parent's writer thread is not here; its handle must never be
+        // joined from this process.
+        let mut w = self.writer.lock();
+        if let Some(old) = w.take() {
+            std::mem::forget(old);
+            let inner = self.inner.clone();
+            let t = uzswap_os::spawn_helper("uzswap-writer", self.thread_start, move || {
+                inner.writer_loop()
+            })
+            .map_err(ForkError::Thread)?;
+            *w = Some(t);
+        }
+        Ok(())
+    }
+
+    /// Releases what `fork_prepare` took, in the reverse order; in the
+    /// child the pool restarts its threads, and the writer's condition
+    /// variable forgets the parent's waiters.
+    ///
+    /// # Safety
+    /// Only after [`Cache::fork_prepare`] on this thread.
+    unsafe fn fork_unlock(&self, child: bool) {
+        let i = &*self.inner;
+        let side = if child { Side::Child } else { Side::Parent };
+        // SAFETY: fork_prepare took each of these locks on this thread and
+        // forgot the guard; nothing released them since; with `Child` this
+        // is the child's only thread (the caller's contract). The same
+        // holds for every block below.
+        unsafe {
+            i.wake.1.after_fork(side);
+            i.wake.0.after_fork(side);
+            i.sealer.after_fork(side);
+            if child {
+                i.pool.fork_child();
+            } else {
+                i.pool.fork_parent();
+            }
+            i.dedup.fork_unlock(side);
+        }
+        for s in i.shards.iter() {
+            // SAFETY: as above.
+            unsafe { s.after_fork(side) };
+        }
+        // SAFETY: as above.
+        unsafe {
+            i.slots.after_fork(side);
+            i.wb_gate.after_fork(side);
+        }
+    }
+}
