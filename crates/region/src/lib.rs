@@ -309,15 +309,17 @@
 //!   Limitation: an eviction in flight on a page being moved acts on the old
 //!   address; its ioctls fail there and the eviction is abandoned, unless a
 //!   new mapping is placed at the old address within those microseconds.
-//! - **fork**: EVENT_FORK is not used. Without it the child's copy of a
-//!   region is plain memory (no userfaultfd), so an evicted page would read
-//!   as zeros in the child. A `pthread_atfork` prepare hook therefore stops
-//!   eviction and brings every `Stored` page of every pager back (`Clean`)
-//!   before `fork()`; eviction resumes in the parent. Trade-off: a fork
-//!   costs one load per evicted page and the resident set exceeds the budget
-//!   until the evictor catches up; in exchange the child needs no handler
-//!   (EVENT_FORK would need CAP_SYS_PTRACE and a handler per child). Set
-//!   `PagerConfig::fork_prefault = false` if the program only forks to exec.
+//! - **fork**: EVENT_FORK is not used (it needs CAP_SYS_PTRACE and would
+//!   have the parent serve the child's faults). Without it the child's
+//!   copy of a region is plain memory, where an evicted page would read as
+//!   zeros. By default (`ForkChild::Managed`) the child takes over its
+//!   copy of the pager before `fork()` returns: a new userfaultfd, every
+//!   segment registered again, its own threads, its own store (the cache
+//!   copies its backing file for it); nothing is brought back for the fork
+//!   (see `pager/fork.rs`). `ForkChild::Prefault` brings every stored page
+//!   back before the fork instead (the child then has no pager);
+//!   `ForkChild::Unmanaged` does neither, for programs that fork only to
+//!   exec.
 //!
 //! # Lock order
 //! `gate` (one eviction batch or fork at a time) → `dispatch` (a handler

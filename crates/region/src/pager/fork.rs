@@ -97,7 +97,12 @@ unsafe extern "C" fn fork_prepare() {
     *FORK_HELD.lock() = list;
     if managed {
         // The child will take parking_lot locks: no helper thread may be
-        // inside the lock table at the fork (see `uzswap_os::fork`).
+        // inside the lock table at the fork (see `uzswap_os::fork`). First
+        // let the short timed waits run out (the evictor's charge period,
+        // the allocator's compactor lingering, the handler's poll): each
+        // such helper then parks on a lock this hook holds, with no timeout,
+        // and stays asleep through the fork. Then check that all sleep.
+        std::thread::sleep(super::CHARGE_PERIOD + std::time::Duration::from_millis(2));
         uzswap_os::fork::settle_helpers(SETTLE_LIMIT);
     }
 }
