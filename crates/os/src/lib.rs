@@ -71,17 +71,14 @@ where
     F: FnOnce() + Send + 'static,
 {
     let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
-    let t = std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            if let Some(f) = thread_start {
-                f();
-            }
-            let _listed = fork::HelperGuard::enter();
+    let t = spawn_listed(
+        name,
+        thread_start,
+        move || {
             let _ = tx.send(());
-            drop(tx);
-            body()
-        })?;
+        },
+        body,
+    )?;
     rx.recv()
         .map_err(|_| std::io::Error::other(format!("helper thread {name} died at start")))?;
     Ok(t)
@@ -104,19 +101,38 @@ where
 {
     let started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = started.clone();
-    let t = std::thread::Builder::new()
+    let t = spawn_listed(
+        name,
+        thread_start,
+        move || flag.store(true, std::sync::atomic::Ordering::Release),
+        body,
+    )?;
+    meanwhile(&started);
+    Ok(t)
+}
+
+/// A helper thread: `thread_start`, then listed for the fork hooks
+/// ([`fork::settle_helpers`]), then `started`, then `body`.
+fn spawn_listed<F, S>(
+    name: &str,
+    thread_start: Option<fn()>,
+    started: S,
+    body: F,
+) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce() + Send + 'static,
+    S: FnOnce() + Send + 'static,
+{
+    std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
             if let Some(f) = thread_start {
                 f();
             }
             let _listed = fork::HelperGuard::enter();
-            flag.store(true, std::sync::atomic::Ordering::Release);
-            drop(flag);
+            started();
             body()
-        })?;
-    meanwhile(&started);
-    Ok(t)
+        })
 }
 
 #[cfg(test)]
