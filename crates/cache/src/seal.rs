@@ -61,11 +61,18 @@ impl Sealer {
 
     /// From sequence number `from` on, seals under a fresh key (earlier
     /// numbers still open under the key they were sealed with). `from`
-    /// must be above every sequence number sealed so far.
+    /// must be above every sequence number sealed so far. A key that
+    /// sealed nothing yet (a second fork before any write) is replaced.
     pub fn rekey(&mut self, from: u64) -> std::io::Result<()> {
         if let Sealer::Aead(keys) = self {
-            debug_assert!(keys.last().is_none_or(|(f, _)| *f < from));
-            keys.push((from, fresh_key()?));
+            let fresh = fresh_key()?;
+            match keys.last_mut() {
+                Some(last) if last.0 == from => last.1 = fresh,
+                _ => {
+                    debug_assert!(keys.last().is_none_or(|(f, _)| *f < from));
+                    keys.push((from, fresh));
+                }
+            }
         }
         Ok(())
     }
@@ -214,6 +221,28 @@ mod tests {
         let mut a = after.clone();
         s.open(SealId { seq: 200, ..ID }, &mut a, &t_after).unwrap();
         assert_eq!(a, page);
+    }
+
+    #[test]
+    fn a_second_fork_before_any_write_replaces_the_unused_key() {
+        let mut s = Sealer::new(true).unwrap();
+        let page = vec![9u8; 4096];
+        let mut old = page.clone();
+        let old_tag = s.seal(ID, &mut old);
+        s.rekey(150).unwrap();
+        s.rekey(150).unwrap();
+        if let Sealer::Aead(keys) = &s {
+            assert_eq!(keys.len(), 2, "the unused key was replaced, not kept");
+        }
+        let id = SealId { seq: 150, ..ID };
+        let mut new = page.clone();
+        let tag = s.seal(id, &mut new);
+        let mut n = new.clone();
+        s.open(id, &mut n, &tag).unwrap();
+        assert_eq!(n, page);
+        let mut o = old.clone();
+        s.open(ID, &mut o, &old_tag).unwrap();
+        assert_eq!(o, page);
     }
 
     #[test]
