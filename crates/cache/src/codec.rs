@@ -371,6 +371,14 @@ fn lz4_decompress(src: &[u8], page: &mut [u8]) -> Result<usize, DecodeError> {
     usize::try_from(n).map_err(|_| DecodeError)
 }
 
+/// Touches this thread's codec states (see `crate::warm_thread`).
+pub(crate) fn warm_thread() {
+    LZ4_C.with(|_| ());
+    LZ4HC_C.with(|_| ());
+    ZSTD_C.with(|_| ());
+    ZSTD_D.with(|_| ());
+}
+
 thread_local! {
     static LZ4_C: RefCell<Lz4State> = RefCell::new(Lz4State::new(false));
     static LZ4HC_C: RefCell<Lz4State> = RefCell::new(Lz4State::new(true));

@@ -45,4 +45,16 @@ pub use config::{
 pub use stats::CacheStats;
 /// The page size the cache works in (the OS page).
 pub use uzswap_os::PAGE_SIZE;
+
+/// Sets up the calling thread's per-thread buffers and codec states now.
+///
+/// Their first use registers a thread-local destructor, which takes the
+/// dynamic loader's lock. A thread that may call the cache while a program
+/// thread holds that lock (inside `dlopen`) and waits for it (a fault the
+/// calling thread must resolve, as a pager's evictor and handlers do)
+/// calls this first, before it holds anything.
+pub fn warm_thread() {
+    cache::warm_store_buffers();
+    codec::warm_thread();
+}
 pub use uzswap_zpool::{AllocatorKind, PoolStats};

@@ -45,6 +45,10 @@ impl PageStore for cache::Cache {
         let _ = cache::Cache::invalidate_area(self, area);
     }
 
+    fn warm_thread(&self) {
+        cache::warm_thread()
+    }
+
     fn fork_prepare(&self) {
         cache::Cache::fork_prepare(self)
     }

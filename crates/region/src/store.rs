@@ -91,6 +91,11 @@ pub trait PageStore: Send + Sync {
     fn invalidate_area(&self, area: u32);
     /// Counters.
     fn stats(&self) -> StoreStats;
+    /// Sets up the calling thread's per-thread state in the store, at the
+    /// start of each pager thread, before it holds anything: a first use
+    /// later may take the dynamic loader's lock, which a program thread
+    /// can hold while it waits for that very thread (a fault in `dlopen`).
+    fn warm_thread(&self) {}
     /// Fork (the pager's `pthread_atfork` hooks, see `pager/fork.rs`):
     /// takes every lock of the store and keeps it, so that the child's copy
     /// is consistent. Followed on the same thread by `fork_parent` or

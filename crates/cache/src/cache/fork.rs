@@ -143,6 +143,7 @@ impl Cache {
             std::mem::forget(old);
             let inner = self.inner.clone();
             let t = uzswap_os::spawn_helper("uzswap-writer", self.thread_start, move || {
+                crate::warm_thread();
                 inner.writer_loop()
             })
             .map_err(ForkError::Thread)?;

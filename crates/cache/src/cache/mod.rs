@@ -83,6 +83,7 @@ mod writer;
 #[cfg(not(feature = "shuttle"))]
 pub use fork::ForkError;
 pub use store::same_filled_word;
+pub(crate) use store::warm_thread as warm_store_buffers;
 
 use crate::admission::{IoAdmission, IoLimits};
 use crate::backing::{BackingStore, FileBacking, SlotMap};
@@ -418,6 +419,7 @@ impl Cache {
             .then(|| {
                 let inner = inner.clone();
                 uzswap_os::spawn_helper("uzswap-writer", cfg.thread_start, move || {
+                    crate::warm_thread();
                     inner.writer_loop()
                 })
             })

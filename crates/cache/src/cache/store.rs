@@ -37,6 +37,12 @@ pub fn same_filled_word(page: &[u8]) -> Option<u64> {
         .then_some(first)
 }
 
+/// Touches this thread's store buffers (see `crate::warm_thread`).
+pub(crate) fn warm_thread() {
+    OUT.with(|_| ());
+    SCRATCH.with(|_| ());
+}
+
 thread_local! {
     /// Compression output of this thread's store.
     static OUT: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; COMPRESS_BOUND].into_boxed_slice());

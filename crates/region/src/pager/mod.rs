@@ -377,7 +377,10 @@ impl Shared {
     /// room for a deferred fault).
     pub(super) fn start_handler(self: &Arc<Self>, serve_meanwhile: bool) -> std::io::Result<()> {
         let h = self.clone();
-        let body = move || h.handler_loop();
+        let body = move || {
+            h.store.warm_thread();
+            h.handler_loop()
+        };
         let t = if serve_meanwhile {
             let soft = {
                 let mut s = self.state.lock();
@@ -403,6 +406,7 @@ impl Shared {
     pub(super) fn start_others(self: &Arc<Self>) -> std::io::Result<()> {
         let e = self.clone();
         let t = spawn_helper("uzswap-evict", self.cfg.thread_start, move || {
+            e.store.warm_thread();
             e.evictor_loop()
         })?;
         self.threads.lock().push(t);
@@ -413,6 +417,7 @@ impl Shared {
             for cpu in cpus.into_iter().take(MAX_CPU_HANDLERS) {
                 let c = self.clone();
                 let t = spawn_helper("uzswap-uffd-cpu", self.cfg.thread_start, move || {
+                    c.store.warm_thread();
                     c.cpu_handler_loop(cpu)
                 })?;
                 self.threads.lock().push(t);
