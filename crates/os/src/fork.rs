@@ -221,3 +221,28 @@ pub fn forget_helpers() {
         s.store(0, std::sync::atomic::Ordering::Release);
     }
 }
+
+/// Sets up the calling thread's entry for parking_lot's table now. Its
+/// first use registers a thread-local destructor, which takes the dynamic
+/// loader's lock; a helper thread that would first park while a program
+/// thread holds that lock (inside `dlopen`) and waits on a fault only the
+/// helper can resolve would never go on. [`crate::spawn_helper`] calls it
+/// before the new thread counts as started.
+pub fn warm_thread() {
+    // A park whose validation fails returns at once; getting there creates
+    // the thread's entry. The key is this function's own address, which no
+    // lock uses.
+    let key = warm_thread as *const () as usize;
+    // SAFETY: the validation callback fails, so nothing is parked; the
+    // callbacks do nothing else.
+    unsafe {
+        parking_lot_core::park(
+            key,
+            || false,
+            || {},
+            |_, _| {},
+            parking_lot_core::DEFAULT_PARK_TOKEN,
+            None,
+        );
+    }
+}

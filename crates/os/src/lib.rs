@@ -70,11 +70,28 @@ pub fn spawn_helper<F>(
 where
     F: FnOnce() + Send + 'static,
 {
+    spawn_helper_warmed(name, thread_start, || {}, body)
+}
+
+/// As [`spawn_helper`], with `warm` run on the new thread before the
+/// caller goes on (after `thread_start`): for per-thread state whose first
+/// use would take the dynamic loader's lock (see [`fork::warm_thread`]).
+pub fn spawn_helper_warmed<F, W>(
+    name: &str,
+    thread_start: Option<fn()>,
+    warm: W,
+    body: F,
+) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce() + Send + 'static,
+    W: FnOnce() + Send + 'static,
+{
     let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
     let t = spawn_listed(
         name,
         thread_start,
         move || {
+            warm();
             let _ = tx.send(());
         },
         body,
@@ -90,21 +107,26 @@ where
 /// caller that must keep serving something the new thread's start-up may
 /// wait for (a forked child's first fault handler: the thread library
 /// touches memory that only a handler can bring back).
-pub fn spawn_helper_serving<F>(
+pub fn spawn_helper_serving<F, W>(
     name: &str,
     thread_start: Option<fn()>,
+    warm: W,
     body: F,
     meanwhile: impl FnOnce(&std::sync::atomic::AtomicBool),
 ) -> std::io::Result<std::thread::JoinHandle<()>>
 where
     F: FnOnce() + Send + 'static,
+    W: FnOnce() + Send + 'static,
 {
     let started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = started.clone();
     let t = spawn_listed(
         name,
         thread_start,
-        move || flag.store(true, std::sync::atomic::Ordering::Release),
+        move || {
+            warm();
+            flag.store(true, std::sync::atomic::Ordering::Release)
+        },
         body,
     )?;
     meanwhile(&started);
@@ -112,7 +134,8 @@ where
 }
 
 /// A helper thread: `thread_start`, then listed for the fork hooks
-/// ([`fork::settle_helpers`]), then `started`, then `body`.
+/// ([`fork::settle_helpers`]), its lock-table state set up
+/// ([`fork::warm_thread`]), then `started`, then `body`.
 fn spawn_listed<F, S>(
     name: &str,
     thread_start: Option<fn()>,
@@ -130,6 +153,7 @@ where
                 f();
             }
             let _listed = fork::HelperGuard::enter();
+            fork::warm_thread();
             started();
             body()
         })

@@ -142,10 +142,12 @@ impl Cache {
         if let Some(old) = w.take() {
             std::mem::forget(old);
             let inner = self.inner.clone();
-            let t = uzswap_os::spawn_helper("uzswap-writer", self.thread_start, move || {
-                crate::warm_thread();
-                inner.writer_loop()
-            })
+            let t = uzswap_os::spawn_helper_warmed(
+                "uzswap-writer",
+                self.thread_start,
+                crate::warm_thread,
+                move || inner.writer_loop(),
+            )
             .map_err(ForkError::Thread)?;
             *w = Some(t);
         }

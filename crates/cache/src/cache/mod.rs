@@ -418,10 +418,12 @@ impl Cache {
         let writer = (has_backing && cfg.background_writer)
             .then(|| {
                 let inner = inner.clone();
-                uzswap_os::spawn_helper("uzswap-writer", cfg.thread_start, move || {
-                    crate::warm_thread();
-                    inner.writer_loop()
-                })
+                uzswap_os::spawn_helper_warmed(
+                    "uzswap-writer",
+                    cfg.thread_start,
+                    crate::warm_thread,
+                    move || inner.writer_loop(),
+                )
             })
             .transpose()
             .map_err(|e| Error::Config(format!("cannot start the writer thread: {e}")))?;

@@ -64,7 +64,6 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
-use uzswap_os::spawn_helper;
 
 pub(crate) struct Shared {
     uffd: Uffd,
@@ -377,10 +376,9 @@ impl Shared {
     /// room for a deferred fault).
     pub(super) fn start_handler(self: &Arc<Self>, serve_meanwhile: bool) -> std::io::Result<()> {
         let h = self.clone();
-        let body = move || {
-            h.store.warm_thread();
-            h.handler_loop()
-        };
+        let w = self.clone();
+        let warm = move || w.store.warm_thread();
+        let body = move || h.handler_loop();
         let t = if serve_meanwhile {
             let soft = {
                 let mut s = self.state.lock();
@@ -389,6 +387,7 @@ impl Shared {
             let t = uzswap_os::spawn_helper_serving(
                 "uzswap-uffd",
                 self.cfg.thread_start,
+                warm,
                 body,
                 |started| self.serve(Some(started)),
             );
@@ -396,7 +395,7 @@ impl Shared {
             s.store_full = soft;
             t?
         } else {
-            spawn_helper("uzswap-uffd", self.cfg.thread_start, body)?
+            uzswap_os::spawn_helper_warmed("uzswap-uffd", self.cfg.thread_start, warm, body)?
         };
         self.threads.lock().push(t);
         Ok(())
@@ -405,10 +404,13 @@ impl Shared {
     /// Starts the evictor and the CPU handlers.
     pub(super) fn start_others(self: &Arc<Self>) -> std::io::Result<()> {
         let e = self.clone();
-        let t = spawn_helper("uzswap-evict", self.cfg.thread_start, move || {
-            e.store.warm_thread();
-            e.evictor_loop()
-        })?;
+        let w = self.clone();
+        let t = uzswap_os::spawn_helper_warmed(
+            "uzswap-evict",
+            self.cfg.thread_start,
+            move || w.store.warm_thread(),
+            move || e.evictor_loop(),
+        )?;
         self.threads.lock().push(t);
         if self.cfg.cpu_handlers {
             // Without an affinity mask there are no CPU handlers: the main
@@ -416,10 +418,13 @@ impl Shared {
             let cpus = sys::allowed_cpus().unwrap_or_default();
             for cpu in cpus.into_iter().take(MAX_CPU_HANDLERS) {
                 let c = self.clone();
-                let t = spawn_helper("uzswap-uffd-cpu", self.cfg.thread_start, move || {
-                    c.store.warm_thread();
-                    c.cpu_handler_loop(cpu)
-                })?;
+                let w = self.clone();
+                let t = uzswap_os::spawn_helper_warmed(
+                    "uzswap-uffd-cpu",
+                    self.cfg.thread_start,
+                    move || w.store.warm_thread(),
+                    move || c.cpu_handler_loop(cpu),
+                )?;
                 self.threads.lock().push(t);
             }
         }
