@@ -243,8 +243,11 @@ impl Shared {
                     std::hint::spin_loop();
                     continue;
                 }
-                // With `until`, the flag is read again every millisecond.
-                let timeout = if deferred.is_empty() && until.is_none() {
+                // With `until`, the flag is read again every millisecond;
+                // faults handed off to a CPU handler are taken after
+                // HANDOFF_WAIT (their messages are read already: the
+                // descriptor will not wake anyone for them).
+                let timeout = if deferred.is_empty() && until.is_none() && !self.handoff_pending() {
                     -1
                 } else {
                     1
@@ -340,6 +343,12 @@ impl Shared {
         Duration::from_nanos(ns.saturating_sub(self.last_read_ns.load(Ordering::Relaxed)))
     }
 
+    /// Faults wait in the handoff: their messages are read, so only a
+    /// handler that looks again takes them.
+    fn handoff_pending(&self) -> bool {
+        !self.dispatch.lock().handoff.is_empty()
+    }
+
     /// The CPU handlers are spinning on the descriptor.
     pub(super) fn cpu_handlers_spinning(&self) -> bool {
         self.cpu_handlers.load(Ordering::Relaxed) > 0 && self.since_read() < self.cfg.cpu_spin
@@ -372,7 +381,8 @@ impl Shared {
                 // Nothing for a while: block until a message comes. The
                 // wake-up is cross-CPU for all but one handler; whoever
                 // runs first takes the message.
-                sys::poll2(self.uffd.raw_fd(), self.stop.raw_fd(), -1);
+                let timeout = if self.handoff_pending() { 1 } else { -1 };
+                sys::poll2(self.uffd.raw_fd(), self.stop.raw_fd(), timeout);
                 // Spin again from now (the message is not read yet).
                 self.note_read();
                 last = Instant::now();
