@@ -144,6 +144,10 @@ static READY: AtomicBool = AtomicBool::new(false);
 /// starts its threads before this library's child hook releases it; a new
 /// thread's start-up allocations come before it is marked internal.
 static FORKING: AtomicBool = AtomicBool::new(false);
+/// Set in a forked child that did not take over the pager (its parent
+/// held few evicted pages and brought them back for the fork): nothing new
+/// is managed there, its mappings are the kernel's.
+static FORKED: AtomicBool = AtomicBool::new(false);
 /// The process that set things up (a forked child is not it).
 static OWNER_PID: AtomicI32 = AtomicI32::new(0);
 
@@ -203,7 +207,11 @@ fn mark_thread_internal() {
 /// The runtime, if the calling thread's memory is to be managed.
 #[inline]
 fn managed() -> Option<&'static Runtime> {
-    if !READY.load(Ordering::Acquire) || internal() || FORKING.load(Ordering::Acquire) {
+    if !READY.load(Ordering::Acquire)
+        || internal()
+        || FORKING.load(Ordering::Acquire)
+        || FORKED.load(Ordering::Relaxed)
+    {
         return None;
     }
     RUNTIME.get()
@@ -213,7 +221,7 @@ fn managed() -> Option<&'static Runtime> {
 /// thread).
 #[inline]
 fn runtime() -> Option<&'static Runtime> {
-    if !READY.load(Ordering::Acquire) {
+    if !READY.load(Ordering::Acquire) || FORKED.load(Ordering::Relaxed) {
         return None;
     }
     RUNTIME.get()
@@ -747,6 +755,14 @@ extern "C" fn fork_parent() {
 extern "C" fn fork_child() {
     if let Some(rt) = runtime() {
         rt.space.unlock_after_fork();
+        if !uzswap_region::fork_child_managed() {
+            // The pager brought the parent's pages back for this fork: the
+            // child runs unmanaged, as a small launcher or subshell should.
+            FORKED.store(true, Ordering::Relaxed);
+            FORKING.store(false, Ordering::Release);
+            leave_internal();
+            return;
+        }
         OWNER_PID.store(std::process::id() as i32, Ordering::Relaxed);
         if let Some(sh) = &rt.share {
             if let Err(e) = sh.rejoin() {

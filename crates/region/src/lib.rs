@@ -337,8 +337,8 @@ pub mod store;
 pub mod sys;
 
 pub use pager::{
-    Charge, ForkChild, PageState, Pager, PagerConfig, PagerError, PagerUsage, RegionError,
-    VictimPolicy, CHARGE_PERIOD,
+    fork_child_managed, Charge, ForkChild, PageState, Pager, PagerConfig, PagerError, PagerUsage,
+    RegionError, VictimPolicy, CHARGE_PERIOD, MANAGE_MIN_STORED_PAGES,
 };
 pub use region::Region;
 pub use stats::{LatencySummary, PagerStats};

@@ -47,9 +47,25 @@ use uzswap_os::fork::{AfterFork, Side};
 
 /// Every pager of the process (the hooks skip the dropped ones).
 static REGISTRY: Mutex<Vec<Weak<Shared>>> = parking_lot::const_mutex(Vec::new());
-/// The pagers whose locks `fork_prepare` holds, for the parent and child
-/// hooks to release.
-static FORK_HELD: Mutex<Vec<Arc<Shared>>> = parking_lot::const_mutex(Vec::new());
+/// The pagers whose locks `fork_prepare` holds, with what this fork does
+/// for each, for the parent and child hooks to release.
+static FORK_HELD: Mutex<Vec<(Arc<Shared>, ForkChild)>> = parking_lot::const_mutex(Vec::new());
+/// Whether the child of the last fork took over a pager (see
+/// [`fork_child_managed`]).
+static LAST_MANAGED: AtomicBool = AtomicBool::new(false);
+
+/// Below this many pages held by its store, a `Managed` pager brings them
+/// back for the fork instead (`Prefault`): cheaper than the child's
+/// take-over (its threads, its copy of the backing file), and the child of
+/// a shell or a launcher, which execs at once, then carries no runtime.
+pub const MANAGE_MIN_STORED_PAGES: u64 = 2048;
+
+/// In a forked child (from its `pthread_atfork` child hook on): whether it
+/// took over a pager. If not, its regions are plain memory, and the host
+/// must not create new ones (their descriptor is the parent's).
+pub fn fork_child_managed() -> bool {
+    LAST_MANAGED.load(Ordering::Acquire)
+}
 static ATFORK: std::sync::Once = std::sync::Once::new();
 /// A fork is between its prepare and its parent or child hook.
 static FORKING: AtomicBool = AtomicBool::new(false);
@@ -83,18 +99,27 @@ unsafe extern "C" fn fork_prepare() {
         .filter_map(Weak::upgrade)
         .filter(|s| s.cfg.fork != ForkChild::Unmanaged && s.ours())
         .collect();
-    for s in &list {
+    let mut held = Vec::with_capacity(list.len());
+    for s in list {
+        let mode = match s.cfg.fork {
+            ForkChild::Managed if s.store.stats().pages < MANAGE_MIN_STORED_PAGES => {
+                ForkChild::Prefault
+            }
+            m => m,
+        };
         std::mem::forget(s.gate.lock());
-        match s.cfg.fork {
+        match mode {
             ForkChild::Prefault => {
                 s.prefault_all_locked();
             }
             ForkChild::Managed => s.quiesce_for_fork(),
             ForkChild::Unmanaged => unreachable!("filtered out above"),
         }
+        held.push((s, mode));
     }
-    let managed = list.iter().any(|s| s.cfg.fork == ForkChild::Managed);
-    *FORK_HELD.lock() = list;
+    let managed = held.iter().any(|(_, m)| *m == ForkChild::Managed);
+    LAST_MANAGED.store(managed, Ordering::Release);
+    *FORK_HELD.lock() = held;
     if managed {
         // The child will take parking_lot locks: no helper thread may be
         // inside the lock table at the fork (see `uzswap_os::fork`). First
@@ -111,8 +136,8 @@ unsafe extern "C" fn fork_prepare() {
 const SETTLE_LIMIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 unsafe extern "C" fn fork_parent() {
-    for s in std::mem::take(&mut *FORK_HELD.lock()) {
-        if s.cfg.fork == ForkChild::Managed {
+    for (s, mode) in std::mem::take(&mut *FORK_HELD.lock()) {
+        if mode == ForkChild::Managed {
             // SAFETY: fork_prepare took the store's locks, and the dispatch
             // and state locks, on this thread and forgot the guards.
             unsafe {
@@ -137,8 +162,8 @@ unsafe extern "C" fn fork_child() {
     let held = std::mem::take(&mut *FORK_HELD.lock());
     // Every lock first, then the threads: a new thread must not park on a
     // lock whose parent waiters are still listed.
-    for s in &held {
-        if s.cfg.fork == ForkChild::Managed {
+    for (s, mode) in &held {
+        if *mode == ForkChild::Managed {
             // SAFETY: fork_prepare took the store's locks and the dispatch
             // and state locks on this thread and forgot the guards; in the
             // child, whose only thread runs this hook.
@@ -158,8 +183,8 @@ unsafe extern "C" fn fork_child() {
         // the (only) thread that runs this hook.
         unsafe { s.gate.after_fork(Side::Child) };
     }
-    for s in &held {
-        if s.cfg.fork == ForkChild::Managed {
+    for (s, mode) in &held {
+        if *mode == ForkChild::Managed {
             if let Err(e) = s.take_over() {
                 take_over_failed(&e.to_string());
             }
@@ -170,15 +195,15 @@ unsafe extern "C" fn fork_child() {
     // the locks released above) would then be overwritten while listed.
     // The handlers first (this thread serves faults while each starts),
     // then every other thread, whose start-up may fault too.
-    for s in &held {
-        if s.cfg.fork == ForkChild::Managed {
+    for (s, mode) in &held {
+        if *mode == ForkChild::Managed {
             if let Err(e) = s.start_handler(true) {
                 take_over_failed(&e.to_string());
             }
         }
     }
-    for s in &held {
-        if s.cfg.fork == ForkChild::Managed {
+    for (s, mode) in &held {
+        if *mode == ForkChild::Managed {
             let r = s
                 .store
                 .fork_child_start()
