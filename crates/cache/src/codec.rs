@@ -122,10 +122,16 @@ impl Compressor {
     pub fn compress(self, page: &[u8], out: &mut [u8]) -> Option<usize> {
         match self {
             // Acceleration 1: the fast encoder's best ratio.
-            Compressor::Lz4 => LZ4_C.with(|c| c.borrow_mut().compress(1, page, out)),
-            Compressor::Lz4Hc { level } => {
-                LZ4HC_C.with(|c| c.borrow_mut().compress(level, page, out))
-            }
+            Compressor::Lz4 => LZ4_C.with(|c| {
+                c.borrow_mut()
+                    .get_or_insert_with(|| Lz4State::new(false))
+                    .compress(1, page, out)
+            }),
+            Compressor::Lz4Hc { level } => LZ4HC_C.with(|c| {
+                c.borrow_mut()
+                    .get_or_insert_with(|| Lz4State::new(true))
+                    .compress(level, page, out)
+            }),
             Compressor::Zstd { level } => ZSTD_C.with(|c| {
                 let mut c = c.borrow_mut();
                 if c.as_ref().is_none_or(|(l, _)| *l != level) {
@@ -380,8 +386,10 @@ pub(crate) fn warm_thread() {
 }
 
 thread_local! {
-    static LZ4_C: RefCell<Lz4State> = RefCell::new(Lz4State::new(false));
-    static LZ4HC_C: RefCell<Lz4State> = RefCell::new(Lz4State::new(true));
+    // Made on first use (`warm_thread` only registers the slots: the HC
+    // state is a quarter of a megabyte, and most threads never compress).
+    static LZ4_C: RefCell<Option<Lz4State>> = const { RefCell::new(None) };
+    static LZ4HC_C: RefCell<Option<Lz4State>> = const { RefCell::new(None) };
     static ZSTD_C: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
     static ZSTD_D: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
     static DEFLATE_C: RefCell<Option<(i32, libdeflater::Compressor)>> = const { RefCell::new(None) };
