@@ -121,6 +121,14 @@ fn unmanaged_the_child_would_see_zeros() {
     assert_eq!(libc::WEXITSTATUS(status), 0, "the child read zeros");
 }
 
+/// A pager that takes every fork over, whatever its store holds (these
+/// tests fork with fewer pages than the default threshold).
+fn managed_at_any_size(budget: usize) -> PagerConfig {
+    let mut cfg = PagerConfig::new(budget);
+    cfg.fork_manage_min_pages = 0;
+    cfg
+}
+
 /// The contents of page `p` at version `v`: a header (page number,
 /// version), a random-looking part that compresses a little, then a
 /// pattern.
@@ -199,7 +207,7 @@ fn a_managed_child_serves_evicted_pages_from_its_own_copy() {
         })
         .unwrap(),
     );
-    let pager = Pager::new(cache.clone(), PagerConfig::new(BUDGET)).unwrap();
+    let pager = Pager::new(cache.clone(), managed_at_any_size(BUDGET)).unwrap();
     let r = pager.region(PAGES * PAGE_SIZE).unwrap();
     let base = r.as_ptr() as usize;
     let page = |p: usize| {
@@ -324,7 +332,7 @@ fn fork_during_heavy_eviction_loses_nothing() {
         })
         .unwrap(),
     );
-    let pager = Pager::new(cache.clone(), PagerConfig::new(BUDGET)).unwrap();
+    let pager = Pager::new(cache.clone(), managed_at_any_size(BUDGET)).unwrap();
     let r = pager.region(PAGES * PAGE_SIZE).unwrap();
     let base = r.as_ptr() as usize;
     let page = |p: usize| {

@@ -66,6 +66,9 @@ pub struct PagerConfig {
     pub keep_clean: bool,
     /// What a child forked without exec gets (see `crate` docs, "Fork").
     pub fork: ForkChild,
+    /// With `ForkChild::Managed`, a fork whose store holds fewer pages is
+    /// handled as `Prefault` (default `MANAGE_MIN_STORED_PAGES`).
+    pub fork_manage_min_pages: u64,
     /// Drop victims of short spans by moving them into a staging area
     /// (`UFFDIO_MOVE`, where the kernel has it), which raises no remove
     /// event, instead of `MADV_DONTNEED` on the region (see `crate` docs,
@@ -110,6 +113,7 @@ impl PagerConfig {
             cpu_handlers: false,
             cpu_spin: Duration::from_millis(2),
             fork: ForkChild::Managed,
+            fork_manage_min_pages: super::fork::MANAGE_MIN_STORED_PAGES,
             evict_by_move: true,
             keep_clean: true,
             thread_start: None,

@@ -54,7 +54,8 @@ static FORK_HELD: Mutex<Vec<(Arc<Shared>, ForkChild)>> = parking_lot::const_mute
 /// [`fork_child_managed`]).
 static LAST_MANAGED: AtomicBool = AtomicBool::new(false);
 
-/// Below this many pages held by its store, a `Managed` pager brings them
+/// The default of `PagerConfig::fork_manage_min_pages`: below this many
+/// pages held by its store, a `Managed` pager brings them
 /// back for the fork instead (`Prefault`): cheaper than the child's
 /// take-over (its threads, its copy of the backing file), and the child of
 /// a shell or a launcher, which execs at once, then carries no runtime.
@@ -102,7 +103,7 @@ unsafe extern "C" fn fork_prepare() {
     let mut held = Vec::with_capacity(list.len());
     for s in list {
         let mode = match s.cfg.fork {
-            ForkChild::Managed if s.store.stats().pages < MANAGE_MIN_STORED_PAGES => {
+            ForkChild::Managed if s.store.stats().pages < s.cfg.fork_manage_min_pages => {
                 ForkChild::Prefault
             }
             m => m,
