@@ -129,6 +129,21 @@ fn managed_at_any_size(budget: usize) -> PagerConfig {
     cfg
 }
 
+/// A cache with a pool of `pool_bytes` (the rest goes to a backing file)
+/// under a pager of `budget` pages that takes every fork over.
+fn cache_pager(budget: usize, pool_bytes: u64) -> (Arc<Cache>, Pager) {
+    let cache = Arc::new(
+        Cache::new(CacheConfig {
+            pool_limit: PoolLimit::Bytes(pool_bytes),
+            backing: Backing::File(std::env::temp_dir()),
+            ..CacheConfig::default()
+        })
+        .unwrap(),
+    );
+    let pager = Pager::new(cache.clone(), managed_at_any_size(budget)).unwrap();
+    (cache, pager)
+}
+
 /// The contents of page `p` at version `v`: a header (page number,
 /// version), a random-looking part that compresses a little, then a
 /// pattern.
@@ -198,16 +213,7 @@ fn child_check(ok: bool, code: i32, what: &str) {
 fn a_managed_child_serves_evicted_pages_from_its_own_copy() {
     const BUDGET: usize = 64;
     const PAGES: usize = 2048;
-    let cache = Arc::new(
-        Cache::new(CacheConfig {
-            // Room for a few hundred pages: most go to the file.
-            pool_limit: PoolLimit::Bytes(512 << 10),
-            backing: Backing::File(std::env::temp_dir()),
-            ..CacheConfig::default()
-        })
-        .unwrap(),
-    );
-    let pager = Pager::new(cache.clone(), managed_at_any_size(BUDGET)).unwrap();
+    let (cache, pager) = cache_pager(BUDGET, 512 << 10);
     let r = pager.region(PAGES * PAGE_SIZE).unwrap();
     let base = r.as_ptr() as usize;
     let page = |p: usize| {
@@ -324,15 +330,7 @@ fn a_managed_child_serves_evicted_pages_from_its_own_copy() {
 fn fork_during_heavy_eviction_loses_nothing() {
     const BUDGET: usize = 48;
     const PAGES: usize = 768;
-    let cache = Arc::new(
-        Cache::new(CacheConfig {
-            pool_limit: PoolLimit::Bytes(256 << 10),
-            backing: Backing::File(std::env::temp_dir()),
-            ..CacheConfig::default()
-        })
-        .unwrap(),
-    );
-    let pager = Pager::new(cache.clone(), managed_at_any_size(BUDGET)).unwrap();
+    let (cache, pager) = cache_pager(BUDGET, 256 << 10);
     let r = pager.region(PAGES * PAGE_SIZE).unwrap();
     let base = r.as_ptr() as usize;
     let page = |p: usize| {
