@@ -36,7 +36,15 @@
 //! a plain handler costs here. It never blocks on the evictor. Per message:
 //! - **missing fault, `Absent` page** (never touched, or discarded): zeros.
 //!   A read gets `UFFDIO_ZEROPAGE`; a write gets `UFFDIO_COPY` of a zero
-//!   page (it would copy the zero page at once anyway). → `Dirty`.
+//!   page (it would copy the zero page at once anyway). → `Dirty`. With it
+//!   goes the run of `Absent` pages after it (zero readahead: the window
+//!   doubles up to `zero_readahead_max` while first touches land right
+//!   after the last run, and halves otherwise), mapped as the zero page by
+//!   one `UFFDIO_ZEROPAGE` within the free budget: a heap that grows costs
+//!   one round trip per run instead of one per page; a later write to such
+//!   a page is the kernel's copy-on-write, with no round trip; they are
+//!   `Dirty` too (counted resident: the budget is charged for them before
+//!   they are written).
 //! - **missing fault, `Stored` page**: load it with `LoadMode::Keep` plus
 //!   the run of `Stored` pages after it (readahead; the window doubles up to
 //!   `readahead_max` while faults land right after the previous window and

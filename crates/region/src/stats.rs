@@ -137,6 +137,9 @@ pub struct PagerStats {
     pub faults_foreign: u64,
     /// Pages brought back with a faulting neighbour (readahead).
     pub readahead_pages: u64,
+    /// Untouched pages mapped as zeros with a faulting neighbour (zero
+    /// readahead; see `PagerConfig::zero_readahead_max`).
+    pub zero_readahead_pages: u64,
     /// Refaults: missing faults on pages that had been evicted.
     pub refaults: u64,
     /// Refaults whose refault distance was within the budget (the page is

@@ -43,6 +43,14 @@ pub struct PagerConfig {
     pub budget_pages: usize,
     /// Most stored neighbours brought back with a faulting page.
     pub readahead_max: usize,
+    /// Most untouched neighbours mapped as zeros with a first-touch fault
+    /// (zero readahead): the window doubles up to this while first touches
+    /// land right after the previous window (a heap growing, a buffer being
+    /// filled) and halves otherwise. The neighbours get the shared zero
+    /// page (`UFFDIO_ZEROPAGE`): a later write copies it in the kernel with
+    /// no round trip through a handler, and a page never written costs no
+    /// memory. 0: one page per fault.
+    pub zero_readahead_max: usize,
     /// Victim choice.
     pub policy: VictimPolicy,
     /// How long the handler spins on the descriptor after its last message
@@ -107,6 +115,7 @@ impl PagerConfig {
         PagerConfig {
             budget_pages,
             readahead_max: 8,
+            zero_readahead_max: 32,
             policy: VictimPolicy::Workingset,
             spin: Duration::from_micros(50),
             evict_batch: 64,

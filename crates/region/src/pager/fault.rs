@@ -154,30 +154,106 @@ impl Shared {
                     }
                     return Outcome::Defer;
                 }
-                let r = if f.write {
-                    // A write would copy the zero page at once: give a page.
-                    buf.page(0).fill(0);
-                    // SAFETY: buf page 0 is readable memory we own.
-                    unsafe { self.copy(w, f.addr, buf.addr(0), PAGE_SIZE, false) }
-                } else {
-                    self.zeropage(w, f.addr)
-                };
-                match r {
-                    Ok(()) => {}
+                let n = self.zero_run(s, f.addr, area, page);
+                let mapped = match self.map_zeros(w, f, n, buf) {
+                    Ok(mapped) => mapped,
                     Err(e) if e.errno == libc::EAGAIN => return Outcome::Again,
-                    Err(e) if e.errno == libc::EEXIST => {}
                     Err(_) => return Outcome::Done, // ENOENT: range gone
+                };
+                s.areas.get_mut(&area).expect("area").zr_next = page + mapped as u64;
+                for i in 0..mapped as u64 {
+                    s.meta(area, page + i).st = PageState::Dirty;
+                    s.enqueue_new(area, page + i, false);
                 }
-                s.meta(area, page).st = PageState::Dirty;
-                s.resident += 1;
-                s.enqueue_new(area, page, false);
+                s.resident += mapped;
                 s.stats.faults_zero += 1;
+                s.stats.zero_readahead_pages += mapped as u64 - 1;
                 s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.resident as u64);
                 s.lat_zero.record(f.t0.elapsed().as_nanos() as u64);
                 self.kick(s, w);
                 Outcome::Done
             }
             PageState::Stored => self.fault_stored(s, f, area, page),
+        }
+    }
+
+    /// How many pages a first-touch fault at `page` maps as zeros: itself
+    /// and the run of `Absent` pages after it, up to the zero readahead
+    /// window (which doubles while first touches land right after the last
+    /// run and halves otherwise), the free budget and the segment's end.
+    /// Not into a discard in flight or a page the evictor will drop.
+    fn zero_run(&self, s: &mut State, addr: usize, area: u32, page: u64) -> usize {
+        let window = {
+            let a = s.areas.get_mut(&area).expect("area");
+            if page == a.zr_next {
+                a.zr_window = (a.zr_window * 2).max(2).min(self.cfg.zero_readahead_max);
+            } else {
+                a.zr_window /= 2;
+            }
+            a.zr_window
+        };
+        if window == 0 {
+            return 1;
+        }
+        let free = if s.store_full {
+            window
+        } else {
+            s.limit.saturating_sub(s.resident + 1)
+        };
+        let seg_end = {
+            let (_, seg) = s.segs.range(..=addr).next_back().expect("segment");
+            seg.first + (seg.len / PAGE_SIZE) as u64
+        };
+        let limit = (page + 1 + window.min(free) as u64).min(seg_end);
+        let mut n = 1usize;
+        while page + (n as u64) < limit
+            && {
+                let m = *s.meta(area, page + n as u64);
+                m.st == PageState::Absent && !m.zapping && !m.claimed
+            }
+            && s.own_at(addr + n * PAGE_SIZE).is_none()
+        {
+            n += 1;
+        }
+        n
+    }
+
+    /// Maps the faulting page of `f` and the `n - 1` untouched pages after
+    /// it as zeros; returns how many pages from the faulting one on are
+    /// mapped (at least 1 on success). A write fault gets a page of zeros
+    /// of its own (it would copy the zero page at once), the neighbours
+    /// the zero page. EEXIST for the faulting page counts as mapped.
+    fn map_zeros(
+        &self,
+        w: &mut Wakes,
+        f: Fault,
+        n: usize,
+        buf: &mut PageBuf,
+    ) -> Result<usize, sys::UffdError> {
+        let (first, rest_at, rest) = if f.write {
+            buf.page(0).fill(0);
+            // SAFETY: buf page 0 is readable memory we own.
+            match unsafe { self.copy(w, f.addr, buf.addr(0), PAGE_SIZE, false) } {
+                Ok(()) => {}
+                Err(e) if e.errno == libc::EEXIST => return Ok(1),
+                Err(e) => return Err(e),
+            }
+            (1, f.addr + PAGE_SIZE, n - 1)
+        } else {
+            (0, f.addr, n)
+        };
+        if rest == 0 {
+            return Ok(first);
+        }
+        let r = self.uffd.zeropage(rest_at, rest * PAGE_SIZE, w.defer);
+        w.resolved(rest_at, &r, rest * PAGE_SIZE);
+        match r {
+            Ok(()) => Ok(first + rest),
+            Err(e) if e.done > 0 => Ok(first + e.done / PAGE_SIZE),
+            // Only neighbours failed: the faulting page is mapped.
+            Err(_) if first == 1 => Ok(1),
+            Err(e) if e.errno == libc::EEXIST => Ok(1),
+            Err(e) => Err(e),
         }
     }
 

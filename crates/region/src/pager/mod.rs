@@ -298,6 +298,8 @@ impl Pager {
                     inflight: 0,
                     ra_next: u64::MAX,
                     ra_window: 0,
+                    zr_next: u64::MAX,
+                    zr_window: 0,
                 },
             );
             s.segs.insert(

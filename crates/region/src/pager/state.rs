@@ -136,6 +136,10 @@ pub(super) struct Area {
     /// Readahead: page index of the last missing fault, and the window.
     pub(super) ra_next: u64,
     pub(super) ra_window: usize,
+    /// Zero readahead: the page after the last run mapped as zeros, and
+    /// the window.
+    pub(super) zr_next: u64,
+    pub(super) zr_window: usize,
 }
 
 /// A registered address range: `len` bytes starting at the key, holding

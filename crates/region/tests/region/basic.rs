@@ -71,3 +71,55 @@ fn scattered_victims_leave_in_one_discard() {
     }
     pager.check_invariants().unwrap();
 }
+
+/// First touches that follow one another map the untouched pages after
+/// them as zeros (zero readahead): far fewer faults than pages, every page
+/// reads zero until written, writes made to such a page without a fault of
+/// ours survive its eviction, and the resident set stays in the budget.
+#[test]
+fn sequential_first_touches_are_served_in_runs() {
+    let (pager, store) = pager(256);
+    let r = pager.region(1024 * PAGE).unwrap();
+    let base = r.as_ptr();
+    // Read pass over the first half: zeros, in runs.
+    for p in 0..512 {
+        assert!(page_mut(base, p).iter().all(|b| *b == 0), "page {p}");
+    }
+    let st = pager.stats();
+    assert!(st.faults_zero < 512 / 4, "{st:?}");
+    assert!(st.zero_readahead_pages > 0, "{st:?}");
+    // Write pass over everything: the first half was mapped as the zero
+    // page (the kernel copies it on write), the second half faults anew.
+    for p in 0..1024 {
+        fill(page_mut(base, p), p, 3);
+    }
+    let st = pager.stats();
+    assert!(st.evictions > 0, "{st:?}");
+    assert!(st.peak_resident_pages <= 256, "{st:?}");
+    assert!(r.mincore_resident().unwrap() <= 256);
+    r.evict(0..1024);
+    let mut want = vec![0u8; PAGE];
+    for p in 0..1024 {
+        fill(&mut want, p, 3);
+        assert_eq!(page_mut(base, p), &want[..], "page {p}");
+    }
+    pager.check_invariants().unwrap();
+    drop(r);
+    assert_eq!(store.len(), 0);
+}
+
+/// With zero readahead off, one page per first-touch fault.
+#[test]
+fn zero_readahead_off_maps_one_page_per_fault() {
+    let mut cfg = uzswap_region::PagerConfig::new(256);
+    cfg.zero_readahead_max = 0;
+    let (pager, _store) = pager_with(cfg);
+    let r = pager.region(64 * PAGE).unwrap();
+    let base = r.as_ptr();
+    for p in 0..64 {
+        fill(page_mut(base, p), p, 1);
+    }
+    let st = pager.stats();
+    assert_eq!(st.faults_zero, 64, "{st:?}");
+    assert_eq!(st.zero_readahead_pages, 0, "{st:?}");
+}
