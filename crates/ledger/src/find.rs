@@ -186,6 +186,17 @@ mod tests {
         assert_eq!(run_pid_of(l.path()), Some(me));
     }
 
+    fn wait_for_exec(pid: u32, comm: &str) {
+        for _ in 0..1000 {
+            let now = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if now.trim_end() == comm {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        panic!("process {pid} did not run {comm} within 5 s");
+    }
+
     #[test]
     fn a_child_naming_the_ledger_is_found_as_a_member() {
         let l = Ledger::create(2, 1 << 20).unwrap();
@@ -194,6 +205,9 @@ mod tests {
             .env("UZSWAP_LEDGER", l.path())
             .spawn()
             .unwrap();
+        // Until it has run `exec`, the child's environment is this
+        // process's, which names no ledger.
+        wait_for_exec(child.id(), "sleep");
         let f = find(child.id());
         let _ = child.kill();
         let _ = child.wait();

@@ -13,8 +13,10 @@
 //!   goes to the processes under pressure (to all, by want, when none is).
 //! - If they do not fit, the deficit is taken from the idle processes
 //!   first, in proportion to what they use (an idle process gives pages to
-//!   a busy one, as a shared LRU would), and only then from the busy ones,
-//!   each scaled alike. Nobody goes below its floor.
+//!   a busy one, as a shared LRU would), and only then from the busy ones:
+//!   what is left is shared among them up to one level, the smaller wants
+//!   met in full (water filling), so that a small busy process is not held
+//!   to its size beside a big one. Nobody goes below its floor.
 //! - A process that is gone is simply no longer in the list: its share is
 //!   spare at the next decision.
 //! - If the floors alone exceed the budget, every process gets its floor
@@ -107,13 +109,14 @@ pub fn share(budget: u64, demands: &[Demand]) -> Decision {
                 extra[i] = want[i] - cut[i].min(want[i]);
             }
         } else {
-            // The idle keep their floor; the pressed share what is left.
-            let weights: Vec<u64> = want
+            // The idle keep their floor; the pressed share what is left,
+            // the smaller wants met first (see `water_fill`).
+            let wants: Vec<u64> = want
                 .iter()
                 .zip(&pressed)
                 .map(|(&w, &p)| if p { w } else { 0 })
                 .collect();
-            spread(spare, &weights, &mut extra);
+            water_fill(spare, &wants, &mut extra);
         }
     }
     Decision {
@@ -123,6 +126,33 @@ pub fn share(budget: u64, demands: &[Demand]) -> Decision {
             .map(|(d, &e)| d.floor + e)
             .collect(),
         floors_over: None,
+    }
+}
+
+/// Shares `total`, which is less than the wants together, among them:
+/// every want up to one level, the level set so that all of `total` is
+/// given. A want below the level is met in full; the others get the level.
+/// Shared in proportion to what each holds, a process pressed beside a
+/// bigger one would stay as small as it is and refault what it needs for
+/// as long as both run, while the bigger one's share, as large as its
+/// heap, holds its cold pages too; the kernel's one LRU for a cgroup would
+/// have taken those first.
+fn water_fill(total: u64, wants: &[u64], out: &mut [u64]) {
+    let mut order: Vec<usize> = (0..wants.len()).filter(|&i| wants[i] > 0).collect();
+    order.sort_by_key(|&i| wants[i]);
+    let mut left = total;
+    for (k, &i) in order.iter().enumerate() {
+        let rest = (order.len() - k) as u64;
+        let level = left / rest;
+        let give = if wants[i] <= level {
+            wants[i]
+        } else if k + 1 == order.len() {
+            left
+        } else {
+            level
+        };
+        out[i] += give;
+        left -= give;
     }
 }
 
@@ -221,6 +251,26 @@ mod tests {
         let x = share(256 * MIB, &[d(20, 2, 200.0), d(20, 2, 0.0)]);
         assert_eq!(x.allot[1], 20 * MIB);
         assert_eq!(x.allot[0], 236 * MIB);
+    }
+
+    #[test]
+    fn a_small_pressed_process_gets_its_want_before_a_big_one_grows() {
+        // Both fault; the small one holds 40 MiB, the big one 100 MiB.
+        let x = share(128 * MIB, &[d(40, 2, 5000.0), d(100, 2, 5000.0)]);
+        // Its want: 38 used + 9.5 to grow, over its floor of 2.
+        assert!(x.allot[0] >= 2 * MIB + 47 * MIB, "{x:?}");
+        assert_eq!(total(&x), 128 * MIB);
+        // Shared by what they hold, it would have had about 36 MiB.
+    }
+
+    #[test]
+    fn water_fill_is_exact_and_levels() {
+        let mut out = vec![0; 3];
+        water_fill(100, &[10, 80, 80], &mut out);
+        assert_eq!(out, vec![10, 45, 45]);
+        let mut out = vec![0; 3];
+        water_fill(101, &[0, 80, 80], &mut out);
+        assert_eq!(out, vec![0, 50, 51]);
     }
 
     #[test]

@@ -183,6 +183,9 @@ impl Shared {
         let mut w = Wakes::now();
         let mut last = Instant::now();
         let mut spins = 0u32;
+        let mut spin = AdaptiveSpin::new(self.cfg.spin);
+        // When the handler last blocked in poll on the descriptor.
+        let mut polled_at: Option<Instant> = None;
         while !self.shutdown.load(Ordering::Relaxed)
             && !until.is_some_and(|f| f.load(Ordering::Acquire))
         {
@@ -202,6 +205,11 @@ impl Shared {
                     };
                     if n > 0 {
                         self.note_read();
+                        match polled_at.take() {
+                            Some(t) => spin.woke_after(t.elapsed()),
+                            None if spins > 0 => spin.caught(),
+                            None => {}
+                        }
                     }
                     batch.extend_from_slice(&msgs[..n]);
                 }
@@ -238,10 +246,14 @@ impl Shared {
                     continue;
                 }
                 spins += 1;
-                // Check the clock only every 64 spins.
-                if spins & 63 != 0 || last.elapsed() < self.cfg.spin {
+                // Each spin is a read system call: the clock is cheap
+                // beside it.
+                if spin.limit() > Duration::ZERO && last.elapsed() < spin.limit() {
                     std::hint::spin_loop();
                     continue;
+                }
+                if polled_at.is_none() && spin.limit() > Duration::ZERO {
+                    spin.missed();
                 }
                 // With `until`, the flag is read again every millisecond;
                 // faults handed off to a CPU handler are taken after
@@ -252,6 +264,7 @@ impl Shared {
                 } else {
                     1
                 };
+                polled_at.get_or_insert_with(Instant::now);
                 sys::poll2(self.uffd.raw_fd(), self.wake.raw_fd(), timeout);
                 self.wake.drain();
                 last = Instant::now();
@@ -536,6 +549,47 @@ impl Shared {
             self.throttled.store(true, Ordering::Relaxed);
             let _g = self.state.lock();
             self.work_cv.notify_one();
+        }
+    }
+}
+
+/// How long the main handler spins on the descriptor after its last
+/// message before it blocks in poll: `PagerConfig::spin` while spinning
+/// pays, less while it does not. A spin that finds a message doubles it (a
+/// sixteenth of the most at least); a spin that ends in poll halves it, to
+/// nothing below a thirty-second; a wake-up from poll sooner than the most
+/// (a spin would have found that message) doubles it again. Spinning is a
+/// read system call after another: with faults some hundred µs apart (a
+/// compiler under a budget) a fixed spin burnt a CPU that the program's own
+/// processes needed, on a small machine most of what the handler cost.
+struct AdaptiveSpin {
+    max: Duration,
+    now: Duration,
+}
+
+impl AdaptiveSpin {
+    fn new(max: Duration) -> AdaptiveSpin {
+        AdaptiveSpin { max, now: max }
+    }
+
+    fn limit(&self) -> Duration {
+        self.now
+    }
+
+    fn caught(&mut self) {
+        self.now = (self.now * 2).max(self.max / 16).min(self.max);
+    }
+
+    fn missed(&mut self) {
+        self.now /= 2;
+        if self.now < self.max / 32 {
+            self.now = Duration::ZERO;
+        }
+    }
+
+    fn woke_after(&mut self, blocked: Duration) {
+        if blocked < self.max {
+            self.caught();
         }
     }
 }
