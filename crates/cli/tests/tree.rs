@@ -182,18 +182,25 @@ fn python_workers_started_by_fork_share_one_budget() {
     if missing("python3", &["python3", "-c", "pass"]) {
         return;
     }
+    // At 32 MiB the parent has most of its records evicted when it forks;
+    // at 96 MiB most are resident (the workers must be managed all the
+    // same: counted by its stored pages alone, the parent once brought
+    // them back and left its workers unmanaged, 4.3 x the budget).
+    for budget_mib in [32u64, 96] {
+        workers_by_fork(budget_mib);
+    }
+}
+
+fn workers_by_fork(budget_mib: u64) {
     let dir = scratch("fork");
     let script = programs().join("workers.py");
     let stats = dir.join("stats.json");
+    let budget = format!("{budget_mib}M");
     let r = run(
         &dir,
         &[
-            // Small enough that the parent has more than
-            // MANAGE_MIN_STORED_PAGES evicted when it forks: the workers
-            // take over their copies (with fewer, the parent would bring
-            // its pages back and the workers would run unmanaged).
             "--memory-max",
-            "32M",
+            &budget,
             "--stats-json",
             stats.to_str().unwrap(),
             "--",
@@ -204,21 +211,21 @@ fn python_workers_started_by_fork_share_one_budget() {
             "40",
         ],
     );
-    assert_eq!(r.code, Some(0), "{}", r.stderr);
-    assert!(r.stdout.contains("ok 3 workers"), "{}", r.stdout);
+    assert_eq!(r.code, Some(0), "{budget}: {}", r.stderr);
+    assert!(r.stdout.contains("ok 3 workers"), "{budget}: {}", r.stdout);
     assert!(
         r.processes >= 4,
-        "the workers were not seen: {}",
+        "{budget}: the workers were not seen: {}",
         r.processes
     );
     // Not yet within 1.05 x B: right after the forks the tree has held
-    // 1.9-2.0 x B here (2026-11-25; the same program unmanaged holds 7.6 x
-    // this B, 243 MiB). The bound still fails if the workers ran unmanaged
-    // or the parent brought its evicted pages back for the forks.
-    let bound = 32 * MIB * 5 / 2;
+    // 1.9-2.0 x B at 32 MiB, 1.4 x at 64 MiB (2026-11-25; the same program
+    // unmanaged holds 243 MiB). The bound still fails if the workers ran
+    // unmanaged or the parent brought its evicted pages back for the forks.
+    let bound = budget_mib * MIB * 5 / 2;
     assert!(
         r.peak <= bound,
-        "the tree held {:.1} MiB, over 2.5 x the budget",
+        "{budget}: the tree held {:.1} MiB, over 2.5 x the budget",
         r.peak as f64 / MIB as f64
     );
     // The parent brought nothing back for the forks, and the workers ran
@@ -226,17 +233,22 @@ fn python_workers_started_by_fork_share_one_budget() {
     let snap: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
     let pager = &snap["pager"];
-    assert_eq!(pager["fork_prefault_pages"], 0, "{pager}");
+    assert_eq!(pager["fork_prefault_pages"], 0, "{budget}: {pager}");
     let procs = snap["tree"]["processes"]
         .as_object()
         .expect("tree.processes, by pid");
+    let root = snap["pid"].as_u64().expect("pid");
     let busy = procs
         .values()
-        .filter(|p| p["comm"] == "python3" && p["evictions"].as_u64().unwrap_or(0) > 0)
+        .filter(|p| {
+            p["comm"] == "python3"
+                && p["pid"].as_u64() != Some(root)
+                && p["evictions"].as_u64().unwrap_or(0) > 0
+        })
         .count();
     assert!(
-        busy >= 4,
-        "the parent and its forked workers did not each evict: {procs:?}"
+        busy >= 3,
+        "{budget}: the forked workers did not each evict: {procs:?}"
     );
     std::fs::remove_dir_all(dir).unwrap();
 }

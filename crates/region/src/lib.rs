@@ -346,7 +346,7 @@ pub mod sys;
 
 pub use pager::{
     fork_child_managed, Charge, ForkChild, PageState, Pager, PagerConfig, PagerError, PagerUsage,
-    RegionError, VictimPolicy, CHARGE_PERIOD, MANAGE_MIN_STORED_PAGES,
+    RegionError, VictimPolicy, CHARGE_PERIOD, MANAGE_MIN_PAGES,
 };
 pub use region::Region;
 pub use stats::{LatencySummary, PagerStats};

@@ -74,8 +74,9 @@ pub struct PagerConfig {
     pub keep_clean: bool,
     /// What a child forked without exec gets (see `crate` docs, "Fork").
     pub fork: ForkChild,
-    /// With `ForkChild::Managed`, a fork whose store holds fewer pages is
-    /// handled as `Prefault` (default `MANAGE_MIN_STORED_PAGES`).
+    /// With `ForkChild::Managed`, a fork whose pager holds fewer pages
+    /// (resident and stored) is handled as `Prefault` (default
+    /// `MANAGE_MIN_PAGES`).
     pub fork_manage_min_pages: u64,
     /// Drop victims of short spans by moving them into a staging area
     /// (`UFFDIO_MOVE`, where the kernel has it), which raises no remove
@@ -122,7 +123,7 @@ impl PagerConfig {
             cpu_handlers: false,
             cpu_spin: Duration::from_millis(2),
             fork: ForkChild::Managed,
-            fork_manage_min_pages: super::fork::MANAGE_MIN_STORED_PAGES,
+            fork_manage_min_pages: super::fork::MANAGE_MIN_PAGES,
             evict_by_move: true,
             keep_clean: true,
             thread_start: None,

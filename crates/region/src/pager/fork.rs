@@ -55,11 +55,15 @@ static FORK_HELD: Mutex<Vec<(Arc<Shared>, ForkChild)>> = parking_lot::const_mute
 static LAST_MANAGED: AtomicBool = AtomicBool::new(false);
 
 /// The default of `PagerConfig::fork_manage_min_pages`: below this many
-/// pages held by its store, a `Managed` pager brings them
-/// back for the fork instead (`Prefault`): cheaper than the child's
+/// pages held (resident and stored), a `Managed` pager brings its stored
+/// pages back for the fork instead (`Prefault`): cheaper than the child's
 /// take-over (its threads, its copy of the backing file), and the child of
-/// a shell or a launcher, which execs at once, then carries no runtime.
-pub const MANAGE_MIN_STORED_PAGES: u64 = 2048;
+/// a shell or a launcher, which execs at once, then carries no runtime. A
+/// parent with more (a Python program forking its workers) has children
+/// that grow from its size, and they are managed: counted by stored pages
+/// alone, a parent with its data resident had unmanaged workers, 4.3 x the
+/// budget together (64 MiB, 2026-11-25).
+pub const MANAGE_MIN_PAGES: u64 = 2048;
 
 /// In a forked child (from its `pthread_atfork` child hook on): whether it
 /// took over a pager. If not, its regions are plain memory, and the host
@@ -103,7 +107,7 @@ unsafe extern "C" fn fork_prepare() {
     let mut held = Vec::with_capacity(list.len());
     for s in list {
         let mode = match s.cfg.fork {
-            ForkChild::Managed if s.store.stats().pages < s.cfg.fork_manage_min_pages => {
+            ForkChild::Managed if s.held_pages() < s.cfg.fork_manage_min_pages => {
                 ForkChild::Prefault
             }
             m => m,
@@ -231,6 +235,12 @@ fn take_over_failed(e: &str) -> ! {
 impl Shared {
     /// Step 1 with `Managed` (gate held): no load starts, those in flight
     /// end, then the dispatch, state and store locks are taken and kept.
+    /// Pages the pager holds: resident and stored.
+    fn held_pages(&self) -> u64 {
+        let resident = self.state.lock().resident as u64;
+        resident + self.store.stats().pages
+    }
+
     fn quiesce_for_fork(&self) {
         {
             let mut s = self.state.lock();

@@ -51,7 +51,7 @@ pub use config::{
     Charge, ForkChild, PagerConfig, PagerError, RegionError, VictimPolicy, CHARGE_PERIOD,
     MAX_CPU_HANDLERS,
 };
-pub use fork::{fork_child_managed, MANAGE_MIN_STORED_PAGES};
+pub use fork::{fork_child_managed, MANAGE_MIN_PAGES};
 pub use state::PageState;
 
 use crate::stats::{Histogram, PagerStats};
