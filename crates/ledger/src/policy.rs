@@ -17,7 +17,7 @@
 //!   what is left is shared among them up to one level, the smaller wants
 //!   met in full (water filling), so that a small busy process is not held
 //!   to its size beside a big one. Nobody goes below its floor.
-//! - Growth is paced ([`pace_growth`]): the processes grow only into what is
+//! - Growth is paced (`pace_growth`): the processes grow only into what is
 //!   free now, so that the tree stays in its budget while memory moves.
 //! - A process that is gone is simply no longer in the list: its share is
 //!   spare at the next decision.
