@@ -100,6 +100,14 @@ pub struct SpaceStats {
     /// Of those, the ones that had to copy (the mapping could not grow in
     /// place).
     pub mremap_copies: u64,
+    /// `mmap(MAP_FIXED)` calls over a range the program held of it, served
+    /// in place (the range stays managed): how the JVM and Go commit and
+    /// uncommit their heaps.
+    pub fixed_in_place: u64,
+    /// Bytes of it the program's own `MAP_FIXED` mappings replaced (an
+    /// executable, shared or file mapping, or one over a free range): not
+    /// managed from then on.
+    pub retired_bytes: u64,
 }
 
 /// The runtime's own heap (glibc's: the cache index, the pager's tables and

@@ -10,7 +10,9 @@
 //!   reserved address range ([`space::Space`]) whose chunks are regions of
 //!   one [`uzswap_region::Pager`] over one [`uzswap_cache::Cache`]. Other
 //!   mappings (files, shared, executable, stacks, huge pages) go to the
-//!   kernel unchanged.
+//!   kernel unchanged. A `MAP_FIXED` mapping of the managed kind over a
+//!   range the program holds of the reservation (the JVM and Go commit
+//!   their reserved heaps so) is served in place and stays managed.
 //! - **The runtime's own memory** (the cache's pool and index, the pager's
 //!   tables) must never be managed: a handler thread touching an evicted
 //!   page would wait for itself. Rust code here allocates from glibc
@@ -482,6 +484,18 @@ pub unsafe extern "C" fn mmap(
                 // NOREPLACE over our reservation: it is occupied.
                 sys::set_errno(libc::EEXIST);
                 return libc::MAP_FAILED;
+            }
+            if is_managed_mapping(prot, flags) {
+                // A heap committed or uncommitted inside its own
+                // reservation (the JVM, Go): kept managed.
+                match rt.space.replace(addr as usize, len, prot) {
+                    Ok(true) => return addr,
+                    Ok(false) => {}
+                    Err(e) => {
+                        sys::set_errno(e);
+                        return libc::MAP_FAILED;
+                    }
+                }
             }
             let p = sys::mmap(addr, len, prot, flags, fd, off);
             if p != libc::MAP_FAILED {

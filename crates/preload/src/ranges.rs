@@ -85,7 +85,6 @@ impl Ranges {
     }
 
     /// Total bytes in the set.
-    #[cfg(test)]
     pub fn total(&self) -> usize {
         self.map.iter().map(|(s, e)| e - s).sum()
     }

@@ -53,6 +53,8 @@ struct Inner {
     munmaps: u64,
     mremaps: u64,
     mremap_copies: u64,
+    /// `MAP_FIXED` mappings served in place (`replace`).
+    replaced: u64,
 }
 
 fn round_up(len: usize) -> Option<usize> {
@@ -83,6 +85,7 @@ impl Space {
                 munmaps: 0,
                 mremaps: 0,
                 mremap_copies: 0,
+                replaced: 0,
             }),
         })
     }
@@ -213,6 +216,48 @@ impl Space {
         Ok(())
     }
 
+    /// `mmap(MAP_FIXED)` of an anonymous private mapping (`prot` within
+    /// read and write) over a range the program holds of this space, as the
+    /// JVM and Go commit and uncommit their heaps inside a reservation:
+    /// served in place, the range staying a region. What the program asks
+    /// for is a new zero-filled mapping with `prot`: the range is discarded
+    /// (the pager drops what it stored for it) and given that protection.
+    /// `Ok(false)`: not wholly held by the program (part of it free or
+    /// retired), so the caller maps it for real and retires it.
+    ///
+    /// The space's lock is dropped before the discard (which waits for the
+    /// handler to read its remove event); a `munmap` of the same range by
+    /// another thread meanwhile is the program's own race, as it is with the
+    /// kernel's `mmap`.
+    pub fn replace(&self, addr: usize, len: usize, prot: i32) -> Result<bool, i32> {
+        if !addr.is_multiple_of(PAGE_SIZE) {
+            return Err(libc::EINVAL);
+        }
+        let len = round_up(len).filter(|&l| l > 0).ok_or(libc::EINVAL)?;
+        if !self.contains(addr, len) {
+            return Ok(false);
+        }
+        let end = addr + len;
+        {
+            let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+            let first = (addr - self.start) / CHUNK;
+            let last = (end - 1 - self.start) / CHUNK;
+            let held = (first..=last).all(|c| inner.active[c])
+                && inner.free.overlap(addr, end).is_empty()
+                && inner.retired.overlap(addr, end).is_empty();
+            if !held {
+                return Ok(false);
+            }
+        }
+        sys::discard(addr, len)?;
+        sys::protect(addr, len, prot)?;
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replaced += 1;
+        Ok(true)
+    }
+
     /// `mmap(MAP_FIXED)` by the program over part of the reservation has
     /// replaced that part: never hand it out again.
     pub fn retire(&self, addr: usize, len: usize) {
@@ -299,6 +344,8 @@ impl Space {
             munmaps: inner.munmaps,
             mremaps: inner.mremaps,
             mremap_copies: inner.mremap_copies,
+            fixed_in_place: inner.replaced,
+            retired_bytes: inner.retired.total() as u64,
         }
     }
 

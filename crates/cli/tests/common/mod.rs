@@ -1,13 +1,15 @@
 //! What the `uzswap` integration tests share: the binary, whether this
-//! machine can run them, a process tree's pids and memory from /proc, and
-//! running `uzswap run` while a sampler watches its tree.
+//! machine can run them, a process tree's pids and memory from /proc,
+//! running `uzswap run` while a sampler watches its tree, and holding the
+//! tree's sampled memory to its budget.
 #![allow(dead_code)] // each test binary uses a part
 
 use std::io::{BufRead, Read};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub const MIB: u64 = 1 << 20;
 
@@ -110,4 +112,119 @@ pub fn run_sampling(
         stdout,
         stderr,
     }
+}
+
+// ---- a tree's memory under `uzswap run`, sampled as the kernel counts it --
+
+/// The tree may pass the budget by this share, after start-up.
+pub const OVER_SHARE: f64 = 0.05;
+/// And by this much besides: what processes allocate between two of
+/// their evictor's readings of their share (every 10 ms, later when the
+/// machine's CPUs are busy: 7.9 MiB over 64 MiB was seen with a parallel
+/// build running beside the test), a new process's first pages before its
+/// first allotment, and the ledger's own pages.
+pub const SLACK: u64 = 8 * MIB;
+/// Samples before this do not count: the dynamic loader and the runtimes
+/// start before any allotment.
+pub const STARTUP: Duration = Duration::from_millis(500);
+
+pub fn missing(what: &str, cmd: &[&str]) -> bool {
+    let ok = Command::new(cmd[0])
+        .args(&cmd[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: no {what}");
+    }
+    !ok
+}
+
+pub fn programs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs")
+}
+
+/// A private scratch directory, removed at the end of the test.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("uzswap-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+pub fn pss_anon(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .ok()
+        .and_then(|s| {
+            let l = s.lines().find(|l| l.starts_with("Pss_Anon:"))?.to_owned();
+            l.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// What one `uzswap run` did.
+pub struct Ran {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    /// The tree's largest sampled Pss_Anon after start-up.
+    pub peak: u64,
+    /// Most processes seen at once.
+    pub processes: usize,
+}
+
+/// Runs `uzswap run ARGS` from `dir`, sampling the tree's memory every
+/// 100 ms; `during` gets the pid of `uzswap run` and a line reader of the
+/// program's stdout once it started.
+pub fn run_with(dir: &Path, args: &[&str], during: impl FnOnce(u32, &mut dyn BufRead)) -> Ran {
+    let peak = Arc::new(AtomicU64::new(0));
+    let most = Arc::new(AtomicU64::new(0));
+    let sample = {
+        let (peak, most) = (peak.clone(), most.clone());
+        let t0 = Instant::now();
+        move |pid: u32| {
+            let mut pids = descendants(pid);
+            most.fetch_max(pids.len() as u64, Ordering::Relaxed);
+            pids.push(pid);
+            let total: u64 = pids.iter().map(|&p| pss_anon(p)).sum();
+            if t0.elapsed() >= STARTUP {
+                peak.fetch_max(total, Ordering::Relaxed);
+            }
+        }
+    };
+    let mut cmd = uzswap();
+    cmd.arg("run").args(args).current_dir(dir);
+    let f = run_sampling(cmd, Duration::from_millis(100), sample, during);
+    eprintln!(
+        "uzswap run {args:?}\n--- stdout\n{}--- stderr\n{}---",
+        f.stdout, f.stderr
+    );
+    Ran {
+        code: f.code,
+        stdout: f.stdout,
+        stderr: f.stderr,
+        peak: peak.load(Ordering::Relaxed),
+        processes: most.load(Ordering::Relaxed) as usize,
+    }
+}
+
+pub fn run(dir: &Path, args: &[&str]) -> Ran {
+    run_with(dir, args, |_, _| {})
+}
+
+/// The tree stayed within the budget (plus the stated slack) after
+/// start-up.
+pub fn assert_within(r: &Ran, budget: u64) {
+    let bound = (budget as f64 * (1.0 + OVER_SHARE)) as u64 + SLACK;
+    assert!(r.peak > 0, "no memory was sampled");
+    assert!(
+        r.peak <= bound,
+        "the tree held {:.1} MiB, over {:.1} MiB (budget {} MiB + {}% + {} MiB)",
+        r.peak as f64 / MIB as f64,
+        bound as f64 / MIB as f64,
+        budget / MIB,
+        OVER_SHARE * 100.0,
+        SLACK / MIB
+    );
 }

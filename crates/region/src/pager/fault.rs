@@ -252,6 +252,15 @@ impl Shared {
             Err(e) if e.done > 0 => Ok(first + e.done / PAGE_SIZE),
             // Only neighbours failed: the faulting page is mapped.
             Err(_) if first == 1 => Ok(1),
+            // The run met a page mapped already (EEXIST) or crossed into
+            // another mapping (ENOENT: one call maps within one mapping,
+            // and the program's `mprotect` splits a region into several):
+            // the faulting page alone, or its thread would wait for ever.
+            Err(e) if rest > 1 && e.errno != libc::EAGAIN => match self.zeropage(w, f.addr) {
+                Ok(()) => Ok(1),
+                Err(e) if e.errno == libc::EEXIST => Ok(1),
+                Err(e) => Err(e),
+            },
             Err(e) if e.errno == libc::EEXIST => Ok(1),
             Err(e) => Err(e),
         }

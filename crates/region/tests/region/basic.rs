@@ -123,3 +123,35 @@ fn zero_readahead_off_maps_one_page_per_fault() {
     assert_eq!(st.faults_zero, 64, "{st:?}");
     assert_eq!(st.zero_readahead_pages, 0, "{st:?}");
 }
+
+/// A run of first touches that reaches a part of the region the program
+/// made `PROT_NONE` (the JVM and Go commit heaps that way): the run stops
+/// there (one `UFFDIO_ZEROPAGE` maps within one mapping) and the faulting
+/// page is still served.
+#[test]
+fn zero_readahead_stops_at_another_mapping() {
+    let _w = watchdog("zero_readahead_stops_at_another_mapping", 30);
+    let (pager, _store) = pager(256);
+    let r = pager.region(64 * PAGE).unwrap();
+    let base = r.as_ptr();
+    let protect = |from: usize, prot: i32| {
+        // SAFETY: pages from..64 of the region, which this test owns.
+        let rc = unsafe { libc::mprotect(base.add(from * PAGE).cast(), (64 - from) * PAGE, prot) };
+        assert_eq!(rc, 0, "mprotect: {}", std::io::Error::last_os_error());
+    };
+    protect(16, libc::PROT_NONE);
+    for p in 0..16 {
+        assert_eq!(touch(base, p), 0, "page {p}");
+    }
+    assert!(pager.stats().zero_readahead_pages > 0);
+    protect(16, libc::PROT_READ | libc::PROT_WRITE);
+    for p in 0..64 {
+        fill(page_mut(base, p), p, 5);
+    }
+    let mut want = vec![0u8; PAGE];
+    for p in 0..64 {
+        fill(&mut want, p, 5);
+        assert_eq!(page_mut(base, p), &want[..], "page {p}");
+    }
+    pager.check_invariants().unwrap();
+}
