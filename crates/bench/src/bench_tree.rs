@@ -441,6 +441,14 @@ fn uzswap_side(
     // faults resolved, from every process's last report.
     v["tree_evictions"] = json!(sum("evictions"));
     v["tree_faults"] = json!(sum("faults"));
+    // CPU time by the runtimes' reports: uzswap's threads inside the
+    // program's processes, and `uzswap run` itself.
+    for k in ["runtime_cpu_seconds", "run_cpu_seconds"] {
+        v[k] = stats
+            .pointer(&format!("/tree/{k}"))
+            .cloned()
+            .unwrap_or(Value::Null);
+    }
     // Written to and read back from the backing file: only the root
     // process's final statistics have these counters.
     v["backing_out_pages"] =

@@ -531,6 +531,16 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
             human(sum(|p| p.backing_bytes)),
         );
     }
+    if t.cpu_seconds > 0.0 {
+        s += &format!(
+            "uzswap: CPU time: the program {:.1} s, uzswap's threads in its processes {:.1} s \
+             ({:.0} % of the program's), `uzswap run` {:.1} s\n",
+            t.cpu_seconds - t.runtime_cpu_seconds,
+            t.runtime_cpu_seconds,
+            100.0 * t.runtime_cpu_seconds / (t.cpu_seconds - t.runtime_cpu_seconds).max(1e-3),
+            t.run_cpu_seconds,
+        );
+    }
     for why in &t.over_budget_reasons {
         s += &format!("uzswap: WARNING: over budget: {why}\n");
     }

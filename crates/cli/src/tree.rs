@@ -51,6 +51,12 @@ pub struct Process {
     pub peak_bytes: u64,
     /// Its last allotment.
     pub allot_bytes: u64,
+    /// CPU time of the process, by its last report (its exit handler
+    /// reports the whole of it).
+    pub cpu_seconds: f64,
+    /// Of that, uzswap's threads in it (handler, evictor, writer,
+    /// compactor).
+    pub runtime_cpu_seconds: f64,
 }
 
 /// What the arbiter saw over the run.
@@ -74,6 +80,13 @@ pub struct TreeReport {
     pub max_processes: usize,
     /// Every process that joined, by pid.
     pub processes: BTreeMap<u32, Process>,
+    /// CPU time of the program's processes together, uzswap's threads in
+    /// them included.
+    pub cpu_seconds: f64,
+    /// Of that, uzswap's threads'.
+    pub runtime_cpu_seconds: f64,
+    /// CPU time of `uzswap run` itself (the arbiter, the sampling).
+    pub run_cpu_seconds: f64,
 }
 
 /// The ledger and the arbiter thread.
@@ -154,6 +167,8 @@ fn arbitrate(ledger: Arc<Ledger>, root: u32, quiet: bool, stop: &AtomicBool) -> 
             p.evictions = u.evictions;
             p.peak_bytes = p.peak_bytes.max(u.charged());
             p.allot_bytes = m.allot;
+            p.cpu_seconds = p.cpu_seconds.max(u.cpu_ms as f64 / 1000.0);
+            p.runtime_cpu_seconds = p.runtime_cpu_seconds.max(u.runtime_cpu_ms as f64 / 1000.0);
             last_flags.insert(m.slot.pid, (m.slot.comm.clone(), u.flags));
         }
         for pid in &tick.reaped {
@@ -206,6 +221,9 @@ fn arbitrate(ledger: Arc<Ledger>, root: u32, quiet: bool, stop: &AtomicBool) -> 
             }
         }
         if stop.load(Ordering::Relaxed) {
+            rep.cpu_seconds = rep.processes.values().map(|p| p.cpu_seconds).sum();
+            rep.runtime_cpu_seconds = rep.processes.values().map(|p| p.runtime_cpu_seconds).sum();
+            rep.run_cpu_seconds = uzswap_os::cpu::process_cpu_seconds();
             return rep;
         }
         std::thread::sleep(TICK);

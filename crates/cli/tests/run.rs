@@ -223,6 +223,19 @@ fn threads_fill_and_verify(extra: &[&str], stats_name: &str) {
     } else {
         assert_eq!(n("/cache/cold_stores"), 0, "{v}");
     }
+    // The run's CPU time: the program's, and within it uzswap's threads'
+    // (which compressed 96 MiB at the least), measured apart.
+    let f = |p: &str| v.pointer(p).and_then(|x| x.as_f64()).unwrap_or(0.0);
+    let (cpu, ours) = (f("/tree/cpu_seconds"), f("/tree/runtime_cpu_seconds"));
+    assert!(
+        ours > 0.0 && ours < cpu,
+        "CPU {cpu} s, uzswap's {ours} s: {v}"
+    );
+    assert!(
+        r.stderr.contains("uzswap: CPU time: the program "),
+        "{}",
+        r.stderr
+    );
     assert!(r.stderr.contains("exited with status 0"), "{}", r.stderr);
 }
 

@@ -32,7 +32,7 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"uzsledg1");
-const VERSION: u64 = 1;
+const VERSION: u64 = 2;
 const HEADER_WORDS: usize = 8;
 const OWNER_WORDS: usize = 16;
 const SLOT_WORDS: usize = OWNER_WORDS + 8;
@@ -51,8 +51,10 @@ const S_PID: usize = 0;
 const S_START: usize = 1;
 const S_SEQ: usize = 2;
 const S_USAGE: usize = 3; // USAGE_WORDS words of `Usage`, then comm
-const USAGE_WORDS: usize = 8;
+const USAGE_WORDS: usize = 10;
 const S_COMM: usize = S_USAGE + USAGE_WORDS;
+// The command's two words end the owner's part.
+const _: () = assert!(S_COMM + 2 <= OWNER_WORDS);
 // Arbiter words of a slot.
 const S_ALLOT_PID: usize = OWNER_WORDS;
 const S_ALLOT: usize = OWNER_WORDS + 1;
@@ -105,6 +107,11 @@ pub struct Usage {
     /// Why it may hold more than its allotment ([`Usage::STORE_REFUSING`],
     /// [`Usage::BACKING_FAILING`]).
     pub flags: u64,
+    /// CPU time of the whole process so far, milliseconds.
+    pub cpu_ms: u64,
+    /// Of that, its uzswap threads' (handler, evictor, writer, compactor),
+    /// milliseconds.
+    pub runtime_cpu_ms: u64,
 }
 
 impl Usage {
@@ -124,6 +131,8 @@ impl Usage {
             self.evictions,
             self.stored,
             self.flags,
+            self.cpu_ms,
+            self.runtime_cpu_ms,
         ]
     }
 
@@ -137,6 +146,8 @@ impl Usage {
             evictions: w[5],
             stored: w[6],
             flags: w[7],
+            cpu_ms: w[8],
+            runtime_cpu_ms: w[9],
         }
     }
 
@@ -515,6 +526,8 @@ mod tests {
             evictions: 6,
             stored: 7,
             flags: Usage::BACKING_FAILING,
+            cpu_ms: 8,
+            runtime_cpu_ms: 9,
         };
         m.publish(&u);
         let v = l.read();

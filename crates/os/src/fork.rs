@@ -154,6 +154,14 @@ impl AfterFork for crate::sync::Condvar {
 static HELPERS: [std::sync::atomic::AtomicI32; 512] =
     [const { std::sync::atomic::AtomicI32::new(0) }; 512];
 
+/// The kernel thread ids of the helper threads alive now.
+pub fn helper_tids() -> impl Iterator<Item = i32> {
+    HELPERS
+        .iter()
+        .map(|s| s.load(std::sync::atomic::Ordering::Acquire))
+        .filter(|&t| t != 0)
+}
+
 /// Lists the calling helper thread while it lives.
 pub(crate) struct HelperGuard(Option<usize>);
 

@@ -739,6 +739,9 @@ extern "C" fn at_exit() {
     if let Some(rt) = RUNTIME.get() {
         stats::write_final(rt);
         if let Some(sh) = &rt.share {
+            // The last report, with the CPU time of the whole run.
+            sh.measure_cpu();
+            sh.charge(Some(rt.space.pager()), Some(&*rt.cache));
             sh.leave();
         }
     }

@@ -48,7 +48,16 @@ pub(crate) struct Share {
     /// `writeback_fail` and `reject_reclaim_fail` at the last report.
     last_fail: AtomicU64,
     last_refused: AtomicU64,
+    /// CPU time of the process and of its uzswap threads at the last
+    /// measure (ms), and when that was (ms since `born`).
+    cpu_ms: AtomicU64,
+    runtime_cpu_ms: AtomicU64,
+    cpu_at_ms: AtomicU64,
+    born: std::time::Instant,
 }
+
+/// How often the CPU times are measured (a read of /proc per thread).
+const CPU_PERIOD_MS: u64 = 500;
 
 impl Share {
     /// Joins the ledger at `path` (a slot for this process).
@@ -68,6 +77,10 @@ impl Share {
             pool_limit: AtomicU64::new(0),
             last_fail: AtomicU64::new(0),
             last_refused: AtomicU64::new(0),
+            cpu_ms: AtomicU64::new(0),
+            runtime_cpu_ms: AtomicU64::new(0),
+            cpu_at_ms: AtomicU64::new(0),
+            born: std::time::Instant::now(),
         })
     }
 
@@ -84,7 +97,21 @@ impl Share {
         let fresh = claim(m.ledger())?;
         std::mem::forget(std::mem::replace(&mut *m, fresh));
         self.pool_limit.store(0, Ordering::Relaxed);
+        // The child's own times start at 0 (the kernel's count does).
+        self.cpu_at_ms.store(0, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Measures the process's CPU time and its uzswap threads' now (at
+    /// exit, so that the last report holds the whole of it).
+    pub(crate) fn measure_cpu(&self) {
+        let ms = |secs: f64| (secs * 1000.0) as u64;
+        self.runtime_cpu_ms
+            .store(ms(uzswap_os::cpu::helpers_cpu_seconds()), Ordering::Relaxed);
+        self.cpu_ms
+            .store(ms(uzswap_os::cpu::process_cpu_seconds()), Ordering::Relaxed);
+        let now = self.born.elapsed().as_millis() as u64;
+        self.cpu_at_ms.store(now.max(1), Ordering::Relaxed);
     }
 
     /// The pool limit to start with, before any allotment: what the
@@ -129,6 +156,10 @@ impl Share {
         self.last_refused
             .store(c.reject_reclaim_fail, Ordering::Relaxed);
         self.last_fail.store(c.writeback_fail, Ordering::Relaxed);
+        let now = self.born.elapsed().as_millis() as u64;
+        if now.saturating_sub(self.cpu_at_ms.load(Ordering::Relaxed)) >= CPU_PERIOD_MS {
+            self.measure_cpu();
+        }
         let member = self.member();
         if member.pid() != std::process::id() {
             // A forked child between its pager's hook and `rejoin`: the
@@ -144,6 +175,8 @@ impl Share {
             evictions: p.evictions,
             stored: c.stored_pages,
             flags,
+            cpu_ms: self.cpu_ms.load(Ordering::Relaxed),
+            runtime_cpu_ms: self.runtime_cpu_ms.load(Ordering::Relaxed),
         });
         let allot = member.limit();
         drop(member);
