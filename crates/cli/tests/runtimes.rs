@@ -1,8 +1,9 @@
 //! Managed runtimes under `uzswap run`: programs whose runtime reserves its
 //! heap with a `PROT_NONE` mapping and commits it with `mmap(MAP_FIXED)`
-//! (HotSpot), each checking its own data, under a budget well below its
-//! footprint. The heap must be managed (pages stored, memory near the
-//! budget), not left to the kernel with nothing said.
+//! (HotSpot), or grows it in mappings of its own (V8), each checking its
+//! own data, under a budget well below its footprint. The heap must be
+//! managed (pages stored, memory near the budget), not left to the kernel
+//! with nothing said.
 //!
 //! Skipped, with a note, where the machine lacks userfaultfd or the
 //! toolchain.
@@ -70,5 +71,43 @@ fn a_jvm_heap_is_managed() {
         "the JVM held {:.1} MiB in a budget of 80 MiB",
         r.peak as f64 / MIB as f64
     );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// node's V8 heap, 200 k records in a Map (156 MiB resident unmanaged) in
+/// 112 MiB: managed, evicted from, every record checked twice, the tree
+/// within the budget.
+#[test]
+fn a_node_heap_is_managed() {
+    require_uffd!();
+    if missing("node", &["node", "--version"]) {
+        return;
+    }
+    let dir = scratch("node");
+    let script = programs().join("mapcheck.js");
+    let stats = dir.join("stats.json");
+    let r = run(
+        &dir,
+        &[
+            "--memory-max",
+            "112M",
+            "--stats-json",
+            stats.to_str().unwrap(),
+            "--",
+            "node",
+            script.to_str().unwrap(),
+            "200000",
+        ],
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.starts_with("ok 200000 "), "{}", r.stdout);
+    let snap: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let pager = &snap["pager"];
+    assert!(
+        pager["evictions"].as_u64().unwrap_or(0) > 1000,
+        "the heap was not evicted from: {pager}"
+    );
+    assert_within(&r, 112 * MIB);
     std::fs::remove_dir_all(dir).unwrap();
 }
