@@ -141,6 +141,24 @@ fn create_unlinked(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
+/// What a system call that moves bytes returned, `n`: `Some(bytes)`;
+/// `None` when a signal interrupted it (call again); the error when it
+/// failed, or an error of `zero_kind` saying `zero` when it moved nothing
+/// (which would otherwise loop for ever).
+fn progress(n: isize, zero_kind: io::ErrorKind, zero: &str) -> io::Result<Option<usize>> {
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(None);
+        }
+        return Err(e);
+    }
+    if n == 0 {
+        return Err(io::Error::new(zero_kind, zero.to_string()));
+    }
+    Ok(Some(n as usize))
+}
+
 impl BackingStore for FileBacking {
     fn write_slots(&self, first: u64, pages: &[&[u8]]) -> io::Result<()> {
         let mut iov: Vec<io::IoSlice<'_>> = pages.iter().map(|p| io::IoSlice::new(p)).collect();
@@ -157,21 +175,16 @@ impl BackingStore for FileBacking {
                     at as libc::off_t,
                 )
             };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if n == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::WriteZero,
-                    "backing file accepted no bytes",
-                ));
-            }
+            let Some(n) = progress(
+                n,
+                io::ErrorKind::WriteZero,
+                "backing file accepted no bytes",
+            )?
+            else {
+                continue;
+            };
             at += n as u64;
-            io::IoSlice::advance_slices(&mut slices, n as usize);
+            io::IoSlice::advance_slices(&mut slices, n);
         }
         Ok(())
     }
@@ -224,19 +237,11 @@ impl BackingStore for FileBacking {
                 let n = unsafe {
                     libc::copy_file_range(src, &mut from, dst, &mut to, (hole - from) as usize, 0)
                 };
-                if n < 0 {
-                    let e = io::Error::last_os_error();
-                    if e.kind() == io::ErrorKind::Interrupted {
-                        continue;
-                    }
-                    return Err(e);
-                }
-                if n == 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the backing file ended while it was copied",
-                    ));
-                }
+                progress(
+                    n,
+                    io::ErrorKind::UnexpectedEof,
+                    "the backing file ended while it was copied",
+                )?;
             }
             at = hole;
         }

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{descendants, run_sampling, uzswap, vm_rss, MIB};
+use common::{descendants, final_stats, run_sampling, uzswap, vm_rss, MIB};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -132,11 +132,6 @@ fn assert_near_budget(r: &Ran, budget: u64, pool: u64) {
         pool / MIB,
         RUNTIME_SLACK / MIB
     );
-}
-
-fn final_stats(path: &Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(path).expect("--stats-json was written");
-    serde_json::from_str(&text).expect("--stats-json holds JSON")
 }
 
 #[test]

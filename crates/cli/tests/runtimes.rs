@@ -52,8 +52,7 @@ fn a_jvm_heap_is_managed() {
     );
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(r.stdout.starts_with("ok 300000 "), "{}", r.stdout);
-    let snap: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let snap = final_stats(&stats);
     let space = &snap["space"];
     assert!(
         space["fixed_in_place"].as_u64().unwrap_or(0) > 0,
@@ -101,8 +100,7 @@ fn a_node_heap_is_managed() {
     );
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(r.stdout.starts_with("ok 200000 "), "{}", r.stdout);
-    let snap: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let snap = final_stats(&stats);
     let pager = &snap["pager"];
     assert!(
         pager["evictions"].as_u64().unwrap_or(0) > 1000,

@@ -115,8 +115,7 @@ fn workers_by_fork(budget_mib: u64) {
     );
     // The parent brought nothing back for the forks, and the workers ran
     // managed (each its own slot, faults and evictions).
-    let snap: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let snap = final_stats(&stats);
     let pager = &snap["pager"];
     assert_eq!(pager["fork_prefault_pages"], 0, "{budget}: {pager}");
     let procs = snap["tree"]["processes"]

@@ -228,3 +228,9 @@ pub fn assert_within(r: &Ran, budget: u64) {
         SLACK / MIB
     );
 }
+
+/// The final statistics `uzswap run --stats-json PATH` wrote.
+pub fn final_stats(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).expect("--stats-json was written");
+    serde_json::from_str(&text).expect("--stats-json holds JSON")
+}

@@ -160,7 +160,7 @@ impl Shared {
                     Err(e) if e.errno == libc::EAGAIN => return Outcome::Again,
                     Err(_) => return Outcome::Done, // ENOENT: range gone
                 };
-                s.areas.get_mut(&area).expect("area").zr_next = page + mapped as u64;
+                s.areas.get_mut(&area).expect("area").zr.next = page + mapped as u64;
                 for i in 0..mapped as u64 {
                     s.meta(area, page + i).st = PageState::Dirty;
                     s.enqueue_new(area, page + i, false);
@@ -183,15 +183,8 @@ impl Shared {
     /// run and halves otherwise), the free budget and the segment's end.
     /// Not into a discard in flight or a page the evictor will drop.
     fn zero_run(&self, s: &mut State, addr: usize, area: u32, page: u64) -> usize {
-        let window = {
-            let a = s.areas.get_mut(&area).expect("area");
-            if page == a.zr_next {
-                a.zr_window = (a.zr_window * 2).max(2).min(self.cfg.zero_readahead_max);
-            } else {
-                a.zr_window /= 2;
-            }
-            a.zr_window
-        };
+        let max = self.cfg.zero_readahead_max;
+        let window = s.areas.get_mut(&area).expect("area").zr.window(page, max);
         if window == 0 {
             return 1;
         }
@@ -200,22 +193,10 @@ impl Shared {
         } else {
             s.limit.saturating_sub(s.resident + 1)
         };
-        let seg_end = {
-            let (_, seg) = s.segs.range(..=addr).next_back().expect("segment");
-            seg.first + (seg.len / PAGE_SIZE) as u64
-        };
-        let limit = (page + 1 + window.min(free) as u64).min(seg_end);
-        let mut n = 1usize;
-        while page + (n as u64) < limit
-            && {
-                let m = *s.meta(area, page + n as u64);
-                m.st == PageState::Absent && !m.zapping && !m.claimed
-            }
-            && s.own_at(addr + n * PAGE_SIZE).is_none()
-        {
-            n += 1;
-        }
-        n
+        let limit = page + 1 + window.min(free) as u64;
+        s.run_after(addr, area, page, limit, |m| {
+            m.st == PageState::Absent && !m.claimed
+        })
     }
 
     /// Maps the faulting page of `f` and the `n - 1` untouched pages after
@@ -289,33 +270,10 @@ impl Shared {
         }
         // Readahead window: grows while faults follow the previous window,
         // halves otherwise.
-        let (npages, window) = {
-            let a = s.areas.get_mut(&area).expect("area");
-            if page == a.ra_next {
-                a.ra_window = (a.ra_window * 2).max(2).min(self.cfg.readahead_max);
-            } else {
-                a.ra_window /= 2;
-            }
-            (a.meta.len() as u64, a.ra_window)
-        };
-        let seg_end = {
-            let (_, seg) = s.segs.range(..=f.addr).next_back().expect("segment");
-            seg.first + (seg.len / PAGE_SIZE) as u64
-        };
-        let limit = (page + 1 + window.min(free - 1) as u64)
-            .min(npages)
-            .min(seg_end);
-        let mut n = 1usize;
-        // Not into a discard in flight: it would drop what is mapped there.
-        while page + (n as u64) < limit
-            && {
-                let m = *s.meta(area, page + n as u64);
-                m.st == PageState::Stored && !m.zapping
-            }
-            && s.own_at(f.addr + n * PAGE_SIZE).is_none()
-        {
-            n += 1;
-        }
+        let max = self.cfg.readahead_max;
+        let window = s.areas.get_mut(&area).expect("area").ra.window(page, max);
+        let limit = page + 1 + window.min(free - 1) as u64;
+        let n = s.run_after(f.addr, area, page, limit, |m| m.st == PageState::Stored);
         Outcome::Load(s.start_load(f, area, page, n))
     }
 

@@ -59,7 +59,7 @@ use crate::store::PageStore;
 use crate::sys::{self, feature, Uffd, PAGE_SIZE};
 use handler::Dispatch;
 use parking_lot::{Condvar, Mutex};
-use state::{zeroed_meta, Area, Seg, State};
+use state::{zeroed_meta, Area, Readahead, Seg, State};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -296,10 +296,8 @@ impl Pager {
                     meta: zeroed_meta(len / PAGE_SIZE),
                     dying: false,
                     inflight: 0,
-                    ra_next: u64::MAX,
-                    ra_window: 0,
-                    zr_next: u64::MAX,
-                    zr_window: 0,
+                    ra: Readahead::new(),
+                    zr: Readahead::new(),
                 },
             );
             s.segs.insert(

@@ -133,13 +133,39 @@ pub(super) struct Area {
     pub(super) dying: bool,
     /// Victims of this area inside an eviction batch.
     pub(super) inflight: usize,
-    /// Readahead: page index of the last missing fault, and the window.
-    pub(super) ra_next: u64,
-    pub(super) ra_window: usize,
-    /// Zero readahead: the page after the last run mapped as zeros, and
-    /// the window.
-    pub(super) zr_next: u64,
-    pub(super) zr_window: usize,
+    /// Readahead of stored pages (loads).
+    pub(super) ra: Readahead,
+    /// Zero readahead (first touches mapped as zeros).
+    pub(super) zr: Readahead,
+}
+
+/// A readahead window: how many pages after a faulting one to bring with
+/// it. It doubles (up to a most) while faults land on `next`, the page
+/// right after the last run, and halves otherwise.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Readahead {
+    /// The page after the last run.
+    pub(super) next: u64,
+    window: usize,
+}
+
+impl Readahead {
+    pub(super) const fn new() -> Readahead {
+        Readahead {
+            next: u64::MAX,
+            window: 0,
+        }
+    }
+
+    /// The window for a fault at `page`, at most `max`.
+    pub(super) fn window(&mut self, page: u64, max: usize) -> usize {
+        if page == self.next {
+            self.window = (self.window * 2).max(2).min(max);
+        } else {
+            self.window /= 2;
+        }
+        self.window
+    }
 }
 
 /// A registered address range: `len` bytes starting at the key, holding
@@ -422,6 +448,34 @@ impl State {
     }
 
     /// The span of `own` holding `addr`.
+    /// How many pages from `page` (at `addr`) on, at most up to page
+    /// `limit` and the end of the segment, `keep` accepts: the faulting
+    /// page and a readahead run after it. At least 1. The run stops before a
+    /// page the evictor will drop (`zapping`) and a discard in flight (it
+    /// would drop what is mapped there).
+    pub(super) fn run_after(
+        &self,
+        addr: usize,
+        area: u32,
+        page: u64,
+        limit: u64,
+        keep: impl Fn(&PageMeta) -> bool,
+    ) -> usize {
+        let (_, seg) = self.segs.range(..=addr).next_back().expect("segment");
+        let limit = limit.min(seg.first + (seg.len / PAGE_SIZE) as u64);
+        let mut n = 1usize;
+        while page + (n as u64) < limit
+            && {
+                let m = &self.areas[&area].meta[(page + n as u64) as usize];
+                !m.zapping && keep(m)
+            }
+            && self.own_at(addr + n * PAGE_SIZE).is_none()
+        {
+            n += 1;
+        }
+        n
+    }
+
     pub(super) fn own_at(&self, addr: usize) -> Option<usize> {
         let i = self.own.partition_point(|o| o.hi <= addr);
         (i < self.own.len() && self.own[i].lo <= addr).then_some(i)
