@@ -60,18 +60,9 @@ pub enum KernelConfigs {
     All,
 }
 
-#[derive(clap::Args)]
-pub struct Args {
-    #[arg(long, value_enum, default_value = "build")]
-    pub workload: Kind,
-    /// The build's parallelism, comma-separated (python: ignored).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8",
-          value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub jobs: Vec<u32>,
-    /// The budget B of every side, MiB. Default: half of the unconstrained
-    /// peak at each -jN for the build, 128 for python.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(8..=1 << 20))]
-    pub budget_mib: Option<u64>,
+/// What every case runs: the sides, their rounds and limits.
+#[derive(clap::Args, Clone)]
+pub struct Sides {
     /// Rounds of every side, the order reversed in every other round; the
     /// wall times reported are the medians.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
@@ -81,11 +72,55 @@ pub struct Args {
     /// Only the unconstrained and uzswap sides (no root needed).
     #[arg(long)]
     pub skip_kernel: bool,
+    /// A run still going after this many seconds is killed and reported
+    /// as timed out (a configuration that crawls). Default: 30 times the
+    /// unconstrained run's wall time, at least 120 s.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub timeout_seconds: Option<u64>,
     /// The `uzswap` binary (default: the one beside this executable).
     #[arg(long, value_name = "PATH")]
     pub uzswap: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, value_enum, default_value = "build")]
+    pub workload: Kind,
+    /// The build's parallelism, comma-separated (other workloads: ignored).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8",
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub jobs: Vec<u32>,
+    /// The budget B of every side, MiB. Default: half of the unconstrained
+    /// peak at each -jN for the build, 128 for python, a quarter of the
+    /// unconstrained peak for the real programs.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(8..=1 << 20))]
+    pub budget_mib: Option<u64>,
+    #[command(flatten)]
+    pub sides: Sides,
+}
+
+#[derive(clap::Args)]
+pub struct ProgramsArgs {
+    /// The programs, comma-separated; one the machine lacks is left out
+    /// with a note.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "pydict,node,jvm,go,xz,sort"
+    )]
+    pub programs: Vec<Kind>,
+    /// Each program's size as a multiple of its default (footprints of
+    /// 170-400 MB at 1).
+    #[arg(long, default_value_t = 1.0)]
+    pub scale: f64,
+    /// The budget B of each program as a share of its unconstrained peak.
+    #[arg(long, default_value_t = 0.25)]
+    pub budget_share: f64,
+    #[command(flatten)]
+    pub sides: Sides,
 }
 
 /// One configuration of the kernel side.
@@ -191,6 +226,8 @@ struct Ran {
     /// on a shared machine shows here).
     load_average: f64,
     status: std::process::ExitStatus,
+    /// Killed at the deadline.
+    timed_out: bool,
     samples: Vec<Sample>,
     /// Its stdout and stderr.
     log: String,
@@ -226,10 +263,12 @@ impl Drop for Group {
 }
 
 /// Runs `cmd` in `dir` as its own process group, output to a log file,
-/// sampling `probe(pid)` every [`SAMPLE`] until it exits.
+/// sampling `probe(pid)` every [`SAMPLE`] until it exits, or killing the
+/// group at `deadline`.
 fn run_sampled(
     mut cmd: Command,
     dir: &Path,
+    deadline: Duration,
     probe: impl Fn(u32) -> Sample + Send + 'static,
 ) -> Result<Ran> {
     check_interrupted()?;
@@ -261,9 +300,20 @@ fn run_sampled(
             }
         })
     };
+    let mut timed_out = false;
     let status = loop {
         if let Some(st) = group.0.as_mut().expect("running").try_wait()? {
             break st;
+        }
+        if !timed_out && started.elapsed() > deadline {
+            timed_out = true;
+            note(&format!(
+                "still running after {} s: killed (--timeout-seconds)",
+                deadline.as_secs()
+            ));
+            // SAFETY: kill has no memory preconditions; the group is the
+            // child's own.
+            unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
         }
         if INTERRUPTED.load(Ordering::SeqCst) {
             drop(group); // kills the program's whole group
@@ -288,6 +338,7 @@ fn run_sampled(
             .and_then(|l| l.split_whitespace().next()?.parse().ok())
             .unwrap_or(0.0),
         status,
+        timed_out,
         samples,
         log: std::fs::read_to_string(&log_path).unwrap_or_default(),
     })
@@ -359,6 +410,7 @@ fn common(ran: &Ran, w: &Workload, reference: Option<&Outputs>) -> Result<(Value
             "cpu_seconds": ran.cpu_seconds,
             "load_average_at_end": ran.load_average,
             "exit_status": ran.status.code(),
+            "timed_out": ran.timed_out,
             "signal": std::os::unix::process::ExitStatusExt::signal(&ran.status),
             "peak_memory_bytes": ran.peak(),
             "samples": ran.samples.len(),
@@ -373,7 +425,7 @@ fn unconstrained(w: &Workload, jobs: u32, reference: Option<&Outputs>) -> Result
     let argv = w.argv(jobs);
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]);
-    let ran = run_sampled(cmd, w.dir(), tree_probe)?;
+    let ran = run_sampled(cmd, w.dir(), Duration::MAX, tree_probe)?;
     if !ran.status.success() {
         bail!(
             "the unconstrained run of `{}` failed ({}):\n{}",
@@ -391,6 +443,7 @@ fn uzswap_side(
     w: &Workload,
     jobs: u32,
     budget: u64,
+    deadline: Duration,
     uzswap: &Path,
     reference: &Outputs,
 ) -> Result<Value> {
@@ -405,7 +458,7 @@ fn uzswap_side(
         .arg(&stats_path)
         .arg("--")
         .args(w.argv(jobs));
-    let ran = run_sampled(cmd, w.dir(), tree_probe)?;
+    let ran = run_sampled(cmd, w.dir(), deadline, tree_probe)?;
     let (mut v, _) = common(&ran, w, Some(reference))?;
     let stats: Value = std::fs::read(&stats_path)
         .ok()
@@ -449,6 +502,16 @@ fn uzswap_side(
             .cloned()
             .unwrap_or(Value::Null);
     }
+    // The split of all CPU time (`cpu_seconds`, every process waited for,
+    // `uzswap run` included): uzswap's (its threads, `uzswap run`) and the
+    // program's (the rest).
+    if let (Some(rt), Some(run)) = (
+        v["runtime_cpu_seconds"].as_f64(),
+        v["run_cpu_seconds"].as_f64(),
+    ) {
+        v["uzswap_cpu_seconds"] = json!(rt + run);
+        v["program_cpu_seconds"] = json!((ran.cpu_seconds - rt - run).max(0.0));
+    }
     // Written to and read back from the backing file: only the root
     // process's final statistics have these counters.
     v["backing_out_pages"] =
@@ -461,9 +524,12 @@ fn uzswap_side(
         .find(|l| l.starts_with("uzswap: the program's memory peaked"))
         .unwrap_or(""));
     if !ran.status.success() {
+        // A failed or timed-out run has no time.
+        v["wall_seconds"] = Value::Null;
         note(&format!(
-            "uzswap side failed ({}):\n{}",
+            "uzswap side failed ({}{}):\n{}",
             ran.status,
+            if ran.timed_out { ", timed out" } else { "" },
             tail(&ran.log)
         ));
     }
@@ -477,6 +543,7 @@ fn kernel_side(
     w: &Workload,
     jobs: u32,
     budget: u64,
+    deadline: Duration,
     reference: &Outputs,
 ) -> Result<Value> {
     ks.set(
@@ -500,7 +567,7 @@ fn kernel_side(
         .args(&argv);
     let start = ZswapSample::read()?;
     let probe_cg = cg.clone();
-    let ran = run_sampled(cmd, w.dir(), move |_| {
+    let ran = run_sampled(cmd, w.dir(), deadline, move |_| {
         let cgroup = read_u64(&probe_cg.join("memory.usage_in_bytes"));
         let zswap_pool = ZswapSample::read().map(|z| z.pool_bytes).unwrap_or(0);
         Sample {
@@ -533,9 +600,10 @@ fn kernel_side(
         // A failed configuration has no time.
         v["wall_seconds"] = Value::Null;
         note(&format!(
-            "kernel {}: failed ({}, {ooms} OOM kills)",
+            "kernel {}: failed ({}, {ooms} OOM kills{})",
             cfg.name(),
-            ran.status
+            ran.status,
+            if ran.timed_out { ", timed out" } else { "" }
         ));
     }
     Ok(v)
@@ -592,23 +660,26 @@ fn f(v: &Value, k: &str) -> Option<f64> {
     v[k].as_f64()
 }
 
-/// One -jN: every side, `rounds` times.
-fn case(args: &Args, w: &Workload, jobs: u32, uzswap: &Path) -> Result<Value> {
-    let label = match w.kind {
-        Kind::Build => format!("make -j{jobs}"),
-        Kind::Python => "python".into(),
-    };
+/// One program (one -jN of the build): every side, `rounds` times, at the
+/// budget `budget_of` gives for the unconstrained peak.
+fn case(
+    args: &Sides,
+    w: &Workload,
+    jobs: u32,
+    budget_of: impl Fn(u64) -> u64,
+    uzswap: &Path,
+) -> Result<Value> {
+    let label = w.kind.label(jobs);
     note(&format!("{label}: unconstrained (reference) ..."));
     let (first, reference) = unconstrained(w, jobs, None)?;
     if !first["outputs_identical"].as_bool().unwrap_or(false) {
         bail!("{label}: the unconstrained run did not produce every output: {first}");
     }
     let unconstrained_peak = first["peak_memory_bytes"].as_u64().unwrap_or(0);
-    let budget = match (args.budget_mib, w.kind) {
-        (Some(m), _) => m * MIB,
-        (None, Kind::Python) => PYTHON_BUDGET_MIB * MIB,
-        (None, Kind::Build) => (unconstrained_peak / 2).div_ceil(MIB).max(16) * MIB,
-    };
+    let budget = budget_of(unconstrained_peak);
+    let deadline = Duration::from_secs(args.timeout_seconds.unwrap_or_else(|| {
+        (first["wall_seconds"].as_f64().unwrap_or(0.0) * 30.0).max(120.0) as u64
+    }));
     note(&format!(
         "{label}: {:.1} s, peak {} MiB; budget {} MiB",
         first["wall_seconds"].as_f64().unwrap_or(0.0),
@@ -647,7 +718,7 @@ fn case(args: &Args, w: &Workload, jobs: u32, uzswap: &Path) -> Result<Value> {
                         "{label}: uzswap run --memory-max {} MiB ...",
                         budget / MIB
                     ));
-                    let v = uzswap_side(w, jobs, budget, uzswap, &reference)?;
+                    let v = uzswap_side(w, jobs, budget, deadline, uzswap, &reference)?;
                     note(&format!(
                         "{label}: uzswap {:.1} s, tree peak {} MiB (its own account {} MiB), identical {}",
                         f(&v, "wall_seconds").unwrap_or(0.0),
@@ -660,7 +731,9 @@ fn case(args: &Args, w: &Workload, jobs: u32, uzswap: &Path) -> Result<Value> {
                 2 => {
                     let Some(ks) = ks.as_mut() else { continue };
                     note(&format!("{label}: kernel, plain swap ..."));
-                    swap.push(kernel_side(ks, PLAIN_SWAP, w, jobs, budget, &reference)?);
+                    swap.push(kernel_side(
+                        ks, PLAIN_SWAP, w, jobs, budget, deadline, &reference,
+                    )?);
                 }
                 k => {
                     let Some(ks) = ks.as_mut() else { continue };
@@ -670,7 +743,7 @@ fn case(args: &Args, w: &Workload, jobs: u32, uzswap: &Path) -> Result<Value> {
                     }
                     let cfg = ZSWAP_CONFIGS[i];
                     note(&format!("{label}: kernel, {} ...", cfg.name()));
-                    let v = kernel_side(ks, cfg, w, jobs, budget, &reference)?;
+                    let v = kernel_side(ks, cfg, w, jobs, budget, deadline, &reference)?;
                     if let Some(t) = f(&v, "wall_seconds") {
                         note(&format!(
                             "{label}: kernel {} {t:.1} s, peak {} MiB",
@@ -727,6 +800,13 @@ fn case(args: &Args, w: &Workload, jobs: u32, uzswap: &Path) -> Result<Value> {
                         / k["peak_memory_bytes"].as_u64().unwrap_or(1).max(1) as f64
                 );
                 targets["wall_at_most_kernel"] = json!(wall <= 1.0);
+                // Where the time goes: faults against the kernel's (pages
+                // swapped in, from zswap or the disk).
+                let kernel_in =
+                    k["zswpin"].as_u64().unwrap_or(0) + k["pswpin"].as_u64().unwrap_or(0);
+                if let Some(ours_in) = ours["tree_faults"].as_u64() {
+                    out["faults_ratio_vs_kernel"] = json!(ours_in as f64 / kernel_in.max(1) as f64);
+                }
                 identical &= k["outputs_identical"].as_bool().unwrap_or(false);
             }
             None => {
@@ -735,6 +815,12 @@ fn case(args: &Args, w: &Workload, jobs: u32, uzswap: &Path) -> Result<Value> {
                 note(&format!("{label}: no kernel zswap configuration completed"));
             }
         }
+    }
+    if let (Some(u), Some(p)) = (
+        ours["uzswap_cpu_seconds"].as_f64(),
+        ours["program_cpu_seconds"].as_f64(),
+    ) {
+        targets["uzswap_cpu_at_most_program"] = json!(u <= p);
     }
     targets["outputs_identical"] = json!(identical);
     out["outputs_identical"] = json!(identical);
@@ -758,12 +844,8 @@ fn fastest(configs: &[Value]) -> Option<usize> {
 }
 
 pub fn run(args: &Args) -> Result<Value> {
-    let uzswap = crate::bench_run::find_uzswap(args.uzswap.as_deref())?;
-    // The programs run in their own directory.
-    let uzswap =
-        std::fs::canonicalize(&uzswap).with_context(|| format!("locating {}", uzswap.display()))?;
-    catch_interrupts();
-    let w = Workload::prepare(args.workload)?;
+    let uzswap = prepare_run(&args.sides)?;
+    let w = Workload::prepare(args.workload, 1.0)?;
     note(&format!(
         "tree: {} in {}{}",
         w.sources.join(", "),
@@ -776,33 +858,125 @@ pub fn run(args: &Args) -> Result<Value> {
     ));
     let jobs = match w.kind {
         Kind::Build => args.jobs.clone(),
-        Kind::Python => vec![1],
+        _ => vec![1],
+    };
+    let budget_of = |peak: u64| match (args.budget_mib, w.kind) {
+        (Some(m), _) => m * MIB,
+        (None, Kind::Python) => PYTHON_BUDGET_MIB * MIB,
+        (None, Kind::Build) => (peak / 2).div_ceil(MIB).max(16) * MIB,
+        (None, _) => (peak / 4).div_ceil(MIB).max(16) * MIB,
     };
     let mut cases = Vec::new();
     for j in jobs {
-        cases.push(case(args, &w, j, &uzswap)?);
+        cases.push(case(&args.sides, &w, j, budget_of, &uzswap)?);
     }
+    Ok(result(
+        json!({
+            "benchmark": "tree",
+            "workload": w.kind,
+            "sources": w.sources,
+            "units": w.units,
+            "cflags": CFLAGS,
+        }),
+        &args.sides,
+        cases,
+    ))
+}
+
+/// `uzswap-bench programs`: each real program, one case each, at a budget
+/// of `budget_share` of its unconstrained peak.
+pub fn run_programs(args: &ProgramsArgs) -> Result<Value> {
+    if !(args.scale > 0.0 && args.scale <= 100.0) {
+        bail!(
+            "--scale {}: give a factor above 0 and at most 100",
+            args.scale
+        );
+    }
+    if !(args.budget_share > 0.0 && args.budget_share <= 1.0) {
+        bail!(
+            "--budget-share {}: give a share above 0 and at most 1 (0.25: a quarter of the footprint)",
+            args.budget_share
+        );
+    }
+    let uzswap = prepare_run(&args.sides)?;
+    let mut cases = Vec::new();
+    let mut left_out = Vec::new();
+    for &kind in &args.programs {
+        if !kind.available() {
+            note(&format!("{}: not on this machine, left out", kind.label(1)));
+            left_out.push(kind);
+            continue;
+        }
+        let w = Workload::prepare(kind, args.scale)?;
+        note(&format!(
+            "{}: {} in {}",
+            kind.label(1),
+            w.sources.join(", "),
+            w.dir().display()
+        ));
+        let budget_of = |peak: u64| {
+            ((peak as f64 * args.budget_share) as u64)
+                .div_ceil(MIB)
+                .max(16)
+                * MIB
+        };
+        let mut c = case(&args.sides, &w, 1, budget_of, &uzswap)?;
+        c["argv"] = json!(w.argv(1));
+        c["sources"] = json!(w.sources);
+        cases.push(c);
+    }
+    Ok(result(
+        json!({
+            "benchmark": "programs",
+            "scale": args.scale,
+            "budget_share": args.budget_share,
+            "left_out": left_out,
+        }),
+        &args.sides,
+        cases,
+    ))
+}
+
+/// A benchmark's JSON object: `head`, then what every run records.
+fn result(mut head: Value, sides: &Sides, cases: Vec<Value>) -> Value {
+    head["rounds"] = json!(sides.rounds);
+    head["kernel_configs"] = if sides.skip_kernel {
+        Value::Null
+    } else {
+        json!(sides.kernel_configs)
+    };
+    head["memory_target"] = json!(MEMORY_TARGET);
+    head["machine"] = machine();
+    head["targets_met"] = json!(targets_met(&cases, sides));
+    head["cases"] = json!(cases);
+    head
+}
+
+/// The `uzswap` binary, as an absolute path (the programs run in their own
+/// directory), with Ctrl-C caught from here on.
+fn prepare_run(sides: &Sides) -> Result<PathBuf> {
+    let uzswap = crate::bench_run::find_uzswap(sides.uzswap.as_deref())?;
+    let uzswap =
+        std::fs::canonicalize(&uzswap).with_context(|| format!("locating {}", uzswap.display()))?;
+    catch_interrupts();
+    Ok(uzswap)
+}
+
+/// Whether every case met every target it has.
+fn targets_met(cases: &[Value], sides: &Sides) -> bool {
     let all = |k: &str| {
         cases
             .iter()
             .all(|c| c["targets"][k].as_bool().unwrap_or(false))
     };
-    let met = all("memory_within_1_05_budget")
+    all("memory_within_1_05_budget")
         && all("outputs_identical")
-        && (args.skip_kernel || all("wall_at_most_kernel"));
-    Ok(json!({
-        "benchmark": "tree",
-        "workload": w.kind,
-        "sources": w.sources,
-        "units": w.units,
-        "cflags": CFLAGS,
-        "rounds": args.rounds,
-        "kernel_configs": if args.skip_kernel { json!(null) } else { json!(args.kernel_configs) },
-        "memory_target": MEMORY_TARGET,
-        "machine": machine(),
-        "cases": cases,
-        "targets_met": met,
-    }))
+        && cases.iter().all(|c| {
+            c["targets"]["uzswap_cpu_at_most_program"]
+                .as_bool()
+                .unwrap_or(true)
+        })
+        && (sides.skip_kernel || all("wall_at_most_kernel"))
 }
 
 /// What the figures were measured on.
@@ -896,6 +1070,12 @@ pub fn table(v: &Value) -> String {
         if c.get("swap").is_some() {
             let k = &c["swap"];
             row("plain swap", k, &k["pswpout"], &k["pswpin"]);
+        }
+        if let (Some(p), Some(z)) = (
+            u["program_cpu_seconds"].as_f64(),
+            u["uzswap_cpu_seconds"].as_f64(),
+        ) {
+            s += &format!("{label:<10} uzswap CPU: the program {p:.1} s, uzswap {z:.1} s\n");
         }
         if let Some(r) = c["wall_ratio_vs_kernel"].as_f64() {
             s += &format!(

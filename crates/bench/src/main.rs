@@ -187,6 +187,12 @@ enum Cmd {
     /// with the kernel's zswap (each shrinker/readahead configuration) and
     /// with plain swap (root; every setting is restored).
     Tree(bench_tree::Args),
+    /// Real programs (a Python dict, a node Map, a JVM HashMap, a cgo Go
+    /// map, xz -9, sort), each checking or hashing its result,
+    /// unconstrained, under `uzswap run --memory-max B` (B a quarter of the
+    /// footprint), and under the kernel's zswap and plain swap in a memory
+    /// cgroup of the same limit (root; every setting is restored).
+    Programs(bench_tree::ProgramsArgs),
     /// The usemem workload (fill, then read-check-rewrite passes) under a
     /// resident budget, optionally against the kernel's zswap and swap.
     Usemem(bench_usemem::Args),
@@ -317,7 +323,12 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Tree(args) => {
             let v = bench_tree::run(&args)?;
             eprint!("{}", bench_tree::table(&v));
-            emit(args.json, &v)
+            emit(args.sides.json, &v)
+        }
+        Cmd::Programs(args) => {
+            let v = bench_tree::run_programs(&args)?;
+            eprint!("{}", bench_tree::table(&v));
+            emit(args.sides.json, &v)
         }
         Cmd::Run(args) => {
             let v = bench_run::run(&args)?;

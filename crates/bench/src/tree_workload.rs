@@ -7,7 +7,12 @@
 //!   `gcc -O2 -g0`; the outputs are the sha256 of every `.o`;
 //! - `python`: a multiprocessing program (a parent holding a dataset,
 //!   three workers started by spawn, each building and checking its own);
-//!   the output is its verdict line.
+//!   the output is its verdict line;
+//! - the real programs of `uzswap-bench programs`, each checking or
+//!   hashing its own result: a Python dict of records made from real text
+//!   (`pydict`), a node Map (`node`), a JVM HashMap (`jvm`), a Go map in a
+//!   cgo build (`go`), `xz -9` and `sort` of real text (`xz`, `sort`). Their
+//!   text is the machine's C headers (/usr/include), concatenated.
 
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::BTreeMap;
@@ -31,7 +36,83 @@ pub enum Kind {
     Build,
     /// A Python multiprocessing program (spawn).
     Python,
+    /// A Python dict of records of real text, read back at random.
+    Pydict,
+    /// A node (V8) Map of records, read back twice.
+    Node,
+    /// A JVM HashMap of records (serial collector), read back twice.
+    Jvm,
+    /// A Go map of records in a cgo build, read back twice.
+    Go,
+    /// `xz -9` of real text.
+    Xz,
+    /// `sort` of the lines of real text, in memory.
+    Sort,
 }
+
+impl Kind {
+    /// Its name in tables and the record.
+    pub fn label(self, jobs: u32) -> String {
+        match self {
+            Kind::Build => format!("make -j{jobs}"),
+            Kind::Python => "python".into(),
+            Kind::Pydict => "pydict".into(),
+            Kind::Node => "node".into(),
+            Kind::Jvm => "jvm".into(),
+            Kind::Go => "go".into(),
+            Kind::Xz => "xz".into(),
+            Kind::Sort => "sort".into(),
+        }
+    }
+
+    /// The tool it needs on the machine, and how to ask for its version.
+    fn tool(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Kind::Build => Some(("make", "--version")),
+            Kind::Python | Kind::Pydict => Some(("python3", "--version")),
+            Kind::Node => Some(("node", "--version")),
+            Kind::Jvm => Some(("javac", "-version")),
+            Kind::Go => Some(("go", "version")),
+            Kind::Xz => Some(("xz", "--version")),
+            Kind::Sort => Some(("sort", "--version")),
+        }
+    }
+
+    /// Whether the machine has what it needs (else the benchmark leaves it
+    /// out and says so).
+    pub fn available(self) -> bool {
+        self.tool().is_none_or(|(cmd, arg)| {
+            Command::new(cmd)
+                .arg(arg)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    }
+}
+
+/// Sizes of the real programs at `--scale 1`: footprints of 170-400 MB
+/// unconstrained on the machine of docs/BENCHMARKS.md.
+mod size {
+    /// pydict: records and random lookups (~240 MB).
+    pub const PYDICT_RECORDS: f64 = 600_000.0;
+    /// node: Map entries (~340 MB).
+    pub const NODE_ENTRIES: f64 = 500_000.0;
+    /// jvm: HashMap entries (~310 MB with -Xmx400m).
+    pub const JVM_ENTRIES: f64 = 1_000_000.0;
+    /// go: map entries (~175 MB).
+    pub const GO_ENTRIES: f64 = 1_000_000.0;
+    /// xz: bytes of text (~230 MB at -9).
+    pub const XZ_BYTES: f64 = 16e6;
+    /// sort: bytes of text (~190 MB).
+    pub const SORT_BYTES: f64 = 90e6;
+    /// pydict's corpus: bytes of text its records cycle through.
+    pub const PYDICT_CORPUS_BYTES: f64 = 24e6;
+}
+
+/// The programs' text: every C header of the machine, concatenated.
+const CORPUS_ROOT: &str = "/usr/include";
 
 /// A library vendored by a crate of the registry: where its sources are
 /// in the crate, what is copied in, and what is compiled.
@@ -112,6 +193,8 @@ pub struct Workload {
     pub sources: Vec<String>,
     /// Translation units of the build (0 for python).
     pub units: usize,
+    /// Size factor of the real programs.
+    scale: f64,
 }
 
 /// What one run left behind, compared with the unconstrained run's.
@@ -138,8 +221,9 @@ impl Outputs {
 }
 
 impl Workload {
-    /// Writes the program into a private directory in $TMPDIR.
-    pub fn prepare(kind: Kind) -> Result<Workload> {
+    /// Writes the program (and its data) into a private directory in
+    /// $TMPDIR; the real programs are sized by `scale`.
+    pub fn prepare(kind: Kind, scale: f64) -> Result<Workload> {
         let dir = tempfile::Builder::new()
             .prefix("uzswap-bench-tree-")
             .tempdir()
@@ -149,6 +233,7 @@ impl Workload {
             dir,
             sources: Vec::new(),
             units: 0,
+            scale,
         };
         match kind {
             Kind::Build => w.write_build()?,
@@ -156,25 +241,158 @@ impl Workload {
                 std::fs::write(w.dir().join("tree.py"), PYTHON)?;
                 w.sources.push("tree.py (written by uzswap-bench)".into());
             }
+            Kind::Pydict => {
+                std::fs::write(w.dir().join("pydict.py"), PYDICT)?;
+                w.write_corpus(size::PYDICT_CORPUS_BYTES)?;
+            }
+            Kind::Node => {
+                std::fs::write(w.dir().join("mapcheck.js"), NODE)?;
+                w.sources
+                    .push("mapcheck.js (crates/cli/tests/programs)".into());
+            }
+            Kind::Jvm => {
+                let src = w.dir().join("HashMapCheck.java");
+                std::fs::write(&src, JAVA)?;
+                w.build_with(Command::new("javac").arg("-d").arg(w.dir()).arg(&src))?;
+                w.sources
+                    .push("HashMapCheck.java (crates/cli/tests/programs)".into());
+            }
+            Kind::Go => {
+                let src = w.dir().join("gomap");
+                std::fs::create_dir(&src)?;
+                std::fs::write(src.join("main.go"), GO_MAIN)?;
+                std::fs::write(src.join("go.mod"), GO_MOD)?;
+                w.build_with(
+                    Command::new("go")
+                        .args(["build", "-o", "../gomap-bin", "."])
+                        .current_dir(&src)
+                        .env("CGO_ENABLED", "1"),
+                )?;
+                w.sources
+                    .push("gomap, a cgo build (crates/cli/tests/programs/gomap)".into());
+            }
+            Kind::Xz => w.write_corpus(size::XZ_BYTES * scale)?,
+            Kind::Sort => w.write_corpus(size::SORT_BYTES * scale)?,
         }
         Ok(w)
+    }
+
+    /// Runs a compiler of the workload's program; its output on failure.
+    fn build_with(&self, cmd: &mut Command) -> Result<()> {
+        let o = cmd
+            .output()
+            .with_context(|| format!("running {:?}", cmd.get_program()))?;
+        ensure!(
+            o.status.success(),
+            "{:?} failed ({}): {}",
+            cmd.get_program(),
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        Ok(())
+    }
+
+    /// `data.txt`: the first `bytes` of the machine's C headers (sorted
+    /// paths, concatenated), whole lines.
+    fn write_corpus(&mut self, bytes: f64) -> Result<()> {
+        let want = bytes.max(4096.0) as usize;
+        let mut files = Vec::new();
+        collect_files(Path::new(CORPUS_ROOT), &mut files);
+        files.sort();
+        let mut data = Vec::with_capacity(want);
+        for f in &files {
+            if data.len() >= want {
+                break;
+            }
+            if let Ok(b) = std::fs::read(f) {
+                data.extend_from_slice(&b);
+            }
+        }
+        data.truncate(want);
+        if let Some(nl) = data.iter().rposition(|&b| b == b'\n') {
+            data.truncate(nl + 1);
+        }
+        ensure!(
+            data.len() >= want / 2,
+            "{CORPUS_ROOT} has only {} bytes of headers; the benchmark needs {want} \
+             (install a compiler's headers, or lower --scale)",
+            data.len()
+        );
+        std::fs::write(self.dir().join("data.txt"), &data)?;
+        self.sources.push(format!(
+            "data.txt: {} MB of {CORPUS_ROOT}'s headers",
+            data.len() / 1_000_000
+        ));
+        Ok(())
     }
 
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
 
-    /// The command line of one run at `jobs` (ignored by python).
+    /// The command line of one run at `jobs` (the build's only).
     pub fn argv(&self, jobs: u32) -> Vec<String> {
+        let n = |base: f64| ((base * self.scale) as u64).max(1000).to_string();
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         match self.kind {
             Kind::Build => vec!["make".into(), "-s".into(), format!("-j{jobs}")],
-            Kind::Python => vec!["python3".into(), "tree.py".into()],
+            Kind::Python => v(&["python3", "tree.py"]),
+            Kind::Pydict => {
+                let records = n(size::PYDICT_RECORDS);
+                v(&["python3", "pydict.py", "data.txt", &records, &records])
+            }
+            Kind::Node => v(&["node", "mapcheck.js", &n(size::NODE_ENTRIES)]),
+            Kind::Jvm => v(&[
+                "java",
+                "-Xmx400m",
+                "-XX:+UseSerialGC",
+                "-cp",
+                ".",
+                "HashMapCheck",
+                &n(size::JVM_ENTRIES),
+            ]),
+            Kind::Go => v(&["./gomap-bin", &n(size::GO_ENTRIES)]),
+            Kind::Xz => v(&["xz", "-9", "-T1", "-k", "-f", "data.txt"]),
+            Kind::Sort => v(&[
+                "sort",
+                "-S",
+                "1G",
+                "--parallel=1",
+                "-o",
+                "sorted.txt",
+                "data.txt",
+            ]),
+        }
+    }
+
+    /// The file a program writes its result to, if it writes one.
+    fn output_file(&self) -> Option<PathBuf> {
+        match self.kind {
+            Kind::Xz => Some(self.dir().join("data.txt.xz")),
+            Kind::Sort => Some(self.dir().join("sorted.txt")),
+            _ => None,
+        }
+    }
+
+    /// The first words of the verdict line of a program that checks its
+    /// own data.
+    fn verdict_prefix(&self) -> Option<&'static str> {
+        match self.kind {
+            Kind::Python => Some("tree.py: "),
+            Kind::Pydict => Some("pydict: "),
+            Kind::Node | Kind::Jvm | Kind::Go => Some("ok "),
+            _ => None,
         }
     }
 
     /// Clears what a previous run left (the objects), so that every run
     /// starts from the same state.
     pub fn reset(&self) -> Result<()> {
+        if let Some(f) = self.output_file() {
+            if f.exists() {
+                std::fs::remove_file(&f)?;
+            }
+        }
         if self.kind == Kind::Build {
             let obj = self.dir().join("obj");
             if obj.exists() {
@@ -196,26 +414,20 @@ impl Workload {
                     .map(|e| e.path())
                     .collect();
                 objs.sort();
-                if objs.is_empty() {
-                    return Ok(Outputs(out));
-                }
-                let o = Command::new("sha256sum")
-                    .args(&objs)
-                    .output()
-                    .context("running sha256sum (coreutils)")?;
-                ensure!(o.status.success(), "sha256sum failed: {}", o.status);
-                for line in String::from_utf8_lossy(&o.stdout).lines() {
-                    if let Some((hash, file)) = line.split_once("  ") {
-                        let name = Path::new(file).file_name().unwrap_or_default();
-                        out.insert(name.to_string_lossy().into_owned(), hash.to_string());
-                    }
+                out = sha256_by_name(&objs)?;
+            }
+            Kind::Xz | Kind::Sort => {
+                let f = self.output_file().expect("a program that writes a file");
+                if f.exists() {
+                    out = sha256_by_name(&[f])?;
                 }
             }
-            Kind::Python => {
+            _ => {
+                let prefix = self.verdict_prefix().expect("a program with a verdict");
                 let verdict = log
                     .lines()
-                    .rfind(|l| l.starts_with("tree.py: "))
-                    .unwrap_or("tree.py: no verdict");
+                    .rfind(|l| l.starts_with(prefix))
+                    .unwrap_or("no verdict");
                 out.insert("verdict".into(), verdict.to_string());
             }
         }
@@ -228,6 +440,12 @@ impl Workload {
         match self.kind {
             Kind::Build => o.count() == self.units,
             Kind::Python => o.0.get("verdict").is_some_and(|v| v == PYTHON_OK),
+            Kind::Xz | Kind::Sort => o.count() == 1,
+            _ => o.0.get("verdict").is_some_and(|v| {
+                v.starts_with(self.verdict_prefix().unwrap_or("?"))
+                    && v.contains("ok ")
+                    && !v.contains("wrong")
+            }),
         }
     }
 
@@ -369,6 +587,38 @@ fn units_of(dir: &Path, units: &[&str]) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// The sha256 of each file, by file name (coreutils' `sha256sum`).
+fn sha256_by_name(files: &[PathBuf]) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    if files.is_empty() {
+        return Ok(out);
+    }
+    let o = Command::new("sha256sum")
+        .args(files)
+        .output()
+        .context("running sha256sum (coreutils)")?;
+    ensure!(o.status.success(), "sha256sum failed: {}", o.status);
+    for line in String::from_utf8_lossy(&o.stdout).lines() {
+        if let Some((hash, file)) = line.split_once("  ") {
+            let name = Path::new(file).file_name().unwrap_or_default();
+            out.insert(name.to_string_lossy().into_owned(), hash.to_string());
+        }
+    }
+    Ok(out)
+}
+
+/// Every regular file under `dir`, recursively (symbolic links not
+/// followed).
+fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        match e.file_type() {
+            Ok(t) if t.is_dir() => collect_files(&e.path(), out),
+            Ok(t) if t.is_file() => out.push(e.path()),
+            _ => {}
+        }
+    }
+}
+
 /// Copies a file or a directory tree.
 fn copy_tree(from: &Path, to: &Path) -> Result<()> {
     if from.is_dir() {
@@ -387,6 +637,14 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+// The real programs: the cli tests' own (one copy of each), and the
+// pydict program of this benchmark.
+const PYDICT: &str = include_str!("../programs/pydict.py");
+const NODE: &str = include_str!("../../cli/tests/programs/mapcheck.js");
+const JAVA: &str = include_str!("../../cli/tests/programs/HashMapCheck.java");
+const GO_MAIN: &str = include_str!("../../cli/tests/programs/gomap/main.go");
+const GO_MOD: &str = include_str!("../../cli/tests/programs/gomap/go.mod");
 
 /// The python program's last line when every check passed.
 const PYTHON_OK: &str = "tree.py: ok";
@@ -436,3 +694,45 @@ if __name__ == "__main__":
     print("tree.py: ok" if not bad else "tree.py: WRONG %r" % bad, flush=True)
     sys.exit(1 if bad else 0)
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A program's verdict decides: its "ok" line is complete, its report
+    /// of a wrong record or no verdict at all is not, and a run whose
+    /// verdict differs from the reference's shows as differing.
+    #[test]
+    fn verdicts_are_read_from_the_programs_output() {
+        let w = Workload::prepare(Kind::Node, 0.01).unwrap();
+        let ok = w.outputs("starting\nok 5000 640000\n").unwrap();
+        assert!(w.complete(&ok));
+        let wrong = w.outputs("record 17 is wrong\n").unwrap();
+        assert!(!w.complete(&wrong));
+        let other = w.outputs("ok 5000 640001\n").unwrap();
+        assert_eq!(other.differing(&ok), vec!["verdict".to_string()]);
+        let py = Workload::prepare(Kind::Pydict, 0.01).unwrap();
+        assert!(py.complete(&py.outputs("pydict: ok 6000 6000 123\n").unwrap()));
+        assert!(!py.complete(&py.outputs("pydict: record 3 is wrong\n").unwrap()));
+    }
+
+    /// The text programs hash the file they write; a missing file is no
+    /// result, and the run before is cleared by `reset`.
+    #[test]
+    fn file_results_are_hashed_and_reset() {
+        let w = Workload::prepare(Kind::Sort, 0.01).unwrap();
+        let data = std::fs::read(w.dir().join("data.txt")).unwrap();
+        assert!(data.len() > 100_000 && data.ends_with(b"\n"));
+        assert!(!w.complete(&w.outputs("").unwrap()));
+        std::fs::write(w.dir().join("sorted.txt"), b"a\nb\n").unwrap();
+        let one = w.outputs("").unwrap();
+        assert!(w.complete(&one));
+        std::fs::write(w.dir().join("sorted.txt"), b"b\na\n").unwrap();
+        assert_eq!(
+            w.outputs("").unwrap().differing(&one),
+            vec!["sorted.txt".to_string()]
+        );
+        w.reset().unwrap();
+        assert!(!w.dir().join("sorted.txt").exists());
+    }
+}

@@ -448,6 +448,18 @@ pub fn run(a: &Args) -> Result<Outcome> {
             std::fs::write(dest, body + "\n")
                 .with_context(|| format!("cannot write --stats-json {}", dest.display()))?;
         }
+        (Some(dest), FinalStats::Missing) => {
+            // The program ended without its exit handlers (Go's runtime
+            // exits so): the tree's figures, from each process's last
+            // report, are all there is.
+            let v = serde_json::json!({
+                "final_statistics_missing": MISSING_WHY,
+                "tree": serde_json::to_value(&tree)?,
+            });
+            let body = serde_json::to_string_pretty(&v)?;
+            std::fs::write(dest, body + "\n")
+                .with_context(|| format!("cannot write --stats-json {}", dest.display()))?;
+        }
         // Without a summary, the error must still be told.
         (_, FinalStats::Unreadable(why)) if a.quiet => eprintln!("uzswap: error: {why}"),
         _ => {}
@@ -460,6 +472,10 @@ pub fn run(a: &Args) -> Result<Outcome> {
         stats,
     })
 }
+
+/// Why a run has no final statistics of the program's own.
+const MISSING_WHY: &str = "the program ended without running its exit handlers (a signal, \
+                           _exit, or exec; Go programs always exit so)";
 
 /// The final statistics in `path`.
 fn read_final(path: &Path) -> FinalStats {
@@ -520,11 +536,15 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
         if t.processes.len() > 1 { "processes" } else { "process" },
         crate::tree::SAMPLE.as_millis(),
     );
-    if t.processes.len() > 1 {
+    // Several processes, or one without final statistics of its own: the
+    // tree's figures, from each process's last report.
+    if t.processes.len() > 1 || (matches!(o.stats, FinalStats::Missing) && !t.processes.is_empty())
+    {
         let sum = |f: fn(&crate::tree::Process) -> u64| t.processes.values().map(f).sum::<u64>();
         s += &format!(
-            "uzswap: {} processes ({} at once at most): {} faults, {} pages evicted, {} written to the backing file at the end\n",
+            "uzswap: {} {} ({} at once at most): {} faults, {} pages evicted, {} written to the backing file at the end\n",
             t.processes.len(),
+            if t.processes.len() > 1 { "processes" } else { "process" },
             t.max_processes,
             sum(|p| p.faults),
             sum(|p| p.evictions),
@@ -547,8 +567,10 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
     let v = match &o.stats {
         FinalStats::Read(v) => v,
         FinalStats::Missing => {
-            s += "uzswap: no final statistics: the program ended without running its exit \
-                  handlers (a signal, _exit, or exec)\n";
+            s += &format!(
+                "uzswap: no final statistics: {MISSING_WHY}; the figures above are \
+                 the processes' last reports\n"
+            );
             return s;
         }
         FinalStats::Unreadable(why) => {

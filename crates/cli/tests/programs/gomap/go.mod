@@ -1,0 +1,3 @@
+module gomap
+
+go 1.21
