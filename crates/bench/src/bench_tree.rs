@@ -72,6 +72,13 @@ pub struct Sides {
     /// Only the unconstrained and uzswap sides (no root needed).
     #[arg(long)]
     pub skip_kernel: bool,
+    /// Without the run of uzswap at the kernel's total memory: by default,
+    /// once the fastest kernel configuration is known, uzswap runs again
+    /// with B = that configuration's peak (its cgroup plus its pool, which
+    /// the v1 controller leaves outside the limit), for a comparison at
+    /// equal total memory.
+    #[arg(long)]
+    pub skip_equal_total: bool,
     /// A run still going after this many seconds is killed and reported
     /// as timed out (a configuration that crawls). Default: 30 times the
     /// unconstrained run's wall time, at least 120 s.
@@ -472,6 +479,7 @@ fn uzswap_side(
     let sum = |k: &str| -> u64 { procs.iter().filter_map(|p| p[k].as_u64()).sum() };
     let root = |p: &str| stats.pointer(p).and_then(Value::as_u64).unwrap_or(0);
     v["oom_killed"] = json!(false);
+    v["budget_bytes"] = json!(budget);
     v["over_target_samples"] = json!(ran.over((budget as f64 * MEMORY_TARGET) as u64));
     v["stats_peak_bytes"] = stats
         .pointer("/tree/peak_bytes")
@@ -686,6 +694,22 @@ fn case(
         unconstrained_peak / MIB,
         budget / MIB
     ));
+    // One run of uzswap at budget `b`, said on stderr.
+    let ours_at = |b: u64, what: &str| -> Result<Value> {
+        note(&format!(
+            "{label}: uzswap run --memory-max {} MiB{what} ...",
+            b / MIB
+        ));
+        let v = uzswap_side(w, jobs, b, deadline, uzswap, &reference)?;
+        note(&format!(
+            "{label}: uzswap{what} {:.1} s, tree peak {} MiB (its own account {} MiB), identical {}",
+            f(&v, "wall_seconds").unwrap_or(0.0),
+            v["peak_memory_bytes"].as_u64().unwrap_or(0) / MIB,
+            v["stats_peak_bytes"].as_u64().unwrap_or(0) / MIB,
+            v["outputs_identical"]
+        ));
+        Ok(v)
+    };
     // The kernel's swap: set up once for the case, put back at its end.
     let mut ks = if args.skip_kernel {
         None
@@ -713,21 +737,7 @@ fn case(
                     free_runs.push(unconstrained(w, jobs, Some(&reference))?.0);
                 }
                 0 => {}
-                1 => {
-                    note(&format!(
-                        "{label}: uzswap run --memory-max {} MiB ...",
-                        budget / MIB
-                    ));
-                    let v = uzswap_side(w, jobs, budget, deadline, uzswap, &reference)?;
-                    note(&format!(
-                        "{label}: uzswap {:.1} s, tree peak {} MiB (its own account {} MiB), identical {}",
-                        f(&v, "wall_seconds").unwrap_or(0.0),
-                        v["peak_memory_bytes"].as_u64().unwrap_or(0) / MIB,
-                        v["stats_peak_bytes"].as_u64().unwrap_or(0) / MIB,
-                        v["outputs_identical"]
-                    ));
-                    ours.push(v);
-                }
+                1 => ours.push(ours_at(budget, "")?),
                 2 => {
                     let Some(ks) = ks.as_mut() else { continue };
                     note(&format!("{label}: kernel, plain swap ..."));
@@ -765,6 +775,17 @@ fn case(
         }
     }
     drop(ks); // swap off, zswap and page-cluster back, cgroups removed
+              // uzswap at the fastest kernel configuration's total memory.
+    let mut equal = Vec::new();
+    let best_total = best
+        .and_then(|b| combine(kernel[b].clone())["peak_memory_bytes"].as_u64())
+        .map(|t| t.div_ceil(MIB) * MIB)
+        .filter(|&t| t > budget && !args.skip_equal_total);
+    if let Some(total) = best_total {
+        for _ in 0..args.rounds {
+            equal.push(ours_at(total, " (the kernel's total)")?);
+        }
+    }
     let configs: Vec<Value> = kernel
         .into_iter()
         .filter(|r| !r.is_empty())
@@ -800,6 +821,14 @@ fn case(
                         / k["peak_memory_bytes"].as_u64().unwrap_or(1).max(1) as f64
                 );
                 targets["wall_at_most_kernel"] = json!(wall <= 1.0);
+                if !equal.is_empty() {
+                    let e = combine(equal);
+                    out["wall_ratio_vs_kernel_equal_total"] = json!(
+                        f(&e, "wall_seconds").unwrap_or(f64::INFINITY)
+                            / f(k, "wall_seconds").unwrap_or(f64::NAN)
+                    );
+                    out["uzswap_equal_total"] = e;
+                }
                 // Where the time goes: faults against the kernel's (pages
                 // swapped in, from zswap or the disk).
                 let kernel_in =
@@ -1071,6 +1100,18 @@ pub fn table(v: &Value) -> String {
             let k = &c["swap"];
             row("plain swap", k, &k["pswpout"], &k["pswpin"]);
         }
+        if c.get("uzswap_equal_total").is_some() {
+            let e = &c["uzswap_equal_total"];
+            row(
+                &format!(
+                    "uzswap ({} MiB, = kernel)",
+                    e["budget_bytes"].as_u64().unwrap_or(0) / MIB
+                ),
+                e,
+                &e["tree_evictions"],
+                &e["tree_faults"],
+            );
+        }
         if let (Some(p), Some(z)) = (
             u["program_cpu_seconds"].as_f64(),
             u["uzswap_cpu_seconds"].as_f64(),
@@ -1079,9 +1120,13 @@ pub fn table(v: &Value) -> String {
         }
         if let Some(r) = c["wall_ratio_vs_kernel"].as_f64() {
             s += &format!(
-                "{label:<10} uzswap/kernel ({}): wall {r:.2}x, memory {:.2}x\n",
+                "{label:<10} uzswap/kernel ({}): wall {r:.2}x, memory {:.2}x{}\n",
                 c["kernel_best_config"].as_str().unwrap_or(""),
-                c["memory_ratio_vs_kernel"].as_f64().unwrap_or(0.0)
+                c["memory_ratio_vs_kernel"].as_f64().unwrap_or(0.0),
+                c["wall_ratio_vs_kernel_equal_total"]
+                    .as_f64()
+                    .map(|e| format!("; at the kernel's total memory, wall {e:.2}x"))
+                    .unwrap_or_default()
             );
         }
     }

@@ -159,6 +159,11 @@ pub struct PagerStats {
     /// Evicted or clean pages that left by a move into the staging area
     /// (`UFFDIO_MOVE`: no remove event) rather than `MADV_DONTNEED`.
     pub evict_moved_pages: u64,
+    /// Of those, dirty pages moved out before they were stored (no write
+    /// protection; see `Shared::move_out`).
+    pub evict_moved_first: u64,
+    /// Moved-out pages the store refused, copied back in place.
+    pub evict_moved_back: u64,
     /// Evictions abandoned because the store refused the page.
     pub store_rejected: u64,
     /// Loads that failed (the access gets SIGBUS through a poison marker).

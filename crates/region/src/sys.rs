@@ -824,6 +824,22 @@ impl Staging {
         }
     }
 
+    /// The page in slot `slot`.
+    ///
+    /// # Safety
+    /// The slot must hold a page ([`Staging::take`] gave `Moved` and no
+    /// [`Staging::clear`] since): an empty slot is a missing page of a
+    /// descriptor nobody serves, and reading it would wait forever. The
+    /// caller is the only user of the area meanwhile.
+    pub unsafe fn slot(&self, slot: usize) -> &[u8] {
+        assert!(slot < self.pages, "staging holds {} pages", self.pages);
+        // SAFETY: per the contract, the slot is mapped, private to the
+        // caller, and stays so while the borrow of `self` lives.
+        unsafe {
+            std::slice::from_raw_parts((self.base + slot * PAGE_SIZE) as *const u8, PAGE_SIZE)
+        }
+    }
+
     /// Drops the first `n` slots (no event: the area's descriptor has
     /// none); they are empty afterwards.
     pub fn clear(&self, n: usize) {

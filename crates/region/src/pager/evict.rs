@@ -37,6 +37,9 @@ pub(super) struct Victim {
     /// Never on the active list this residency: stored with
     /// `PageStore::store_cold`.
     pub(super) cold: bool,
+    /// A dirty victim that left by a move before it was stored
+    /// ([`Shared::move_out`]): steps 2 to 5 are done for it.
+    pub(super) moved: bool,
 }
 
 impl State {
@@ -221,6 +224,7 @@ impl Shared {
                 discard: clean,
                 unprotect: false,
                 cold,
+                moved: false,
             });
         }
         out
@@ -258,7 +262,9 @@ impl Shared {
         // EAGAIN), and each call flushes the TLB of every CPU the program
         // runs on.
         victims.sort_unstable_by_key(|v| v.addr);
-        let wp_spans = self.state.lock().spans(&victims, |v| !v.clean);
+        let (gone_first, refused_first) = self.move_out(&mut victims);
+        refused += refused_first;
+        let wp_spans = self.state.lock().spans(&victims, |v| !v.clean && !v.moved);
         let mut buf = Vec::new();
         let mut addrs = Vec::new();
         // 2. Write-protect dirty victims. After this no CPU can write them:
@@ -311,7 +317,7 @@ impl Shared {
             let mut g = self.state.lock();
             let s = &mut *g;
             s.stats.store_rejected += refused as u64;
-            for v in victims.iter_mut().filter(|v| !v.clean) {
+            for v in victims.iter_mut().filter(|v| !v.clean && !v.moved) {
                 let (area, page) = (v.area, v.page as u64);
                 let st = s.meta(area, page).st;
                 match st {
@@ -348,7 +354,7 @@ impl Shared {
                 }
             }
             debug_assert!(s.own.is_empty(), "one eviction batch at a time");
-            let mut spans = s.spans(&victims, |v| v.discard);
+            let mut spans = s.spans(&victims, |v| v.discard && !v.moved);
             // Short spans leave by moves while the staging area has room.
             if let Some(st) = &self.staging {
                 let mut room = st.pages();
@@ -377,7 +383,7 @@ impl Shared {
         //     event, as the page is in no span of ours. A page the kernel
         //     will not move (shared with a forked child, a mapping with
         //     other flags) is discarded below in a span of its own.
-        let mut moved = 0u64;
+        let mut moved = 0;
         if let Some(st) = &self.staging {
             let mut refused = Vec::new();
             let mut slot = 0;
@@ -394,7 +400,7 @@ impl Shared {
                 }
             }
             st.clear(slot);
-            moved = slot as u64;
+            moved += slot as u64;
             if gone {
                 // The program discarded the page: the kernel zaps only after
                 // a handler read the remove event, and whoever reads a batch
@@ -460,44 +466,25 @@ impl Shared {
                 self.wake.signal();
             }
         }
-        // 6. Settle: `Discarding` → `Stored`, wake parked faults.
+        // 6. Settle: `Discarding` → `Stored`, wake parked faults (those
+        //    moved out first were settled then).
         let mut wake = Vec::new();
-        let mut gone = 0;
+        let mut gone = gone_first;
         {
             let mut g = self.state.lock();
             let s = &mut *g;
             s.stats.discard_calls += calls;
             s.stats.evict_moved_pages += moved;
             for v in &victims {
-                let (area, page) = (v.area, v.page as u64);
-                if v.discard {
-                    s.meta(area, page).zapping = false;
-                    if s.meta(area, page).st == PageState::Discarding {
-                        s.leave(area, page);
-                        let clock = s.evict_clock;
-                        s.evict_clock = clock.wrapping_add(1);
-                        let m = s.meta(area, page);
-                        m.st = PageState::Stored;
-                        m.evicted_at = clock;
+                if v.discard && !v.moved {
+                    let mut w = None;
+                    if settle(s, v, &mut w) {
                         gone += 1;
-                        if v.clean {
-                            s.stats.clean_drops += 1;
-                        } else {
-                            s.stats.evictions += 1;
-                        }
                     }
-                    // The drop returned: parked faults may go, whatever the
-                    // page became meanwhile (`discard_range` leaves faults
-                    // on a `zapping` page parked for us to wake).
-                    if std::mem::replace(&mut s.meta(area, page).parked, false) {
-                        wake.push(v.addr);
-                    }
+                    wake.extend(w);
                 }
-                s.meta(area, page).claimed = false;
-                let a = s.areas.get_mut(&area).expect("area");
-                a.inflight -= 1;
-                if a.dying && a.inflight == 0 {
-                    self.done_cv.notify_all();
+                if !v.moved {
+                    self.release(s, v);
                 }
             }
         }
@@ -505,6 +492,187 @@ impl Shared {
             let _ = self.uffd.wake(a, PAGE_SIZE);
         }
         (gone, refused)
+    }
+
+    /// Steps 2 to 6 for the dirty victims of short spans, while the
+    /// staging area has room, one page at a time: each is *moved* out
+    /// first (`UFFDIO_MOVE`, which unmaps it from the program atomically,
+    /// with one TLB flush), stored from its staging slot and settled at
+    /// once. No write protection is needed (nor its TLB flushes): after
+    /// the move no CPU can write the page, and a fault on it parks
+    /// (`zapping`) only until that page is settled, not the whole batch.
+    /// Returns how many left so (moved, stored, settled) and how many the
+    /// store refused.
+    ///
+    /// A victim the kernel will not move (shared with a forked child) goes
+    /// on through the protected path. A refused one is copied back under
+    /// the dispatch lock, as a load maps a page (see `pager/load.rs`):
+    /// only if it is still `Evicting` at the address its key has now, so
+    /// that no copy lands after a discard or a remap it did not see.
+    pub(super) fn move_out(&self, victims: &mut [Victim]) -> (usize, usize) {
+        let Some(st) = &self.staging else {
+            return (0, 0);
+        };
+        // Choose, and mark `zapping` under the state lock: from here a
+        // missing fault on one of them parks until it is settled.
+        let chosen: Vec<usize> = {
+            let mut g = self.state.lock();
+            let s = &mut *g;
+            let mut room = st.pages();
+            let mut chosen = Vec::new();
+            // The spans step 5 would drop: a long one leaves in one
+            // discard, cheaper than a move per page.
+            for span in s.spans(victims, |_| true) {
+                let n = span.victims.len();
+                if n > MOVE_MAX_SPAN || n > room {
+                    continue;
+                }
+                room -= n;
+                for i in span.victims {
+                    let v = &victims[i];
+                    if v.clean {
+                        continue; // moved in step 5a, nothing to store
+                    }
+                    let m = s.meta(v.area, v.page as u64);
+                    if m.st == PageState::Evicting {
+                        m.zapping = true;
+                        chosen.push(i);
+                    }
+                }
+            }
+            chosen
+        };
+        let (mut slots, mut left, mut refused) = (0, 0, 0);
+        for i in chosen {
+            let v = &mut victims[i];
+            let taken = st.take(slots, v.addr);
+            if taken == sys::Taken::Moved {
+                v.moved = true;
+                // SAFETY: the slot holds the page just moved into it, and
+                // only this thread uses the staging area until `clear`.
+                let page = unsafe { st.slot(slots) };
+                let stored = if v.cold {
+                    self.store.store_cold(v.area, v.page as u64, page)
+                } else {
+                    self.store.store(v.area, v.page as u64, page)
+                };
+                slots += 1;
+                if stored.is_err() {
+                    refused += 1;
+                    self.move_back(v, st, slots - 1);
+                    self.release(&mut self.state.lock(), v);
+                    continue;
+                }
+                v.stored = true;
+            }
+            if matches!(taken, sys::Taken::Gone) {
+                // The program discarded it: as in step 5a, once we had the
+                // dispatch lock its remove event was handled (`Absent`).
+                v.moved = true;
+                drop(self.dispatch.lock());
+            }
+            // Settle it now (a refused move: clear `zapping`, and it goes on
+            // through write protection as if never chosen).
+            let mut wake = None;
+            {
+                let mut g = self.state.lock();
+                let s = &mut *g;
+                let (area, page) = (v.area, v.page as u64);
+                if v.moved {
+                    if v.stored && s.meta(area, page).st == PageState::Evicting {
+                        s.meta(area, page).st = PageState::Discarding;
+                    } else if v.stored {
+                        // Discarded by the program meanwhile (`Absent`): its
+                        // copy must not stand for it.
+                        self.store.invalidate(area, page);
+                    }
+                    if settle(s, v, &mut wake) {
+                        left += 1;
+                    }
+                    self.release(s, v);
+                } else {
+                    let m = s.meta(area, page);
+                    m.zapping = false;
+                    if std::mem::replace(&mut m.parked, false) {
+                        wake = Some(v.addr);
+                    }
+                }
+            }
+            if let Some(a) = wake {
+                let _ = self.uffd.wake(a, PAGE_SIZE);
+            }
+        }
+        st.clear(slots);
+        let mut s = self.state.lock();
+        s.stats.evict_moved_first += left as u64;
+        s.stats.evict_moved_pages += left as u64;
+        (left, refused)
+    }
+
+    /// The end of a victim's batch (state lock held): no longer claimed, no
+    /// longer in flight for its area (whose drop may be waiting for that).
+    fn release(&self, s: &mut State, v: &Victim) {
+        s.meta(v.area, v.page as u64).claimed = false;
+        let a = s.areas.get_mut(&v.area).expect("area");
+        a.inflight -= 1;
+        if a.dying && a.inflight == 0 {
+            self.done_cv.notify_all();
+        }
+    }
+
+    /// Maps a moved victim the store refused back where its key lives now,
+    /// `Dirty` again, if it is still `Evicting` (else the program discarded
+    /// or unmapped it meanwhile and its bytes are dropped). Under the
+    /// dispatch lock, then the state lock: no event is read between the
+    /// re-check and the copy; a copy that meets a pending event (EAGAIN)
+    /// lets go of both and looks again once a handler has read it.
+    fn move_back(&self, v: &mut Victim, st: &sys::Staging, slot: usize) {
+        let (area, page) = (v.area, v.page as u64);
+        loop {
+            let d = self.dispatch.lock();
+            let mut g = self.state.lock();
+            let s = &mut *g;
+            let at = Shared::page_addr(s, area, page);
+            let still = s.meta(area, page).st == PageState::Evicting;
+            let copied = match (still, at) {
+                // SAFETY: the slot holds the page until `clear` (the
+                // caller's), readable memory of this process.
+                (true, Some(addr)) => unsafe {
+                    self.uffd
+                        .copy(addr, st.slot(slot).as_ptr(), PAGE_SIZE, false, true)
+                },
+                _ => Err(sys::UffdError {
+                    errno: libc::ENOENT,
+                    done: 0,
+                }),
+            };
+            match copied {
+                Err(e) if e.errno == libc::EAGAIN => {
+                    drop(g);
+                    drop(d);
+                    std::thread::yield_now();
+                    continue;
+                }
+                Ok(()) => {
+                    let m = s.meta(area, page);
+                    m.st = PageState::Dirty;
+                    s.enqueue(area, page, false);
+                    s.stats.evict_moved_back += 1;
+                }
+                Err(_) => {}
+            }
+            let m = s.meta(area, page);
+            m.zapping = false;
+            let woken = std::mem::replace(&mut m.parked, false);
+            drop(g);
+            drop(d);
+            if let (true, Some(addr)) = (woken, at) {
+                let _ = self.uffd.wake(addr, PAGE_SIZE);
+            }
+            // Settled here: steps 4 to 6 have nothing to do for it.
+            v.discard = false;
+            return;
+        }
     }
 
     /// Evicts the given pages of `area` now, on the calling thread.
@@ -526,4 +694,33 @@ impl Shared {
         let (gone, _) = self.evict(victims);
         gone
     }
+}
+
+/// Step 6 for one victim whose drop returned (state lock held): a page
+/// still `Discarding` becomes `Stored` (it left memory: true); parked
+/// faults may go whatever the page became meanwhile (`discard_range`
+/// leaves faults on a `zapping` page parked for us), so `wake` gets its
+/// address if any parked.
+fn settle(s: &mut State, v: &Victim, wake: &mut Option<usize>) -> bool {
+    let (area, page) = (v.area, v.page as u64);
+    s.meta(area, page).zapping = false;
+    let mut left = false;
+    if s.meta(area, page).st == PageState::Discarding {
+        s.leave(area, page);
+        let clock = s.evict_clock;
+        s.evict_clock = clock.wrapping_add(1);
+        let m = s.meta(area, page);
+        m.st = PageState::Stored;
+        m.evicted_at = clock;
+        left = true;
+        if v.clean {
+            s.stats.clean_drops += 1;
+        } else {
+            s.stats.evictions += 1;
+        }
+    }
+    if std::mem::replace(&mut s.meta(area, page).parked, false) {
+        *wake = Some(v.addr);
+    }
+    left
 }

@@ -1,4 +1,5 @@
 use crate::common::*;
+use std::sync::Arc;
 use uzswap_region::PageState;
 
 #[test]
@@ -151,6 +152,57 @@ fn zero_readahead_stops_at_another_mapping() {
     let mut want = vec![0u8; PAGE];
     for p in 0..64 {
         fill(&mut want, p, 5);
+        assert_eq!(page_mut(base, p), &want[..], "page {p}");
+    }
+    pager.check_invariants().unwrap();
+}
+
+/// Dirty victims apart from each other leave by moves before they are
+/// stored (no write protection); when the store refuses them they are
+/// copied back where they were, `Dirty`, contents intact, and nothing is
+/// left stored for them.
+#[test]
+fn moved_out_victims_the_store_refuses_come_back_in_place() {
+    let store = Arc::new(TestStore::default());
+    let mut cfg = uzswap_region::PagerConfig::new(1024);
+    cfg.readahead_max = 0;
+    let pager = uzswap_region::Pager::new(store.clone(), cfg).unwrap();
+    if !pager.evicts_by_move() {
+        eprintln!("skipped: this kernel has no UFFDIO_MOVE");
+        return;
+    }
+    let r = pager.region(64 * PAGE).unwrap();
+    let base = r.as_ptr();
+    // Every fourth page written (dirty), each evicted alone: a span of
+    // one victim.
+    for p in (0..64).step_by(4) {
+        fill(page_mut(base, p), p, 1);
+    }
+    let evict_each = || (0..64).step_by(4).map(|p| r.evict(p..p + 1)).sum::<usize>();
+    store
+        .refuse
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(evict_each(), 0, "the store refused every page");
+    let st = pager.stats();
+    assert_eq!(st.evict_moved_back, 16, "{st:?}");
+    assert_eq!(st.store_rejected, 16, "{st:?}");
+    let mut want = vec![0u8; PAGE];
+    for p in (0..64).step_by(4) {
+        assert_eq!(r.page_state(p), Some(PageState::Dirty), "page {p}");
+        fill(&mut want, p, 1);
+        assert_eq!(page_mut(base, p), &want[..], "page {p}");
+    }
+    assert_eq!(store.inner.len(), 0);
+    // Accepted now: moved first, stored, and read back right.
+    store
+        .refuse
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(evict_each(), 16);
+    let st = pager.stats();
+    assert_eq!(st.evict_moved_first, 16, "{st:?}");
+    for p in (0..64).step_by(4) {
+        assert_eq!(r.page_state(p), Some(PageState::Stored), "page {p}");
+        fill(&mut want, p, 1);
         assert_eq!(page_mut(base, p), &want[..], "page {p}");
     }
     pager.check_invariants().unwrap();

@@ -96,6 +96,17 @@ pub struct TestStore {
     pub release: std::sync::atomic::AtomicBool,
     pub plain: std::sync::atomic::AtomicU64,
     pub cold: std::sync::atomic::AtomicU64,
+    /// While set, every store is refused (a full pool, no backing file).
+    pub refuse: std::sync::atomic::AtomicBool,
+}
+
+impl TestStore {
+    fn refusing(&self) -> Result<(), StoreError> {
+        if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Full);
+        }
+        Ok(())
+    }
 }
 
 impl uzswap_region::PageStore for TestStore {
@@ -103,11 +114,13 @@ impl uzswap_region::PageStore for TestStore {
         self.inner.open_area(area)
     }
     fn store(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {
+        self.refusing()?;
         self.plain
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.store(area, offset, page)
     }
     fn store_cold(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {
+        self.refusing()?;
         self.cold.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.store(area, offset, page)
     }

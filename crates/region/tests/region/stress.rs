@@ -19,6 +19,7 @@ fn threads_on_a_region_eight_times_the_budget() {
     let st = pager.stats();
     if pager.evicts_by_move() {
         assert!(st.evict_moved_pages > 0, "{st:?}");
+        assert!(st.evict_moved_first > 0, "{st:?}");
     }
     assert_eq!(store.len(), 0);
 }
