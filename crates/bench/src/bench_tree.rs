@@ -702,8 +702,10 @@ fn case(
         ));
         let v = uzswap_side(w, jobs, b, deadline, uzswap, &reference)?;
         note(&format!(
-            "{label}: uzswap{what} {:.1} s, tree peak {} MiB (its own account {} MiB), identical {}",
-            f(&v, "wall_seconds").unwrap_or(0.0),
+            "{label}: uzswap{what} {}, tree peak {} MiB (its own account {} MiB), identical {}",
+            f(&v, "wall_seconds")
+                .map(|t| format!("{t:.1} s"))
+                .unwrap_or_else(|| "failed or timed out".into()),
             v["peak_memory_bytes"].as_u64().unwrap_or(0) / MIB,
             v["stats_peak_bytes"].as_u64().unwrap_or(0) / MIB,
             v["outputs_identical"]

@@ -35,6 +35,12 @@
 //! and is then runnable). What remains is a helper woken by a timeout in
 //! the microseconds between that check and the fork; and a program of its
 //! own that uses parking_lot from several threads has the window anyway.
+//! The window is real: on 2026-11-26 (522e0e3) a child of bash forked for a
+//! command substitution (pyenv's `python3` shim, under `uzswap run`) hung
+//! in `forget_waiters`, on a bucket lock of the table, once in about twenty
+//! runs of the shim; the evictor, which waits with a 10 ms timeout while
+//! it charges, is the likely holder. Closing it needs the helpers out of
+//! every timed wait before the fork (open, issue 28).
 //!
 //! Under the `shuttle` feature the shim's locks are the model checker's,
 //! which never forks: releasing them panics there.
