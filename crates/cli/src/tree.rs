@@ -29,6 +29,24 @@ const MIN_RESIDENT: u64 = 1 << 20;
 /// Samples in a row over the budget before it is said (a process that
 /// starts holds its first pages before its first allotment).
 const OVER_SAMPLES: u32 = 3;
+/// The largest overshoot said so far. A later episode over the budget is
+/// said only if it goes further, by 1/64 of the budget and at least 1 MiB,
+/// so that a program hovering at its budget does not repeat the warning
+/// every few samples (every episode is in the statistics all the same).
+#[derive(Default)]
+struct SaidExcess(Option<u64>);
+
+impl SaidExcess {
+    fn worth_saying(&mut self, excess: u64, budget: u64) -> bool {
+        let step = (budget / 64).max(1 << 20);
+        let news = self.0.is_none_or(|said| excess > said + step);
+        if news {
+            self.0 = Some(excess);
+        }
+        news
+    }
+}
+
 /// Samples after the program started that do not count for the peak: the
 /// dynamic loader and the runtimes' start-up.
 const STARTUP_SAMPLES: u32 = 3;
@@ -146,6 +164,7 @@ fn arbitrate(ledger: Arc<Ledger>, root: u32, quiet: bool, stop: &AtomicBool) -> 
     let mut next_sample = started;
     let mut over_run = 0u32;
     let mut said_over = false;
+    let mut said_excess = SaidExcess::default();
     let mut last_flags: BTreeMap<u32, (String, u64)> = BTreeMap::new();
     loop {
         let now = Instant::now();
@@ -196,6 +215,7 @@ fn arbitrate(ledger: Arc<Ledger>, root: u32, quiet: bool, stop: &AtomicBool) -> 
             }
             if over_run >= OVER_SAMPLES && !said_over {
                 said_over = true;
+                let news = said_excess.worth_saying(total - budget, budget);
                 rep.over_budget = true;
                 let why = reasons(
                     budget,
@@ -210,7 +230,7 @@ fn arbitrate(ledger: Arc<Ledger>, root: u32, quiet: bool, stop: &AtomicBool) -> 
                         rep.over_budget_reasons.push(r.clone());
                     }
                 }
-                if !quiet {
+                if !quiet && news {
                     crate::note(&format!(
                         "uzswap: WARNING: the program holds {} of memory, over its budget of {}: {}",
                         crate::human(total),
@@ -281,4 +301,32 @@ fn reasons(
         ));
     }
     why
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SaidExcess;
+
+    /// The first episode over the budget is always said; a later one only
+    /// when it goes further than any said by 1/64 of the budget (1 MiB at
+    /// least).
+    #[test]
+    fn repeated_small_overshoots_are_said_once() {
+        const MIB: u64 = 1 << 20;
+        let budget = 256 * MIB; // step: 4 MiB
+        let mut said = SaidExcess::default();
+        assert!(said.worth_saying(120 << 10, budget));
+        assert!(!said.worth_saying(244 << 10, budget));
+        assert!(!said.worth_saying(680 << 10, budget));
+        assert!(!said.worth_saying(4 * MIB, budget));
+        assert!(said.worth_saying(5 * MIB, budget));
+        assert!(!said.worth_saying(MIB, budget));
+        let mut small = SaidExcess::default();
+        assert!(small.worth_saying(1, 16 * MIB));
+        assert!(
+            !small.worth_saying(MIB, 16 * MIB),
+            "the step is 1 MiB at least"
+        );
+        assert!(small.worth_saying(MIB + 2, 16 * MIB));
+    }
 }
