@@ -276,7 +276,7 @@ pub enum Fault {
 /// `count` matching operations fail that way. Counts what it injected.
 pub struct FaultInjector<S> {
     inner: S,
-    fault: parking_lot::Mutex<Option<(Fault, u64)>>,
+    fault: uzswap_os::lock::Mutex<Option<(Fault, u64)>>,
     injected: AtomicU64,
     /// Reported as the device's in-flight (reads, writes), for admission
     /// tests: packed reads << 16 | writes; u32::MAX means "unknown".
@@ -287,7 +287,7 @@ impl<S: BackingStore> FaultInjector<S> {
     pub fn new(inner: S) -> FaultInjector<S> {
         FaultInjector {
             inner,
-            fault: parking_lot::Mutex::new(None),
+            fault: uzswap_os::lock::Mutex::new(None),
             injected: AtomicU64::new(0),
             inflight: AtomicU32::new(u32::MAX),
         }

@@ -12,8 +12,10 @@
 //! - [`sync`]: the locks, atomics, threads and thread-locals of the
 //!   allocator's and the cache's protocols, which the `shuttle` feature
 //!   swaps for the model checker's;
-//! - [`fork`]: releasing after `fork()` the locks a prepare hook kept, in
-//!   the child without the parent's parked threads.
+//! - [`lock`]: the mutex, reader-writer lock and condition variable every
+//!   crate uses, each one futex word (or two) with no table of waiters, so
+//!   that a forked child can release what the parent's prepare hook held;
+//! - [`fork`]: releasing after `fork()` the locks a prepare hook kept.
 //!
 //! This crate depends on no other crate of the project, and nothing here
 //! knows about pools, caches or faults. The allocator's own `mmap` and
@@ -22,6 +24,7 @@
 
 pub mod cpu;
 pub mod fork;
+pub mod lock;
 pub mod sync;
 
 /// Size of an OS page, and the unit of everything in uzswap: pool pages,
@@ -76,7 +79,9 @@ where
 
 /// As [`spawn_helper`], with `warm` run on the new thread before the
 /// caller goes on (after `thread_start`): for per-thread state whose first
-/// use would take the dynamic loader's lock (see [`fork::warm_thread`]).
+/// use would take the dynamic loader's lock (a thread-local with a
+/// destructor registers it through the loader, which a program thread may
+/// hold inside `dlopen` while it waits on a fault only the helper resolves).
 pub fn spawn_helper_warmed<F, W>(
     name: &str,
     thread_start: Option<fn()>,
@@ -134,9 +139,9 @@ where
     Ok(t)
 }
 
-/// A helper thread: `thread_start`, then listed for the fork hooks
-/// ([`fork::settle_helpers`]), its lock-table state set up
-/// ([`fork::warm_thread`]), then `started`, then `body`.
+/// A helper thread: `thread_start`, then listed as a helper
+/// ([`fork::helper_tids`], for the CPU accounting), then `started`, then
+/// `body`.
 fn spawn_listed<F, S>(
     name: &str,
     thread_start: Option<fn()>,
@@ -154,7 +159,6 @@ where
                 f();
             }
             let _listed = fork::HelperGuard::enter();
-            fork::warm_thread();
             started();
             body()
         })

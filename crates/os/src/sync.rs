@@ -4,8 +4,10 @@
 //! lock, atomic, thread and thread-local taken from here is scheduled by
 //! shuttle, which explores interleavings.
 //!
-//! The API is parking_lot's (no poisoning), plus [`wait`] and [`wait_for`],
-//! which take and return the guard so both backends fit.
+//! The primitives are [`crate::lock`]'s (futex words, no table of waiters,
+//! safe to release in a forked child) with parking_lot's API (no
+//! poisoning), plus [`wait`] and [`wait_for`], which take and return the
+//! guard so both backends fit.
 //!
 //! The zpool and cache crates both take their primitives from here, and
 //! each one's `shuttle` feature turns on this crate's, so one feature
@@ -16,16 +18,16 @@
 //!
 //! What the model checker need not schedule (statistics counters, the
 //! backing store's test-only fault switch, the xcf allocator, which is not
-//! model-checked) takes std's or parking_lot's types directly.
+//! model-checked) takes std's types or [`crate::lock`]'s directly.
 
 #[cfg(not(feature = "shuttle"))]
 mod imp {
-    pub use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+    pub use crate::lock::{Condvar, Mutex, MutexGuard, RwLock};
     pub use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
     pub use std::thread;
     pub use std::thread_local;
 
-    /// Blocks on `cv` until notified.
+    /// Blocks on `cv` until notified (or spuriously: callers re-check).
     pub fn wait<'a, T>(cv: &Condvar, mut guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
         cv.wait(&mut guard);
         guard

@@ -6,9 +6,9 @@
 //! and `offset` the page's index inside the region (not a byte offset), as
 //! the kernel's swap offset is a page index.
 
-use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use uzswap_os::lock::Mutex;
 
 /// What a successful store kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -117,8 +117,7 @@ pub trait PageStore: Send + Sync {
     }
     /// In the child, after `fork_child` and once every lock a parent thread
     /// could have waited on is released: starts the store's threads (none
-    /// may start earlier: a new thread may be given the stack of a dead
-    /// parent thread still listed in parking_lot's table).
+    /// may start earlier: it could block on a lock still held).
     fn fork_child_start(&self) -> Result<(), String> {
         Ok(())
     }

@@ -197,10 +197,9 @@ pub trait Zpool: Send + Sync {
     unsafe fn fork_parent(&self);
 
     /// Releases every lock [`Self::fork_prepare`] took, in the child.
-    /// Starts no thread: a new thread may be given the stack of a parent
-    /// thread that is still listed as parked in parking_lot's table, so
-    /// threads start only once every lock of the process that such a thread
-    /// could wait on was released ([`Self::fork_child_start`]).
+    /// Starts no thread: threads start only once every lock the prepare
+    /// hooks of the process hold was released ([`Self::fork_child_start`]),
+    /// since a thread started earlier could block on one of them.
     ///
     /// # Safety
     /// Only after `fork_prepare` on this thread, in the child, where this

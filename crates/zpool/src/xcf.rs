@@ -56,8 +56,8 @@
 //! then the arena lock once no thread is releasing a batch of freed pages
 //! outside it (only `compact`'s flush does, with no shard lock held), and
 //! keeps them all until `fork_parent` or `fork_child` releases them. The
-//! pool has no helper thread to restart in the child. The caveat about
-//! parking_lot's waiters in the child is zsmalloc's (its "# Locks").
+//! pool has no helper thread to restart in the child. In the child the
+//! locks are reset, as zsmalloc's are (its "# Locks").
 //!
 //! # Limits of the design
 //! - A shard only allocates from its own pages: when the pool is at its
@@ -81,11 +81,11 @@
 
 use crate::sys::PageArena;
 use crate::{check_size, CompactReport, Error, Handle, PoolStats, Zpool};
-use parking_lot::Mutex;
 use std::cell::{Cell, RefCell};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use uzswap_os::fork::{self, AfterFork, Side};
+use uzswap_os::lock::Mutex;
 use uzswap_os::PAGE_SIZE;
 
 /// Allocation granularity: block offsets and lengths are multiples of it.
@@ -981,7 +981,7 @@ impl XcfPool {
 
     /// Locks the handle's shard and checks the handle; returns the guard
     /// and the slot.
-    fn lookup(&self, h: Handle) -> Result<(parking_lot::MutexGuard<'_, Shard>, u32), Error> {
+    fn lookup(&self, h: Handle) -> Result<(uzswap_os::lock::MutexGuard<'_, Shard>, u32), Error> {
         let raw = h.to_raw();
         let tag = raw >> (SLOT_BITS + GEN_BITS + SHARD_BITS);
         let shard = ((raw >> (SLOT_BITS + GEN_BITS)) & ((1 << SHARD_BITS) - 1)) as usize;
@@ -1002,7 +1002,7 @@ impl XcfPool {
     fn malloc_locked(
         &self,
         size: usize,
-    ) -> Result<(Handle, parking_lot::MutexGuard<'_, Shard>, u32), Error> {
+    ) -> Result<(Handle, uzswap_os::lock::MutexGuard<'_, Shard>, u32), Error> {
         if let Err(e) = check_size(size) {
             self.refused_size.fetch_add(1, Ordering::Relaxed);
             return Err(e);

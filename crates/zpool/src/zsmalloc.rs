@@ -50,14 +50,10 @@
 //! changing. Before it keeps the arenas and the compactor state it waits
 //! until no thread holds a batch of freed pages outside them (one being
 //! released): in the child every batch is then released or queued, and the
-//! child's new compactor thread releases the queued ones. Caveat: a
-//! parking_lot lock released in the child whose parent had parked waiters
-//! would wake, or even hand the lock over to, a thread that does not exist
-//! in the child (parking_lot lists waiters in a process-wide table, which
-//! the child inherits); the child therefore drops those waiters from the
-//! table before releasing each lock, and the wake-up then sent to the dead
-//! thread is harmless (see `fork.rs`, which also names the window it leaves
-//! open).
+//! child's new compactor thread releases the queued ones. In the child a
+//! lock is reset rather than unlocked: the waiters its word counts were
+//! the parent's threads, which are not there to be woken
+//! (`uzswap_os::fork`).
 //!
 //! Reads (`read`, `map_read`, `object_size`) take the class lock shared;
 //! everything that changes the class, including writing object bytes, takes
@@ -371,7 +367,7 @@ pub struct ZsPool {
     /// The compactor thread, if the pool has one. Behind a lock because a
     /// forked child replaces it (`fork_child`, through `&self`); nothing
     /// else takes that lock but `Drop`.
-    thread: parking_lot::Mutex<Option<sync::thread::JoinHandle<()>>>,
+    thread: uzswap_os::lock::Mutex<Option<sync::thread::JoinHandle<()>>>,
     /// Run first on the compactor thread, also on the one a forked child
     /// starts.
     thread_start: Option<fn()>,
@@ -521,7 +517,7 @@ impl ZsPool {
         };
         Ok(ZsPool {
             shared,
-            thread: parking_lot::Mutex::new(thread),
+            thread: uzswap_os::lock::Mutex::new(thread),
             thread_start: config.thread_start,
         })
     }

@@ -419,12 +419,11 @@ fn xcf_forks_while_threads_work_and_the_child_pool_works() {
     forks_while_threads_work(&pool, false);
 }
 
-/// A thread waiting for a pool lock at the fork is listed among that lock's
-/// parked threads in the child's copy of parking_lot's table; releasing the
-/// lock must not hand it over to that thread (which does not exist there),
-/// nor wake it in place of a live one. One shard, so the child takes the
-/// very lock the thread waits for; the thread parks well before the fork,
-/// so parking_lot's fair unlock (which hands a lock over) is due.
+/// A thread waiting for a pool lock at the fork is counted in that lock's
+/// word in the child's copy; releasing the lock there must leave it free
+/// for the child (not handed to, nor waiting for, a thread that does not
+/// exist there). One shard, so the child takes the very lock the thread
+/// waits for; the thread sleeps on it well before the fork.
 fn parked_waiter_at_the_fork(pool: &dyn Zpool, compactor: bool) {
     let h = pool.malloc_write(&pattern(1, 100)).unwrap();
     pool.fork_prepare();

@@ -15,9 +15,8 @@
 //!    - the sealer's key and sequence numbers were the parent's too: the
 //!      child seals under a fresh key from here on (`Sealer::rekey`);
 //!    - the locks are released; threads start only in `fork_child_start`,
-//!      once the caller has released every other lock a parent thread may
-//!      have waited on (glibc may give a new thread the stack of a dead
-//!      parent thread whose entry parking_lot's table still lists).
+//!      once the caller has released every other lock the prepare hooks
+//!      hold (a thread started earlier could block on one of them).
 //! 3. `fork_parent` waits (at most `COPY_WAIT`) until the child has copied
 //!    the backing file or died, then releases the locks. Until then no
 //!    slot of the parent is freed or written.

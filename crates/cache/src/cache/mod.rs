@@ -71,8 +71,8 @@
 
 mod check;
 mod entry;
-// Fork releases locks it took on another call (`force_unlock`): parking_lot
-// has it, the model checker's locks do not, and the model never forks.
+// Fork releases locks it took on another call (`force_unlock`, a reset in
+// the child): uzswap_os::lock's locks have it, the model checker's do not, and the model never forks.
 #[cfg(not(feature = "shuttle"))]
 mod fork;
 mod load;
@@ -342,7 +342,7 @@ pub struct CacheUsage {
 pub struct Cache {
     inner: Arc<Inner>,
     /// The writer thread (a forked child starts its own: `fork.rs`).
-    writer: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+    writer: uzswap_os::lock::Mutex<Option<std::thread::JoinHandle<()>>>,
     /// `CacheConfig::thread_start`, for threads started after a fork.
     #[cfg_attr(feature = "shuttle", allow(dead_code))]
     thread_start: Option<fn()>,
@@ -350,7 +350,7 @@ pub struct Cache {
     /// `fork_prepare`, taken by the hook after the fork; a leaf lock,
     /// never held across the fork.
     #[cfg_attr(feature = "shuttle", allow(dead_code))]
-    fork_pipe: parking_lot::Mutex<Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>>,
+    fork_pipe: uzswap_os::lock::Mutex<Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -429,9 +429,9 @@ impl Cache {
             .map_err(|e| Error::Config(format!("cannot start the writer thread: {e}")))?;
         Ok(Cache {
             inner,
-            writer: parking_lot::Mutex::new(writer),
+            writer: uzswap_os::lock::Mutex::new(writer),
             thread_start: cfg.thread_start,
-            fork_pipe: parking_lot::Mutex::new(None),
+            fork_pipe: uzswap_os::lock::Mutex::new(None),
         })
     }
 

@@ -2,11 +2,11 @@
 //! inspected and corrupted.
 #![allow(dead_code)]
 
-use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
 use uzswap_cache::{BackingStore, PAGE_SIZE};
+use uzswap_os::lock::Mutex;
 
 /// Page kinds the generators make.
 pub const KINDS: u8 = 6;

@@ -23,8 +23,7 @@
 //!    registers every segment again, write-protects its `Clean` pages again
 //!    (the fork cleared their markers); last, once every lock of every
 //!    pager and store is released, the store's threads and its own start
-//!    (glibc may give a new thread the stack of a dead parent thread that
-//!    parking_lot's table still lists on one of those locks).
+//!    (a thread started earlier could block on a lock still held).
 //! 3. *parent*: the store's locks (it waits for the child's copy of the
 //!    backing file), then the pager's; `forking` ends and the deferred
 //!    faults are retried.
@@ -40,16 +39,16 @@ use super::handler::PageBuf;
 use super::state::PageState;
 use super::Shared;
 use crate::sys::{self, PAGE_SIZE};
-use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use uzswap_os::fork::{AfterFork, Side};
+use uzswap_os::lock::Mutex;
 
 /// Every pager of the process (the hooks skip the dropped ones).
-static REGISTRY: Mutex<Vec<Weak<Shared>>> = parking_lot::const_mutex(Vec::new());
+static REGISTRY: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
 /// The pagers whose locks `fork_prepare` holds, with what this fork does
 /// for each, for the parent and child hooks to release.
-static FORK_HELD: Mutex<Vec<(Arc<Shared>, ForkChild)>> = parking_lot::const_mutex(Vec::new());
+static FORK_HELD: Mutex<Vec<(Arc<Shared>, ForkChild)>> = Mutex::new(Vec::new());
 /// Whether the child of the last fork took over a pager (see
 /// [`fork_child_managed`]).
 static LAST_MANAGED: AtomicBool = AtomicBool::new(false);
@@ -88,10 +87,7 @@ pub(super) fn register(sh: &Arc<Shared>) {
 /// other calls of the same thread: the guards are forgotten and the locks
 /// released by hand there.
 unsafe extern "C" fn fork_prepare() {
-    // One fork at a time, and a second forking thread waits here, asleep,
-    // not parked in parking_lot's table on a lock this one holds (which
-    // would put it among the threads that could be inside the table at the
-    // fork: see `uzswap_os::fork`).
+    // One fork at a time: a second forking thread waits here.
     while FORKING
         .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
         .is_err()
@@ -125,20 +121,7 @@ unsafe extern "C" fn fork_prepare() {
     let managed = held.iter().any(|(_, m)| *m == ForkChild::Managed);
     LAST_MANAGED.store(managed, Ordering::Release);
     *FORK_HELD.lock() = held;
-    if managed {
-        // The child will take parking_lot locks: no helper thread may be
-        // inside the lock table at the fork (see `uzswap_os::fork`). First
-        // let the short timed waits run out (the evictor's charge period,
-        // the allocator's compactor lingering, the handler's poll): each
-        // such helper then parks on a lock this hook holds, with no timeout,
-        // and stays asleep through the fork. Then check that all sleep.
-        std::thread::sleep(super::CHARGE_PERIOD + std::time::Duration::from_millis(2));
-        uzswap_os::fork::settle_helpers(SETTLE_LIMIT);
-    }
 }
-
-/// How long the prepare hook waits for the helper threads to fall asleep.
-const SETTLE_LIMIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 unsafe extern "C" fn fork_parent() {
     for (s, mode) in std::mem::take(&mut *FORK_HELD.lock()) {
@@ -195,9 +178,8 @@ unsafe extern "C" fn fork_child() {
             }
         }
     }
-    // Only now may threads start: glibc may give a new thread the stack of
-    // a dead parent thread, whose entry in parking_lot's table (on one of
-    // the locks released above) would then be overwritten while listed.
+    // Only now may threads start, every lock being released (a thread
+    // started earlier could block on one still held).
     // The handlers first (this thread serves faults while each starts),
     // then every other thread, whose start-up may fault too.
     for (s, mode) in &held {

@@ -34,8 +34,8 @@ use super::state::{lookup, PageState, State};
 use super::Shared;
 use crate::store::{LoadError, LoadMode, Loaded};
 use crate::sys::{feature, PAGE_SIZE};
-use parking_lot::MutexGuard;
 use std::time::{Duration, Instant};
+use uzswap_os::lock::MutexGuard;
 
 /// Tries of a load that must succeed before the access gets SIGBUS (pauses
 /// of 1 and 4 ms between them).

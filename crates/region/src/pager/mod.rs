@@ -58,13 +58,13 @@ use crate::stats::{Histogram, PagerStats};
 use crate::store::PageStore;
 use crate::sys::{self, feature, Uffd, PAGE_SIZE};
 use handler::Dispatch;
-use parking_lot::{Condvar, Mutex};
 use state::{zeroed_meta, Area, Readahead, Seg, State};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
+use uzswap_os::lock::{Condvar, Mutex};
 
 pub(crate) struct Shared {
     uffd: Uffd,
@@ -88,7 +88,9 @@ pub(crate) struct Shared {
     pid: AtomicI32,
     /// The helper threads (replaced, never joined, in a forked child).
     threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Eviction starts at `limit - margin` and stops at `limit - 2·margin`.
+    /// Eviction starts at `limit - margin` and stops at `limit - 2·margin`,
+    /// the margin taken no larger than a sixteenth of the limit (see
+    /// `Shared::margin_at`).
     margin: usize,
     /// Messages read and not yet handled (see [`Dispatch`]).
     dispatch: Mutex<Dispatch>,

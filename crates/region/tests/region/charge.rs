@@ -55,3 +55,44 @@ fn charged_memory_comes_out_of_the_budget() {
     assert!(r.mincore_resident().unwrap() <= 64);
     pager.check_invariants().unwrap();
 }
+
+/// A charge that holds the limit at the floor, far below the budget (a
+/// process of a tree whose runtime takes nearly all its share) still leaves
+/// the floor's pages to run in: eviction stops short of the limit by a
+/// margin scaled to the limit, not to the budget, so a working set under
+/// the floor stays resident. With the budget's margin (256 pages here)
+/// eviction ran down to no page at all and every access faulted.
+#[test]
+fn a_limit_at_the_floor_keeps_a_small_working_set_resident() {
+    const BUDGET: usize = 8192;
+    const FLOOR: usize = 256;
+    let (pager, _store) = pager_with(PagerConfig {
+        charge: Some(Charge(Arc::new(|| 1 << 40))),
+        floor_pages: Some(FLOOR),
+        ..PagerConfig::new(BUDGET)
+    });
+    let r = pager.region(2048 * PAGE).unwrap();
+    let base = r.as_ptr();
+    for p in 0..2048 {
+        fill(page_mut(base, p), p, 1);
+    }
+    assert_eq!(pager.stats().limit_pages, FLOOR as u64);
+    let faults = |st: &uzswap_region::PagerStats| {
+        st.faults_zero + st.faults_pool + st.faults_backing + st.faults_same_filled
+    };
+    let before = faults(&pager.stats());
+    let mut want = vec![0u8; PAGE];
+    const HOT: usize = 128;
+    for _ in 0..20 {
+        for p in 0..HOT {
+            fill(&mut want, p, 1);
+            assert_eq!(page_mut(base, p), &want[..], "page {p}");
+        }
+    }
+    let st = pager.stats();
+    // The first pass brings the hot pages back (readahead may bring more);
+    // the other nineteen find them resident.
+    assert!(faults(&st) - before <= 2 * HOT as u64, "{st:?}");
+    assert!(st.resident_pages >= HOT as u64, "{st:?}");
+    pager.check_invariants().unwrap();
+}

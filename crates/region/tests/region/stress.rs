@@ -3,10 +3,10 @@
 //! all the time. Not a benchmark.
 
 use crate::common::*;
-use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use uzswap_os::lock::Mutex;
 
 pub const BUDGET: usize = 128;
 
@@ -174,6 +174,9 @@ pub fn hammer_for(
 ) -> Report {
     const PAGES: usize = 8 * BUDGET;
     const THREADS: usize = 4;
+    // A hang fails the test with every thread's kernel stack, in well
+    // under the CI's limit.
+    let _w = watchdog("hammer", 300);
     let r = pager.region(PAGES * PAGE).unwrap();
     let base = r.as_ptr() as usize;
     // version 0: never written, reads as zeros.
@@ -285,7 +288,6 @@ fn discards_and_syscalls_race_with_eviction_and_exclusive_loads() {
     let mut cfg = uzswap_region::PagerConfig::new(64);
     cfg.keep_clean = false;
     cfg.cpu_handlers = true;
-    let _w = watchdog("discards_and_syscalls with exclusive loads", 120);
     discards_and_syscalls(cfg);
 }
 
@@ -293,23 +295,29 @@ fn discards_and_syscalls(cfg: uzswap_region::PagerConfig) {
     const BUDGET: usize = 64;
     const PAGES: usize = 8 * BUDGET;
     assert_eq!(cfg.budget_pages, BUDGET);
+    let _w = watchdog("discards_and_syscalls", 300);
     let (pager, store) = pager_with(cfg);
     let r = pager.region(PAGES * PAGE).unwrap();
     let base = r.as_ptr() as usize;
     let shadow: Vec<Mutex<u32>> = (0..PAGES).map(|_| Mutex::new(0)).collect();
+    // At least 3 s, and on until enough evictions and discards raced (a
+    // loaded machine does fewer per second), at most 60 s.
     let deadline = Instant::now() + Duration::from_secs(3);
+    let hard_deadline = Instant::now() + Duration::from_secs(60);
+    let done = AtomicBool::new(false);
     let errors = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|sc| {
         for t in 0..3u64 {
             let shadow = &shadow;
             let errors = &errors;
+            let done = &done;
             sc.spawn(move || {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(100 + t);
                 let mut want = vec![0u8; PAGE];
                 let mut fds = [0; 2];
                 // SAFETY: pipe writes two descriptors into the array.
                 assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-                while Instant::now() < deadline {
+                while !done.load(Ordering::Relaxed) && Instant::now() < hard_deadline {
                     let p = rng.gen_range(0..PAGES);
                     let mut v = shadow[p].lock();
                     let page = page_mut(base as *mut u8, p);
@@ -363,10 +371,17 @@ fn discards_and_syscalls(cfg: uzswap_region::PagerConfig) {
             });
         }
         // The pager's invariants hold at every moment it is not mid-step.
-        while Instant::now() < deadline {
+        loop {
             std::thread::sleep(Duration::from_millis(20));
             pager.check_invariants().unwrap();
+            let st = pager.stats();
+            let enough = st.evictions > 150 && st.discarded_pages > 150;
+            let now = Instant::now();
+            if (now >= deadline && enough) || now >= hard_deadline {
+                break;
+            }
         }
+        done.store(true, Ordering::Relaxed);
     });
     assert_eq!(errors.load(Ordering::Relaxed), 0);
     let mut want = vec![0u8; PAGE];
