@@ -894,8 +894,8 @@ pub fn run(args: &Args) -> Result<Value> {
     let budget_of = |peak: u64| match (args.budget_mib, w.kind) {
         (Some(m), _) => m * MIB,
         (None, Kind::Python) => PYTHON_BUDGET_MIB * MIB,
-        (None, Kind::Build) => (peak / 2).div_ceil(MIB).max(16) * MIB,
-        (None, _) => (peak / 4).div_ceil(MIB).max(16) * MIB,
+        (None, Kind::Build) => share_of(peak, 0.5),
+        (None, _) => share_of(peak, 0.25),
     };
     let mut cases = Vec::new();
     for j in jobs {
@@ -945,13 +945,13 @@ pub fn run_programs(args: &ProgramsArgs) -> Result<Value> {
             w.sources.join(", "),
             w.dir().display()
         ));
-        let budget_of = |peak: u64| {
-            ((peak as f64 * args.budget_share) as u64)
-                .div_ceil(MIB)
-                .max(16)
-                * MIB
-        };
-        let mut c = case(&args.sides, &w, 1, budget_of, &uzswap)?;
+        let mut c = case(
+            &args.sides,
+            &w,
+            1,
+            |peak| share_of(peak, args.budget_share),
+            &uzswap,
+        )?;
         c["argv"] = json!(w.argv(1));
         c["sources"] = json!(w.sources);
         cases.push(c);
@@ -981,6 +981,11 @@ fn result(mut head: Value, sides: &Sides, cases: Vec<Value>) -> Value {
     head["targets_met"] = json!(targets_met(&cases, sides));
     head["cases"] = json!(cases);
     head
+}
+
+/// A budget of `share` of an unconstrained peak: whole MiB, 16 at least.
+fn share_of(peak: u64, share: f64) -> u64 {
+    ((peak as f64 * share) as u64).div_ceil(MIB).max(16) * MIB
 }
 
 /// The `uzswap` binary, as an absolute path (the programs run in their own

@@ -66,29 +66,28 @@ impl Kind {
     }
 
     /// The tool it needs on the machine, and how to ask for its version.
-    fn tool(self) -> Option<(&'static str, &'static str)> {
+    fn tool(self) -> (&'static str, &'static str) {
         match self {
-            Kind::Build => Some(("make", "--version")),
-            Kind::Python | Kind::Pydict => Some(("python3", "--version")),
-            Kind::Node => Some(("node", "--version")),
-            Kind::Jvm => Some(("javac", "-version")),
-            Kind::Go => Some(("go", "version")),
-            Kind::Xz => Some(("xz", "--version")),
-            Kind::Sort => Some(("sort", "--version")),
+            Kind::Build => ("make", "--version"),
+            Kind::Python | Kind::Pydict => ("python3", "--version"),
+            Kind::Node => ("node", "--version"),
+            Kind::Jvm => ("javac", "-version"),
+            Kind::Go => ("go", "version"),
+            Kind::Xz => ("xz", "--version"),
+            Kind::Sort => ("sort", "--version"),
         }
     }
 
     /// Whether the machine has what it needs (else the benchmark leaves it
     /// out and says so).
     pub fn available(self) -> bool {
-        self.tool().is_none_or(|(cmd, arg)| {
-            Command::new(cmd)
-                .arg(arg)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
+        let (cmd, arg) = self.tool();
+        Command::new(cmd)
+            .arg(arg)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
     }
 }
 

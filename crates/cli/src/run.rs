@@ -444,9 +444,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
             let mut v: serde_json::Value =
                 serde_json::from_str(&s.to_json().context("cannot encode the final statistics")?)?;
             v["tree"] = serde_json::to_value(&tree)?;
-            let body = serde_json::to_string_pretty(&v)?;
-            std::fs::write(dest, body + "\n")
-                .with_context(|| format!("cannot write --stats-json {}", dest.display()))?;
+            write_stats_json(dest, &v)?;
         }
         (Some(dest), FinalStats::Missing) => {
             // The program ended without its exit handlers (Go's runtime
@@ -456,9 +454,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
                 "final_statistics_missing": MISSING_WHY,
                 "tree": serde_json::to_value(&tree)?,
             });
-            let body = serde_json::to_string_pretty(&v)?;
-            std::fs::write(dest, body + "\n")
-                .with_context(|| format!("cannot write --stats-json {}", dest.display()))?;
+            write_stats_json(dest, &v)?;
         }
         // Without a summary, the error must still be told.
         (_, FinalStats::Unreadable(why)) if a.quiet => eprintln!("uzswap: error: {why}"),
@@ -470,6 +466,17 @@ pub fn run(a: &Args) -> Result<Outcome> {
         seconds,
         tree,
         stats,
+    })
+}
+
+/// Writes `--stats-json`.
+fn write_stats_json(dest: &Path, v: &serde_json::Value) -> Result<()> {
+    let body = serde_json::to_string_pretty(v)?;
+    std::fs::write(dest, body + "\n").with_context(|| {
+        format!(
+            "cannot write --stats-json {}: check the path",
+            dest.display()
+        )
     })
 }
 

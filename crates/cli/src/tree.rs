@@ -29,6 +29,10 @@ const MIN_RESIDENT: u64 = 1 << 20;
 /// Samples in a row over the budget before it is said (a process that
 /// starts holds its first pages before its first allotment).
 const OVER_SAMPLES: u32 = 3;
+/// Samples after the program started that do not count for the peak: the
+/// dynamic loader and the runtimes' start-up.
+const STARTUP_SAMPLES: u32 = 3;
+
 /// The largest overshoot said so far. A later episode over the budget is
 /// said only if it goes further, by 1/64 of the budget and at least 1 MiB,
 /// so that a program hovering at its budget does not repeat the warning
@@ -46,10 +50,6 @@ impl SaidExcess {
         news
     }
 }
-
-/// Samples after the program started that do not count for the peak: the
-/// dynamic loader and the runtimes' start-up.
-const STARTUP_SAMPLES: u32 = 3;
 
 /// One process of the tree, as the arbiter saw it.
 #[derive(Clone, Debug, Default, serde::Serialize)]

@@ -308,14 +308,10 @@ impl Shared {
                 if !whole && sys::read_own_pages(&[v.addr], page).is_err() {
                     continue;
                 }
-                let stored = if v.cold {
-                    self.store.store_cold(v.area, v.page as u64, page)
+                if self.store_victim(v, page) {
+                    v.stored = true;
                 } else {
-                    self.store.store(v.area, v.page as u64, page)
-                };
-                match stored {
-                    Ok(_) => v.stored = true,
-                    Err(_) => refused += 1,
+                    refused += 1;
                 }
             }
         }
@@ -556,31 +552,29 @@ impl Shared {
         let (mut slots, mut left, mut refused) = (0, 0, 0);
         for i in chosen {
             let v = &mut victims[i];
-            let taken = st.take(slots, v.addr);
-            if taken == sys::Taken::Moved {
-                v.moved = true;
-                // SAFETY: the slot holds the page just moved into it, and
-                // only this thread uses the staging area until `clear`.
-                let page = unsafe { st.slot(slots) };
-                let stored = if v.cold {
-                    self.store.store_cold(v.area, v.page as u64, page)
-                } else {
-                    self.store.store(v.area, v.page as u64, page)
-                };
-                slots += 1;
-                if stored.is_err() {
-                    refused += 1;
-                    self.move_back(v, st, slots - 1);
-                    self.release(&mut self.state.lock(), v);
-                    continue;
+            match st.take(slots, v.addr) {
+                sys::Taken::Moved => {
+                    v.moved = true;
+                    let slot = slots;
+                    slots += 1;
+                    // SAFETY: the slot holds the page just moved into it,
+                    // and only this thread uses the staging area until
+                    // `clear`.
+                    if !self.store_victim(v, unsafe { st.slot(slot) }) {
+                        refused += 1;
+                        self.move_back(v, st, slot);
+                        continue;
+                    }
+                    v.stored = true;
                 }
-                v.stored = true;
-            }
-            if matches!(taken, sys::Taken::Gone) {
-                // The program discarded it: as in step 5a, once we had the
-                // dispatch lock its remove event was handled (`Absent`).
-                v.moved = true;
-                drop(self.dispatch.lock());
+                sys::Taken::Gone => {
+                    // The program discarded it: as in step 5a, once we had
+                    // the dispatch lock its remove event was handled
+                    // (`Absent`).
+                    v.moved = true;
+                    drop(self.dispatch.lock());
+                }
+                sys::Taken::Refused(_) => {}
             }
             // Settle it now (a refused move: clear `zapping`, and it goes on
             // through write protection as if never chosen).
@@ -620,6 +614,18 @@ impl Shared {
         (left, refused)
     }
 
+    /// Stores a victim's bytes (cold ones with `PageStore::store_cold`);
+    /// whether the store took them.
+    fn store_victim(&self, v: &Victim, page: &[u8]) -> bool {
+        let (area, offset) = (v.area, v.page as u64);
+        let stored = if v.cold {
+            self.store.store_cold(area, offset, page)
+        } else {
+            self.store.store(area, offset, page)
+        };
+        stored.is_ok()
+    }
+
     /// The end of a victim's batch (state lock held): no longer claimed, no
     /// longer in flight for its area (whose drop may be waiting for that).
     fn release(&self, s: &mut State, v: &Victim) {
@@ -633,11 +639,12 @@ impl Shared {
 
     /// Maps a moved victim the store refused back where its key lives now,
     /// `Dirty` again, if it is still `Evicting` (else the program discarded
-    /// or unmapped it meanwhile and its bytes are dropped). Under the
+    /// or unmapped it meanwhile and its bytes are dropped), and ends its
+    /// batch (`release`): steps 4 to 6 have nothing to do for it. Under the
     /// dispatch lock, then the state lock: no event is read between the
     /// re-check and the copy; a copy that meets a pending event (EAGAIN)
     /// lets go of both and looks again once a handler has read it.
-    fn move_back(&self, v: &mut Victim, st: &sys::Staging, slot: usize) {
+    fn move_back(&self, v: &Victim, st: &sys::Staging, slot: usize) {
         let (area, page) = (v.area, v.page as u64);
         loop {
             let d = self.dispatch.lock();
@@ -675,13 +682,12 @@ impl Shared {
             let m = s.meta(area, page);
             m.zapping = false;
             let woken = std::mem::replace(&mut m.parked, false);
+            self.release(s, v);
             drop(g);
             drop(d);
             if let (true, Some(addr)) = (woken, at) {
                 let _ = self.uffd.wake(addr, PAGE_SIZE);
             }
-            // Settled here: steps 4 to 6 have nothing to do for it.
-            v.discard = false;
             return;
         }
     }
