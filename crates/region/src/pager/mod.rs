@@ -465,17 +465,33 @@ impl Shared {
 
     /// Drops a region: waits for evictions in flight, unregisters, unmaps,
     /// and drops the store's entries.
+    ///
+    /// The segments are read under the dispatch lock, then the state lock:
+    /// the program's `munmap` or `mremap` of part of the region returns
+    /// once a handler has *read* its event, and a handler reads and handles
+    /// events under the dispatch lock. Read under the state lock alone,
+    /// the segments could still list a range the program unmapped (or
+    /// moved) a moment ago, which the kernel may have handed to another
+    /// mapping since: unmapping it would take that mapping away (seen: a
+    /// test thread's region vanished, SIGSEGV, while another test dropped a
+    /// region it had just unmapped part of).
     pub(crate) fn drop_area(&self, area: u32) {
         if !self.ours() {
             return; // a forked child: the pager is not ours to touch
         }
-        let segs = {
+        let segs = loop {
+            let d = self.dispatch.lock();
             let mut s = self.state.lock();
             if let Some(a) = s.areas.get_mut(&area) {
                 a.dying = true;
             }
-            while s.areas.get(&area).is_some_and(|a| a.inflight > 0) {
+            if s.areas.get(&area).is_some_and(|a| a.inflight > 0) {
+                // An eviction in flight may need the dispatch lock to
+                // finish (a page moved back): wait without it, then take
+                // both again and look again.
+                drop(d);
                 self.done_cv.wait(&mut s);
+                continue;
             }
             let segs: Vec<(usize, Seg)> = s
                 .segs
@@ -496,7 +512,7 @@ impl Shared {
                 s.resident -= r;
                 s.n_active -= act;
             }
-            segs
+            break segs;
         };
         for (addr, seg) in segs {
             let _ = self.uffd.unregister(addr, seg.len);

@@ -242,3 +242,43 @@ fn rewrite_right_after_discard_survives_the_evictors_drop() {
     assert_eq!(errors.load(Ordering::Relaxed), 0, "{st:?}");
     pager.check_invariants().unwrap();
 }
+
+/// The program unmaps the end of a region, maps something of its own in
+/// the hole at once, and drops the region: the drop must unmap only what
+/// is still the region's. (`munmap` returns once the handler has read the
+/// unmap event, possibly before it has handled it; a drop that read the
+/// region's ranges in between would unmap the program's new mapping.)
+#[test]
+fn dropping_a_region_right_after_munmap_leaves_the_hole_alone() {
+    let (pager, _store) = pager(64);
+    for round in 0..1000 {
+        let r = pager.region(16 * PAGE).unwrap();
+        let base = r.as_ptr();
+        for p in 0..16 {
+            fill(page_mut(base, p), p, 1);
+        }
+        let hole = base.wrapping_add(12 * PAGE);
+        // SAFETY: the last 4 pages of the region are unmapped, then a
+        // mapping of ours takes their place; nothing else uses them.
+        unsafe {
+            assert_eq!(libc::munmap(hole.cast(), 4 * PAGE), 0);
+            let p = libc::mmap(
+                hole.cast(),
+                4 * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            );
+            assert_eq!(p, hole.cast(), "round {round}: the hole was not free");
+        }
+        drop(r);
+        let mut vec = [0u8; 4];
+        // SAFETY: mincore only reports on the range; ENOMEM if unmapped.
+        let rc = unsafe { libc::mincore(hole.cast(), 4 * PAGE, vec.as_mut_ptr()) };
+        assert_eq!(rc, 0, "round {round}: the program's mapping was unmapped");
+        // SAFETY: our own mapping, no longer used.
+        unsafe { libc::munmap(hole.cast(), 4 * PAGE) };
+    }
+    pager.check_invariants().unwrap();
+}
