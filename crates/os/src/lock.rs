@@ -16,15 +16,21 @@
 //!
 //! The locks are unfair, like std's: a released lock goes to whichever
 //! thread takes it first, a woken one or a newcomer. A few rounds of
-//! spinning come before sleeping, since our critical sections are short
-//! (no compression, I/O or sleep is ever done under a lock).
+//! spinning and yielding come before sleeping, since our critical sections
+//! are short (no compression, I/O or sleep is ever done under a lock).
 
 use lock_api::GuardSend;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// Rounds of spinning on a held lock before sleeping on it.
-const SPINS: u32 = 100;
+/// Rounds of busy waiting on a held lock before sleeping on it: the
+/// first few spin (2, 4, 8 pauses), the rest give the CPU away
+/// (`sched_yield`), so that a holder preempted on this CPU can finish. On a
+/// machine of two CPUs the holder of our short critical sections is often
+/// just that; sleeping at once cost a futex wait and wake per contended
+/// hand-over (parking_lot, which these replace, waits the same way).
+const SPIN_ROUNDS: u32 = 3;
+const YIELD_ROUNDS: u32 = 7;
 
 /// Sleeps while `word` holds `expected`, at most `timeout` (spurious
 /// returns are possible; callers re-check).
@@ -63,15 +69,21 @@ fn futex_wake(word: &AtomicU32, n: i32) {
     }
 }
 
-/// Spins while `word` is `busy` (and at most [`SPINS`] rounds); returns
-/// the last value seen.
+/// Waits while `word` is `busy`, spinning then yielding (see
+/// [`SPIN_ROUNDS`]); returns the last value seen.
 fn spin_while(word: &AtomicU32, busy: impl Fn(u32) -> bool) -> u32 {
     let mut v = word.load(Ordering::Relaxed);
-    for _ in 0..SPINS {
+    for round in 0..SPIN_ROUNDS + YIELD_ROUNDS {
         if !busy(v) {
             break;
         }
-        std::hint::spin_loop();
+        if round < SPIN_ROUNDS {
+            for _ in 0..2u32 << round {
+                std::hint::spin_loop();
+            }
+        } else {
+            std::thread::yield_now();
+        }
         v = word.load(Ordering::Relaxed);
     }
     v
@@ -81,38 +93,37 @@ fn spin_while(word: &AtomicU32, busy: impl Fn(u32) -> bool) -> u32 {
 
 const UNLOCKED: u32 = 0;
 const LOCKED: u32 = 1;
-/// Locked, and a thread may sleep on it: the unlock must wake one.
-const CONTENDED: u32 = 2;
 
-/// A mutual-exclusion lock in one word: 0 free, 1 held, 2 held with
-/// sleepers.
+/// A mutual-exclusion lock: `state` is 0 free or 1 held, and `sleepers`
+/// counts the threads that may sleep on it, so that an unlock wakes one
+/// only when someone may sleep (a count of its own rather than a
+/// "contended" state, which would have the thread that takes the lock
+/// after sleeping wake another at its unlock whether any sleeps or not).
+/// No wake-up is lost, as with the reader-writer lock's: a sleeper counts
+/// itself, then reads `state`; an unlock writes `state`, then reads the
+/// count; both sequentially consistent.
 pub struct RawMutex {
     state: AtomicU32,
+    sleepers: AtomicU32,
 }
 
 impl RawMutex {
     #[cold]
     fn lock_contended(&self) {
-        let mut s = spin_while(&self.state, |s| s == LOCKED);
-        if s == UNLOCKED {
-            match self.state.compare_exchange(
-                UNLOCKED,
-                LOCKED,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return,
-                Err(e) => s = e,
-            }
-        }
-        // From here on the lock is taken as CONTENDED: this thread cannot
-        // know whether others sleep, so its unlock will wake one.
         loop {
-            if s != CONTENDED && self.state.swap(CONTENDED, Ordering::Acquire) == UNLOCKED {
+            if spin_while(&self.state, |s| s == LOCKED) == UNLOCKED
+                && self
+                    .state
+                    .compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
                 return;
             }
-            futex_wait(&self.state, CONTENDED, None);
-            s = spin_while(&self.state, |s| s == LOCKED);
+            self.sleepers.fetch_add(1, Ordering::SeqCst);
+            if self.state.load(Ordering::SeqCst) == LOCKED {
+                futex_wait(&self.state, LOCKED, None);
+            }
+            self.sleepers.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -125,16 +136,18 @@ impl RawMutex {
     /// thread of the process.
     pub unsafe fn reset(&self) {
         self.state.store(UNLOCKED, Ordering::Release);
+        self.sleepers.store(0, Ordering::Release);
     }
 }
 
 // SAFETY: the lock admits one holder at a time: it is taken only by a
-// 0 -> 1 or x -> 2 transition seen from 0 with Acquire, and released with a
-// Release store of 0.
+// 0 -> 1 transition with Acquire, and released with a (sequentially
+// consistent, so also Release) write of 0.
 unsafe impl lock_api::RawMutex for RawMutex {
     #[allow(clippy::declare_interior_mutable_const)]
     const INIT: RawMutex = RawMutex {
         state: AtomicU32::new(UNLOCKED),
+        sleepers: AtomicU32::new(0),
     };
 
     type GuardMarker = GuardSend;
@@ -159,7 +172,8 @@ unsafe impl lock_api::RawMutex for RawMutex {
 
     #[inline]
     unsafe fn unlock(&self) {
-        if self.state.swap(UNLOCKED, Ordering::Release) == CONTENDED {
+        self.state.swap(UNLOCKED, Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
             futex_wake(&self.state, 1);
         }
     }
@@ -179,13 +193,23 @@ const READER: u32 = 2;
 /// A writer waits: new readers wait too, so writers are not starved.
 const WRITER_WAITS: u32 = 1;
 
-/// A reader-writer lock in two words: `state` is `WRITE_LOCKED`, or twice
-/// the number of readers plus [`WRITER_WAITS`]; writers sleep on
-/// `writer_wake`, which every release that may let a writer in bumps.
-/// Readers sleep on `state`.
+/// A reader-writer lock: `state` is `WRITE_LOCKED`, or twice the number
+/// of readers plus [`WRITER_WAITS`]. Readers sleep on `state`; writers on
+/// `writer_wake`, which a release that may let a writer in bumps. Each
+/// kind of sleeper is counted, so that a release wakes only when someone
+/// may sleep (the allocator's class locks are taken for writing at every
+/// store and free: two wake calls at each release tripled the futex calls
+/// of a run).
+///
+/// No wake-up is lost: a sleeper counts itself, then reads `state`, then
+/// sleeps only on the value read; a release writes `state`, then reads the
+/// count. Both sides are sequentially consistent, so either the release
+/// sees the sleeper's count or the sleeper sees the released state.
 pub struct RawRwLock {
     state: AtomicU32,
     writer_wake: AtomicU32,
+    readers_sleeping: AtomicU32,
+    writers_sleeping: AtomicU32,
 }
 
 impl RawRwLock {
@@ -204,8 +228,14 @@ impl RawRwLock {
                 }
                 continue;
             }
-            // Write-locked (odd) or a writer waits: sleep until it changes.
-            futex_wait(&self.state, s, None);
+            // Write-locked (odd) or a writer waits: sleep until a writer
+            // releases it.
+            self.readers_sleeping.fetch_add(1, Ordering::SeqCst);
+            let s = self.state.load(Ordering::SeqCst);
+            if s & WRITER_WAITS != 0 {
+                futex_wait(&self.state, s, None);
+            }
+            self.readers_sleeping.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -244,15 +274,25 @@ impl RawRwLock {
                     }
                 }
             }
-            // Sleep until a release bumps `writer_wake`; re-check the state
-            // after reading the counter, so that a release in between is
-            // not missed.
+            // Sleep until a release bumps `writer_wake`: counted first, then
+            // the counter read, then the state looked at again, so that a
+            // release in between is seen.
+            self.writers_sleeping.fetch_add(1, Ordering::SeqCst);
             let w = self.writer_wake.load(Ordering::Acquire);
-            s = self.state.load(Ordering::Relaxed);
+            s = self.state.load(Ordering::SeqCst);
             if s > WRITER_WAITS {
                 futex_wait(&self.writer_wake, w, None);
                 s = self.state.load(Ordering::Relaxed);
             }
+            self.writers_sleeping.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Lets one sleeping writer (if any) look at the lock again.
+    fn wake_writer(&self) {
+        if self.writers_sleeping.load(Ordering::SeqCst) > 0 {
+            self.writer_wake.fetch_add(1, Ordering::Release);
+            futex_wake(&self.writer_wake, 1);
         }
     }
 
@@ -264,18 +304,22 @@ impl RawRwLock {
     pub unsafe fn reset(&self) {
         self.state.store(0, Ordering::Release);
         self.writer_wake.store(0, Ordering::Release);
+        self.readers_sleeping.store(0, Ordering::Release);
+        self.writers_sleeping.store(0, Ordering::Release);
     }
 }
 
 // SAFETY: a writer takes the lock only from 0 (or the bare "waits" mark,
 // i.e. no reader) to WRITE_LOCKED; a reader only adds to an even state,
 // which WRITE_LOCKED (odd) never is; both with Acquire, released with
-// Release.
+// Release (or stronger).
 unsafe impl lock_api::RawRwLock for RawRwLock {
     #[allow(clippy::declare_interior_mutable_const)]
     const INIT: RawRwLock = RawRwLock {
         state: AtomicU32::new(0),
         writer_wake: AtomicU32::new(0),
+        readers_sleeping: AtomicU32::new(0),
+        writers_sleeping: AtomicU32::new(0),
     };
 
     type GuardMarker = GuardSend;
@@ -300,11 +344,10 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
 
     #[inline]
     unsafe fn unlock_shared(&self) {
-        let before = self.state.fetch_sub(READER, Ordering::Release);
+        let before = self.state.fetch_sub(READER, Ordering::SeqCst);
         // The last reader out while a writer waits lets it in.
         if before == READER + WRITER_WAITS {
-            self.writer_wake.fetch_add(1, Ordering::Release);
-            futex_wake(&self.writer_wake, 1);
+            self.wake_writer();
         }
     }
 
@@ -328,12 +371,13 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
 
     #[inline]
     unsafe fn unlock_exclusive(&self) {
-        self.state.store(0, Ordering::Release);
-        // Wake one writer and every reader: whoever comes first takes it
+        self.state.swap(0, Ordering::SeqCst);
+        // One writer and every reader may come: whoever is first takes it
         // (a writer that loses sets "waits" again and sleeps).
-        self.writer_wake.fetch_add(1, Ordering::Release);
-        futex_wake(&self.writer_wake, 1);
-        futex_wake(&self.state, i32::MAX);
+        self.wake_writer();
+        if self.readers_sleeping.load(Ordering::SeqCst) > 0 {
+            futex_wake(&self.state, i32::MAX);
+        }
     }
 
     #[inline]
@@ -574,7 +618,7 @@ mod tests {
             let m = m.clone();
             std::thread::spawn(move || *m.lock())
         };
-        while m.raw_state() != CONTENDED {
+        while m.sleepers() == 0 {
             std::thread::yield_now();
         }
         std::mem::forget(g);
@@ -598,13 +642,13 @@ mod tests {
         assert_eq!(sleeper.join().unwrap(), 7);
     }
 
-    trait RawState {
-        fn raw_state(&self) -> u32;
+    trait Sleepers {
+        fn sleepers(&self) -> u32;
     }
-    impl<T> RawState for Mutex<T> {
-        fn raw_state(&self) -> u32 {
-            // SAFETY: only reads the word.
-            unsafe { self.raw().state.load(Ordering::Relaxed) }
+    impl<T> Sleepers for Mutex<T> {
+        fn sleepers(&self) -> u32 {
+            // SAFETY: only reads the count.
+            unsafe { self.raw().sleepers.load(Ordering::Relaxed) }
         }
     }
 }
