@@ -303,8 +303,11 @@ fn a_worker_killed_with_sigkill_gives_its_share_back() {
         },
     );
     let (before, after) = seen;
+    // Below what it gets once alone (48 MiB and more, below): while the
+    // other lived it could not have its whole want. (Not "below 40 MiB":
+    // an idle neighbour gives pages to a busy one, and 40.03 MiB was seen.)
     assert!(
-        before < 40 * MIB,
+        before < 48 * MIB,
         "the survivor had {before} before the kill"
     );
     assert!(

@@ -86,9 +86,28 @@ pub fn run_sampling(
     let done = Arc::new(AtomicBool::new(false));
     let sampler = {
         let done = done.clone();
+        let t0 = Instant::now();
         std::thread::spawn(move || {
             while !done.load(Ordering::Relaxed) {
                 sample(pid);
+                if t0.elapsed() >= RUN_LIMIT {
+                    // A hang fails the test, with where every thread of
+                    // the tree sleeps, instead of holding up the suite.
+                    eprintln!(
+                        "uzswap run (pid {pid}) still running after {} s: killed",
+                        RUN_LIMIT.as_secs()
+                    );
+                    let mut pids = descendants(pid);
+                    pids.push(pid);
+                    for &p in &pids {
+                        dump_process(p);
+                    }
+                    for &p in &pids {
+                        // SAFETY: signalling processes of the test's tree.
+                        unsafe { libc::kill(p as i32, libc::SIGKILL) };
+                    }
+                    return;
+                }
                 std::thread::sleep(every);
             }
         })
@@ -111,6 +130,39 @@ pub fn run_sampling(
         code: status.code(),
         stdout,
         stderr,
+    }
+}
+
+/// How long one `uzswap run` of a test may take before it is killed.
+pub const RUN_LIMIT: Duration = Duration::from_secs(300);
+
+/// Prints process `pid`'s command line and, for each of its threads, the
+/// name, state, wait channel and kernel stack (as root).
+pub fn dump_process(pid: u32) {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    eprintln!(
+        "process {pid}: {}",
+        String::from_utf8_lossy(&cmdline).replace('\0', " ")
+    );
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return;
+    };
+    for t in tasks.flatten() {
+        let dir = t.path();
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+        let stat = read("stat");
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next())
+            .unwrap_or("?")
+            .to_string();
+        eprintln!(
+            "  thread {} {:?}: state {state}, wchan {}\n{}",
+            t.file_name().to_string_lossy(),
+            read("comm").trim(),
+            read("wchan"),
+            read("stack")
+        );
     }
 }
 

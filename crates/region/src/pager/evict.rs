@@ -584,7 +584,15 @@ impl Shared {
                 let s = &mut *g;
                 let (area, page) = (v.area, v.page as u64);
                 if v.moved {
-                    if v.stored && s.meta(area, page).st == PageState::Evicting {
+                    // `EvictAborted`: a write met the page's write-protect
+                    // marker (left from an earlier span) before the move
+                    // took it. The write has not happened (its thread waits,
+                    // parked), so the moved bytes are the page's: it leaves
+                    // as stored, and the write faults it back. Left
+                    // `EvictAborted` it would have no owner, and every later
+                    // fault on it would park for ever.
+                    let st = s.meta(area, page).st;
+                    if v.stored && matches!(st, PageState::Evicting | PageState::EvictAborted) {
                         s.meta(area, page).st = PageState::Discarding;
                     } else if v.stored {
                         // Discarded by the program meanwhile (`Absent`): its
@@ -638,8 +646,9 @@ impl Shared {
     }
 
     /// Maps a moved victim the store refused back where its key lives now,
-    /// `Dirty` again, if it is still `Evicting` (else the program discarded
-    /// or unmapped it meanwhile and its bytes are dropped), and ends its
+    /// `Dirty` again, if it is still `Evicting` or `EvictAborted` (else the
+    /// program discarded or unmapped it meanwhile and its bytes are
+    /// dropped), and ends its
     /// batch (`release`): steps 4 to 6 have nothing to do for it. Under the
     /// dispatch lock, then the state lock: no event is read between the
     /// re-check and the copy; a copy that meets a pending event (EAGAIN)
@@ -651,7 +660,12 @@ impl Shared {
             let mut g = self.state.lock();
             let s = &mut *g;
             let at = Shared::page_addr(s, area, page);
-            let still = s.meta(area, page).st == PageState::Evicting;
+            // `EvictAborted` too: a write that met a write-protect marker
+            // before the move waits for the page (see `move_out`).
+            let still = matches!(
+                s.meta(area, page).st,
+                PageState::Evicting | PageState::EvictAborted
+            );
             let copied = match (still, at) {
                 // SAFETY: the slot holds the page until `clear` (the
                 // caller's), readable memory of this process.
