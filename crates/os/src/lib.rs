@@ -15,7 +15,9 @@
 //! - [`lock`]: the mutex, reader-writer lock and condition variable every
 //!   crate uses, each one futex word (or two) with no table of waiters, so
 //!   that a forked child can release what the parent's prepare hook held;
-//! - [`fork`]: releasing after `fork()` the locks a prepare hook kept.
+//! - [`fork`]: releasing after `fork()` the locks a prepare hook kept;
+//! - [`threads`]: what each thread of a process is doing, for the reports
+//!   of tests that hang.
 //!
 //! This crate depends on no other crate of the project, and nothing here
 //! knows about pools, caches or faults. The allocator's own `mmap` and
@@ -26,6 +28,7 @@ pub mod cpu;
 pub mod fork;
 pub mod lock;
 pub mod sync;
+pub mod threads;
 
 /// Size of an OS page, and the unit of everything in uzswap: pool pages,
 /// cached pages, backing slots and faulted pages.

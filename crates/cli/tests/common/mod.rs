@@ -100,7 +100,7 @@ pub fn run_sampling(
                     let mut pids = descendants(pid);
                     pids.push(pid);
                     for &p in &pids {
-                        dump_process(p);
+                        eprintln!("{}", uzswap_os::threads::describe(Some(p)));
                     }
                     for &p in &pids {
                         // SAFETY: signalling processes of the test's tree.
@@ -135,36 +135,6 @@ pub fn run_sampling(
 
 /// How long one `uzswap run` of a test may take before it is killed.
 pub const RUN_LIMIT: Duration = Duration::from_secs(300);
-
-/// Prints process `pid`'s command line and, for each of its threads, the
-/// name, state, wait channel and kernel stack (as root).
-pub fn dump_process(pid: u32) {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    eprintln!(
-        "process {pid}: {}",
-        String::from_utf8_lossy(&cmdline).replace('\0', " ")
-    );
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return;
-    };
-    for t in tasks.flatten() {
-        let dir = t.path();
-        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
-        let stat = read("stat");
-        let state = stat
-            .rfind(')')
-            .and_then(|i| stat[i + 1..].split_whitespace().next())
-            .unwrap_or("?")
-            .to_string();
-        eprintln!(
-            "  thread {} {:?}: state {state}, wchan {}\n{}",
-            t.file_name().to_string_lossy(),
-            read("comm").trim(),
-            read("wchan"),
-            read("stack")
-        );
-    }
-}
 
 // ---- a tree's memory under `uzswap run`, sampled as the kernel counts it --
 

@@ -71,36 +71,10 @@ pub fn watchdog(what: &'static str, secs: u64) -> Watchdog {
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
         eprintln!("{what}: still running after {secs} s (a fault loops or is never woken)");
-        dump_threads();
+        eprintln!("{}", uzswap_os::threads::describe(None));
         std::process::abort();
     });
     Watchdog(done)
-}
-
-/// Prints every thread of this process: name, state, where it sleeps in
-/// the kernel and its kernel stack (as root), for a hang seen where no
-/// debugger runs.
-fn dump_threads() {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return;
-    };
-    for t in tasks.flatten() {
-        let dir = t.path();
-        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
-        let stat = read("stat");
-        let state = stat
-            .rfind(')')
-            .and_then(|i| stat[i + 1..].split_whitespace().next())
-            .unwrap_or("?")
-            .to_string();
-        eprintln!(
-            "thread {} {:?}: state {state}, wchan {}\n{}",
-            t.file_name().to_string_lossy(),
-            read("comm").trim(),
-            read("wchan"),
-            read("stack")
-        );
-    }
 }
 
 impl Drop for Watchdog {
