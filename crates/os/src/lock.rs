@@ -154,11 +154,7 @@ unsafe impl lock_api::RawMutex for RawMutex {
 
     #[inline]
     fn lock(&self) {
-        if self
-            .state
-            .compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        if !self.try_lock() {
             self.lock_contended();
         }
     }
@@ -353,11 +349,7 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
 
     #[inline]
     fn lock_exclusive(&self) {
-        if self
-            .state
-            .compare_exchange(0, WRITE_LOCKED, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        if !self.try_lock_exclusive() {
             self.lock_exclusive_contended();
         }
     }
@@ -457,9 +449,14 @@ impl Condvar {
         guard: &mut MutexGuard<'_, T>,
         timeout: Duration,
     ) -> WaitTimeoutResult {
-        let until = Instant::now().checked_add(timeout);
-        self.wait_inner(guard, Some(timeout));
-        WaitTimeoutResult(until.is_some_and(|u| Instant::now() >= u))
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => self.wait_until(guard, deadline),
+            // Past any clock's end: a wait without a timeout.
+            None => {
+                self.wait_inner(guard, None);
+                WaitTimeoutResult(false)
+            }
+        }
     }
 
     /// As [`Condvar::wait`], until `deadline` at the latest.

@@ -632,7 +632,7 @@ fn start_compactor(
     thread_start: Option<fn()>,
 ) -> Result<sync::thread::JoinHandle<()>, Error> {
     let weak = Arc::downgrade(shared);
-    // A helper thread (listed for the fork hooks' `settle_helpers`), except
+    // A helper thread (listed for the CPU accounting), except
     // in a model-checked build, which starts its threads in the model.
     #[cfg(not(feature = "shuttle"))]
     let started = uzswap_os::spawn_helper("zs-compact", thread_start, move || compactor_main(weak));
