@@ -4,7 +4,9 @@
 //! benchmarks are a separate binary, `uzswap-bench` (crates/bench).
 
 mod demo;
+mod metrics;
 mod run;
+mod serve;
 mod stats;
 mod tree;
 
@@ -57,6 +59,10 @@ enum Cmd {
         /// The tree only, without any process's detail.
         #[arg(long)]
         brief: bool,
+        /// Serve the Prometheus metrics over HTTP at HOST:PORT/metrics
+        /// (each scrape reads the tree afresh) until the run exits.
+        #[arg(long, value_name = "HOST:PORT", conflicts_with_all = ["json", "prometheus", "brief"])]
+        serve: Option<String>,
     },
 }
 
@@ -105,7 +111,11 @@ fn run(cli: Cli) -> Result<()> {
             json,
             prometheus,
             brief,
+            serve,
         } => {
+            if let Some(addr) = serve {
+                return serve::serve_tree(pid, &addr);
+            }
             let out = stats::show(
                 pid,
                 stats::Options {

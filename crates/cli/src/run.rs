@@ -74,6 +74,10 @@ pub struct Args {
     /// thread on another CPU is expensive (docs/BENCHMARKS.md).
     #[arg(long)]
     pub cpu_handlers: bool,
+    /// Serve the whole program's metrics for Prometheus over HTTP at
+    /// HOST:PORT/metrics while it runs (as `uzswap stats --serve`).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<String>,
     /// Write the final statistics (JSON) to this file.
     #[arg(long)]
     pub stats_json: Option<std::path::PathBuf>,
@@ -363,6 +367,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
         }
     }
     let lib = find_preload(a.preload_lib.as_deref())?;
+    let metrics = a.metrics.as_deref().map(crate::serve::bind).transpose()?;
     let tmp = temp_dir()?;
     let final_base = tmp.path().join("stats.json");
     config.final_stats = Some(final_base.clone());
@@ -410,6 +415,18 @@ pub fn run(a: &Args) -> Result<Outcome> {
     let pid = child.id() as i32;
     CHILD.store(pid, Ordering::Relaxed);
     watch.start(pid as u32, a.quiet)?;
+    let endpoint = match metrics {
+        Some(server) => {
+            if !a.quiet {
+                crate::note(&format!(
+                    "uzswap: metrics at {}",
+                    crate::serve::url(&server)
+                ));
+            }
+            Some(crate::serve::Endpoint::start(server)?)
+        }
+        None => None,
+    };
     if !a.quiet {
         crate::note(&format!(
             "running {} as pid {pid}: memory max {} for the whole program, pool max {}, {}{}, backing {}; `uzswap stats {pid}` shows it live",
@@ -427,6 +444,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
     }
     let status = wait_for(pid)?;
     CHILD.store(0, Ordering::Relaxed);
+    drop(endpoint);
     let tree = watch.finish();
     let seconds = started.elapsed().as_secs_f64();
     let (code, signal) = if libc::WIFSIGNALED(status) {

@@ -19,13 +19,11 @@
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use serde_json::Value;
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Read;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
-use uzswap_contract::snapshot::pager_section;
-use uzswap_contract::{socket_name, PoolSection, Snapshot};
+use uzswap_contract::{socket_name, Snapshot};
 use uzswap_ledger::{FindError, Ledger, Role, SlotView};
 
 /// How long a process's runtime may take to answer.
@@ -301,7 +299,7 @@ pub fn show(pid: u32, o: Options) -> Result<String> {
     }
     if o.prometheus {
         let details = if brief { Vec::new() } else { ask_all(&v)? };
-        return Ok(tree_prometheus(&v, &details));
+        return Ok(crate::metrics::tree_prometheus(&v, &details));
     }
     Ok(tree_text(&v))
 }
@@ -417,7 +415,7 @@ pub fn json(v: &TreeView) -> Result<String> {
 
 /// The detail of every process of the tree that answers, asked
 /// [`ASK_AT_ONCE`] at a time (one that does not answer is left out).
-fn ask_all(v: &TreeView) -> Result<Vec<Snapshot>> {
+pub fn ask_all(v: &TreeView) -> Result<Vec<Snapshot>> {
     let mut pids: Vec<u32> = v.rows.iter().map(|r| r.pid).collect();
     pids.dedup(); // sorted
     let mut out = Vec::new();
@@ -443,249 +441,6 @@ fn ask_all(v: &TreeView) -> Result<Vec<Snapshot>> {
         }
     }
     Ok(out)
-}
-
-/// Prometheus text exposition, grouped by metric family: each family's
-/// HELP and TYPE lines once, then all its samples.
-#[derive(Default)]
-struct Exposition {
-    families: Vec<Family>,
-    by_name: HashMap<String, usize>,
-}
-
-struct Family {
-    name: String,
-    help: String,
-    kind: &'static str,
-    samples: String,
-}
-
-impl Exposition {
-    /// Adds the sample `name{labels} value` to its family.
-    fn sample(
-        &mut self,
-        name: &str,
-        help: &str,
-        kind: &'static str,
-        labels: &str,
-        value: &dyn std::fmt::Display,
-    ) {
-        let i = *self.by_name.entry(name.to_owned()).or_insert_with(|| {
-            self.families.push(Family {
-                name: name.to_owned(),
-                help: help.to_owned(),
-                kind,
-                samples: String::new(),
-            });
-            self.families.len() - 1
-        });
-        let _ = writeln!(self.families[i].samples, "{name}{{{labels}}} {value}");
-    }
-
-    fn render(&self) -> String {
-        let mut out = String::new();
-        for f in &self.families {
-            let _ = writeln!(out, "# HELP {} {}", f.name, f.help);
-            let _ = writeln!(out, "# TYPE {} {}", f.name, f.kind);
-            out += &f.samples;
-        }
-        out
-    }
-}
-
-/// A label value as the exposition format quotes it.
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-/// The tree's metrics (`uzswap_tree_*`, `uzswap_process_*{pid,comm,slot}`)
-/// and the detail metrics of each process in `details`.
-pub fn tree_prometheus(v: &TreeView, details: &[Snapshot]) -> String {
-    let mut e = Exposition::default();
-    let run = format!("run_pid=\"{}\"", v.run_pid);
-    let t = &v.totals;
-    e.sample(
-        "uzswap_tree_budget_bytes",
-        "The budget of the whole process tree (uzswap run --memory-max).",
-        "gauge",
-        &run,
-        &v.budget_bytes,
-    );
-    e.sample(
-        "uzswap_tree_memory_bytes",
-        "What the tree's processes report holding: resident + pool + runtime, summed.",
-        "gauge",
-        &run,
-        &t.memory_bytes(),
-    );
-    e.sample(
-        "uzswap_tree_unallotted_bytes",
-        "What the arbiter has allotted to no process.",
-        "gauge",
-        &run,
-        &v.unallotted_bytes,
-    );
-    e.sample(
-        "uzswap_tree_processes",
-        "Processes of the tree in its ledger.",
-        "gauge",
-        &run,
-        &t.processes,
-    );
-    for r in &v.rows {
-        // The slot tells apart the rows of one pid (one per image it
-        // executed).
-        let l = format!(
-            "pid=\"{}\",comm=\"{}\",slot=\"{}\"",
-            r.pid,
-            label(&r.comm),
-            r.slot
-        );
-        let gauges: [(&str, &str, u64); 5] = [
-            (
-                "resident_bytes",
-                "Managed pages the process holds resident.",
-                r.resident_bytes,
-            ),
-            (
-                "pool_bytes",
-                "Memory of the process's compressed pool.",
-                r.pool_bytes,
-            ),
-            (
-                "runtime_bytes",
-                "The process's uzswap runtime's own memory.",
-                r.runtime_bytes,
-            ),
-            (
-                "backing_bytes",
-                "What the process keeps in its backing file.",
-                r.backing_bytes,
-            ),
-            (
-                "stored_pages",
-                "Pages the process has stored (pool and backing file).",
-                r.stored_pages,
-            ),
-        ];
-        for (name, help, x) in gauges {
-            e.sample(&format!("uzswap_process_{name}"), help, "gauge", &l, &x);
-        }
-        if let Some(a) = r.allot_bytes {
-            e.sample(
-                "uzswap_process_allotment_bytes",
-                "What the arbiter allotted the process.",
-                "gauge",
-                &l,
-                &a,
-            );
-        }
-        e.sample(
-            "uzswap_process_faults_total",
-            "Faults the process's runtime resolved.",
-            "counter",
-            &l,
-            &r.faults,
-        );
-        e.sample(
-            "uzswap_process_evictions_total",
-            "Pages the process's runtime evicted.",
-            "counter",
-            &l,
-            &r.evictions,
-        );
-    }
-    for d in details {
-        detail_metrics(d, &mut e);
-    }
-    e.render()
-}
-
-/// Every number of a snapshot's sections as a gauge
-/// `uzswap_<section>_<field>{pid}`; the per-class pool table as
-/// `uzswap_pool_class_<column>{pid,class}`.
-fn detail_metrics(s: &Snapshot, e: &mut Exposition) {
-    // Every field named: one added to the schema must be placed here.
-    let Snapshot {
-        version: _,
-        pid,
-        uptime_s,
-        config,
-        pager,
-        cache,
-        space,
-        runtime_heap,
-        pool,
-        pool_table: _,
-    } = s;
-    let pid_label = format!("pid=\"{pid}\"");
-    fn walk(name: &str, path: &str, v: &Value, labels: &str, e: &mut Exposition) {
-        let help = |path: &str| {
-            format!("{path} of the process's statistics (uzswap stats --json: detail.{path}).")
-        };
-        match v {
-            Value::Object(m) => {
-                for (k, x) in m {
-                    let sub: String = format!("{name}_{k}")
-                        .chars()
-                        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-                        .collect();
-                    walk(&sub, &format!("{path}.{k}"), x, labels, e);
-                }
-            }
-            Value::Number(n) => e.sample(name, &help(path), "gauge", labels, n),
-            Value::Bool(b) => e.sample(name, &help(path), "gauge", labels, &u8::from(*b)),
-            _ => {}
-        }
-    }
-    // Plain structs of numbers, strings and lists: they always serialize.
-    let value = |v: Result<Value, serde_json::Error>| v.unwrap_or(Value::Null);
-    // The classes have a family of their own (below).
-    let pool_totals = PoolSection {
-        classes: Vec::new(),
-        ..pool.clone()
-    };
-    // In the order of the JSON's keys.
-    let sections = [
-        ("cache", value(serde_json::to_value(cache))),
-        ("config", value(serde_json::to_value(config))),
-        ("pager", value(pager_section::to_value(pager))),
-        ("pool", value(serde_json::to_value(pool_totals))),
-        ("runtime_heap", value(serde_json::to_value(runtime_heap))),
-        ("space", value(serde_json::to_value(space))),
-        ("uptime_s", Value::from(*uptime_s)),
-    ];
-    for (name, v) in &sections {
-        walk(&format!("uzswap_{name}"), name, v, &pid_label, e);
-    }
-    // Columns as the first row has them, in its keys' order; the class
-    // index is the label.
-    let rows: Vec<(u32, Value)> = pool
-        .classes
-        .iter()
-        .map(|c| (c.class, value(serde_json::to_value(c))))
-        .collect();
-    let mut cols: Vec<&String> = Vec::new();
-    if let Some((_, Value::Object(first))) = rows.first() {
-        cols = first.keys().filter(|k| *k != "class").collect();
-    }
-    for col in cols {
-        let name = format!("uzswap_pool_class_{col}");
-        let help = format!("Column {col} of the pool's class table, by size class.");
-        for (class, row) in &rows {
-            if let Some(x) = row.get(col.as_str()).filter(|x| x.is_number()) {
-                e.sample(
-                    &name,
-                    &help,
-                    "gauge",
-                    &format!("{pid_label},class=\"{class}\""),
-                    x,
-                );
-            }
-        }
-    }
 }
 
 /// Faults by source and their latency, one line.

@@ -224,9 +224,16 @@ fn a_tree_is_shown_from_its_run_pid_and_from_a_child() {
     // were evicted.
     assert!(totals["evictions"].as_u64() > Some(0), "{v}");
 
-    // Prometheus: a TYPE line before every family's samples, names as
-    // the conventions have them, a pid label on every process's sample.
-    let prom = ok(&[&run, "--prometheus"]);
+    check_exposition(&ok(&[&run, "--prometheus"]), &t);
+}
+
+/// Checks a Prometheus exposition of tree `t`: a HELP and a TYPE line
+/// before every family's samples, names as the conventions have them
+/// (base units, counters and only they ending in `_total`, summaries'
+/// `_sum` and `_count` in their family), a pid label on every process's
+/// sample, every child's rows and detail.
+fn check_exposition(prom: &str, t: &Tree) {
+    let run = t.pid().to_string();
     let mut typed: Vec<String> = Vec::new();
     let mut kinds: Vec<&str> = Vec::new();
     let mut helped: Vec<String> = Vec::new();
@@ -234,7 +241,7 @@ fn a_tree_is_shown_from_its_run_pid_and_from_a_child() {
     for l in prom.lines() {
         if let Some(rest) = l.strip_prefix("# TYPE ") {
             let (name, kind) = rest.split_once(' ').unwrap();
-            assert!(["gauge", "counter"].contains(&kind), "{l}");
+            assert!(["gauge", "counter", "summary"].contains(&kind), "{l}");
             assert!(!typed.contains(&name.to_owned()), "two TYPE lines: {l}");
             assert!(
                 helped.last().map(String::as_str) == Some(name),
@@ -251,6 +258,21 @@ fn a_tree_is_shown_from_its_run_pid_and_from_a_child() {
         let (series, value) = l.rsplit_once(' ').unwrap();
         let (name, labels) = series.split_once('{').unwrap();
         assert!(value.parse::<f64>().is_ok(), "{l}");
+        // A summary's samples: NAME{quantile}, NAME_sum, NAME_count.
+        let name = match kinds.last() {
+            Some(&"summary") => {
+                let family = typed.last().unwrap().as_str();
+                assert!(
+                    labels.contains("quantile=\"") && name == family
+                        || [format!("{family}_sum"), format!("{family}_count")]
+                            .contains(&name.to_owned()),
+                    "{l}"
+                );
+                assert!(family.ends_with("_seconds"), "{l}");
+                family
+            }
+            _ => name,
+        };
         assert_eq!(
             typed.last().map(String::as_str),
             Some(name),
@@ -301,12 +323,171 @@ fn a_tree_is_shown_from_its_run_pid_and_from_a_child() {
             prom.contains(&format!("uzswap_process_faults_total{{pid=\"{c}\",")),
             "{prom}"
         );
-        // Each child's own detail, labelled with its pid.
+        // Each child's own detail, labelled with its pid; its fault
+        // latency a summary.
         assert!(
             prom.contains(&format!("uzswap_pager_resident_pages{{pid=\"{c}\"}}")),
             "{prom}"
         );
+        assert!(
+            prom.contains(&format!(
+                "uzswap_pager_fault_latency_seconds{{pid=\"{c}\",quantile=\"0.5\"}}"
+            )),
+            "{prom}"
+        );
     }
+}
+
+/// The URL a `--serve` or `--metrics` process says it serves, from its
+/// stderr, and the rest of that stderr.
+fn served_url(p: &mut Child) -> (String, std::io::BufReader<std::process::ChildStderr>) {
+    use std::io::BufRead;
+    let mut err = std::io::BufReader::new(p.stderr.take().expect("stderr piped"));
+    let mut said = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "ended without saying where it serves: {said}"
+        );
+        said += &line;
+        if let Some(i) = line.find("http://") {
+            let url = line[i..].split([';', ' ', '\n']).next().unwrap();
+            return (url.to_owned(), err);
+        }
+    }
+}
+
+/// An HTTP GET: the status, the content type, the body.
+fn get(url: &str) -> (u16, String, String) {
+    let mut r = ureq::get(url)
+        .config()
+        .http_status_as_error(false)
+        .build()
+        .call()
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let kind = r
+        .headers()
+        .get("content-type")
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let body = r.body_mut().read_to_string().unwrap();
+    (r.status().as_u16(), kind, body)
+}
+
+#[test]
+fn the_metrics_are_served_over_http_until_the_run_exits() {
+    let hold = require_hold!();
+    let t = Tree::start(hold);
+    let mut serve = uzswap()
+        .args([
+            "stats",
+            &t.children[0].to_string(),
+            "--serve",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (url, mut err) = served_url(&mut serve);
+    assert!(url.ends_with("/metrics"), "{url}");
+    // Scraped twice: each scrape reads the tree afresh.
+    for _ in 0..2 {
+        let (code, kind, body) = get(&url);
+        assert_eq!(code, 200, "{body}");
+        assert!(kind.starts_with("text/plain; version=0.0.4"), "{kind}");
+        check_exposition(&body, &t);
+    }
+    let (code, _, body) = get(&url.replace("/metrics", "/nothing"));
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("/metrics"), "{body}");
+
+    // The run ends: the endpoint closes and says why.
+    drop(t);
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = serve.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "--serve outlived its run"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    assert!(rest.contains("has exited"), "{rest}");
+}
+
+#[test]
+fn uzswap_run_serves_its_own_metrics() {
+    let hold = require_hold!();
+    let mut run = uzswap()
+        .args([
+            "run",
+            "--memory-max",
+            "32M",
+            "--metrics",
+            "127.0.0.1:0",
+            "--",
+        ])
+        .arg(hold)
+        .args(["40", "120"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (url, _err) = served_url(&mut run);
+    // Until the program has stored pages, as a scraper would poll.
+    let t0 = Instant::now();
+    let body = loop {
+        let (code, _, body) = get(&url);
+        assert_eq!(code, 200, "{body}");
+        if body
+            .lines()
+            .any(|l| l.starts_with("uzswap_process_evictions_total{") && !l.ends_with(" 0"))
+        {
+            break body;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "{body}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        body.contains(&format!(
+            "uzswap_tree_budget_bytes{{run_pid=\"{}\"}} {}",
+            run.id(),
+            32 * MIB
+        )),
+        "{body}"
+    );
+    let _ = run.kill();
+    for p in descendants(run.id()).into_iter().rev() {
+        // SAFETY: a signal to a process this test started.
+        unsafe { libc::kill(p as i32, libc::SIGKILL) };
+    }
+    let _ = run.wait();
+}
+
+#[test]
+fn a_bad_serve_address_is_refused_with_the_form_to_give() {
+    let hold = require_hold!();
+    let t = Tree::start(hold);
+    let o = stats(&[&t.pid().to_string(), "--serve", "no-port-here"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("HOST:PORT"), "{err}");
+    // A port another endpoint holds.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = held.local_addr().unwrap().to_string();
+    let o = stats(&[&t.pid().to_string(), "--serve", &addr]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("cannot listen on"), "{err}");
+    assert!(err.contains("pick a free port"), "{err}");
 }
 
 #[test]
