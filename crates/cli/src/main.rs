@@ -27,19 +27,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run a usemem workload on real pages in a quarter of the memory it
-    /// needs, and print what the cache did.
+    /// See uzswap at work: a program that fills memory with real pages and
+    /// checks them, run on its own and then under `uzswap run` in a quarter
+    /// of the memory it used, with a live view, and the two side by side.
     Demo {
         /// MiB the workload uses.
         #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(8..=8192))]
         mib: u32,
     },
-    /// Run an unmodified program with its memory kept under a resident
-    /// budget: cold pages are compressed into the pool (and the coldest
-    /// written to the backing file); a fault brings them back. The budget
-    /// applies to each process the program executes. Exits with the
-    /// program's status (128+N if it died of signal N; 125 if it could not
-    /// be started under uzswap).
+    /// Run an unmodified program in less memory than it needs: cold pages
+    /// are compressed into a pool (and the coldest written to an encrypted
+    /// backing file); a fault brings them back. The budget holds the whole
+    /// program, every process it starts together. Exits with the program's
+    /// status (128+N if it died of signal N; 125 if it could not be started
+    /// under uzswap).
     #[command(arg_required_else_help = true)]
     Run(run::Args),
     /// Live statistics of a program under `uzswap run`, its whole process

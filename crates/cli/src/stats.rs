@@ -47,29 +47,6 @@ fn parse(pid: u32, body: &str) -> Result<Snapshot> {
         .with_context(|| format!("process {pid} answered with statistics this uzswap cannot read"))
 }
 
-/// The statistics of `pid`, or of its child if `pid` is `uzswap run`. An
-/// answer that does not parse is an error, not a reason to try a child.
-pub fn get(pid: u32) -> Result<Snapshot> {
-    if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-        bail!("no process {pid}");
-    }
-    let first = match fetch(pid) {
-        Ok(body) => return parse(pid, &body),
-        Err(e) => e,
-    };
-    for c in uzswap_ledger::tree::children(pid) {
-        if let Ok(body) = fetch(c) {
-            return parse(c, &body);
-        }
-    }
-    Err(first).with_context(|| {
-        format!(
-            "process {pid} serves no uzswap statistics: it is not running under `uzswap run` \
-             (nor is a child of it), or it runs as another user"
-        )
-    })
-}
-
 /// What `uzswap stats` prints.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Options {
