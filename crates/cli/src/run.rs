@@ -535,32 +535,32 @@ fn wait_for(pid: i32) -> Result<i32> {
 pub fn summary(a: &Args, o: &Outcome) -> String {
     let mut s = String::new();
     let prog = a.prog[0].to_string_lossy();
-    match o.signal {
-        Some(sig) => {
-            s += &format!(
-                "uzswap: {prog} killed by signal {sig} after {:.1} s\n",
-                o.seconds
-            )
-        }
-        None => {
-            s += &format!(
-                "uzswap: {prog} exited with status {} after {:.1} s\n",
-                o.code, o.seconds
-            )
-        }
-    }
     let t = &o.tree;
-    s +=
-        &format!(
-        "uzswap: the program's memory peaked at {} against its budget of {} ({:.2}x; resident, \
-         pools and runtime of its {} {}, Pss_Anon sampled every {} ms)\n",
+    // The headline: the whole program's memory against its budget.
+    s += &format!(
+        "uzswap: {prog}'s memory peaked at {} of its {} budget ({:.2}x): resident, pools and \
+         uzswap's own memory of its {} {} (Pss_Anon sampled every {} ms)\n",
         human(t.peak_bytes),
         human(a.memory_max),
         t.peak_bytes as f64 / a.memory_max as f64,
         t.processes.len().max(1),
-        if t.processes.len() > 1 { "processes" } else { "process" },
+        if t.processes.len() > 1 {
+            "processes"
+        } else {
+            "process"
+        },
         crate::tree::SAMPLE.as_millis(),
     );
+    s += &match o.signal {
+        Some(sig) => format!(
+            "uzswap: {prog} killed by signal {sig} after {:.1} s\n",
+            o.seconds
+        ),
+        None => format!(
+            "uzswap: {prog} exited with status {} after {:.1} s\n",
+            o.code, o.seconds
+        ),
+    };
     // Several processes, or one without final statistics of its own: the
     // tree's figures, from each process's last report.
     if t.processes.len() > 1 || (matches!(o.stats, FinalStats::Missing) && !t.processes.is_empty())
@@ -605,14 +605,9 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
     };
     let (pager, cache) = (&v.pager, &v.cache);
     s += &format!("uzswap: {}\n", crate::stats::faults_line(v));
-    let stored = cache.stored_pages;
-    let pool = cache.pool_total_size;
     s += &format!(
-        "uzswap: evicted {} pages, wrote back {}; at exit the pool held {stored} pages in {} ({:.2}x)\n",
-        pager.evictions,
-        cache.written_back_pages,
-        human(pool),
-        if pool > 0 { stored as f64 * 4096.0 / pool as f64 } else { 0.0 },
+        "uzswap: evicted {} pages into the pool, {} of them written back to the backing file\n",
+        pager.evictions, cache.written_back_pages,
     );
     let over = pager.peak_resident_pages.saturating_sub(pager.budget_pages);
     if pager.store_full_episodes > 0 && over > 0 {
