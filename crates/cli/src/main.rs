@@ -1,9 +1,11 @@
-//! `uzswap`: thin glue over the library crates: `run`, `stats` and the
-//! demo. Arguments are parsed and validated first (clap), then turned into
+//! `uzswap`: thin glue over the library crates: `run`, `stats`, `plot`
+//! and the demo. Arguments are parsed and validated first (clap), then turned into
 //! the real configuration; `main` only maps errors to exit codes. The
 //! benchmarks are a separate binary, `uzswap-bench` (crates/bench).
 
 mod demo;
+mod plot;
+mod record;
 mod run;
 mod stats;
 mod tree;
@@ -58,6 +60,12 @@ enum Cmd {
         #[arg(long)]
         brief: bool,
     },
+    /// Draw a recording (`uzswap run --record FILE`) as an SVG picture:
+    /// the program's memory over time against its budget (resident, pool
+    /// and uzswap's runtime stacked, the measured total as a line), what
+    /// was written to the backing file, and faults and evictions per
+    /// second.
+    Plot(plot::Args),
 }
 
 /// Writes a progress line to stderr (stdout is kept for what a command
@@ -100,6 +108,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             std::process::exit(outcome.code);
         }
+        Cmd::Plot(args) => plot::plot(&args),
         Cmd::Stats {
             pid,
             json,
