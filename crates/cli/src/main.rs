@@ -1,10 +1,12 @@
-//! `uzswap`: thin glue over the library crates: `run`, `stats` and the
-//! demo. Arguments are parsed and validated first (clap), then turned into
+//! `uzswap`: thin glue over the library crates: `run`, `stats`, `plot`
+//! and the demo. Arguments are parsed and validated first (clap), then turned into
 //! the real configuration; `main` only maps errors to exit codes. The
 //! benchmarks are a separate binary, `uzswap-bench` (crates/bench).
 
 mod demo;
 mod metrics;
+mod plot;
+mod record;
 mod run;
 mod serve;
 mod stats;
@@ -65,6 +67,12 @@ enum Cmd {
         #[arg(long, value_name = "HOST:PORT", conflicts_with_all = ["json", "prometheus", "brief"])]
         serve: Option<String>,
     },
+    /// Draw a recording (`uzswap run --record FILE`) as an SVG picture:
+    /// the program's memory over time against its budget (resident, pool
+    /// and uzswap's runtime stacked, the measured total as a line), what
+    /// was written to the backing file, and faults and evictions per
+    /// second.
+    Plot(plot::Args),
 }
 
 /// Writes a progress line to stderr (stdout is kept for what a command
@@ -107,6 +115,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             std::process::exit(outcome.code);
         }
+        Cmd::Plot(args) => plot::plot(&args),
         Cmd::Stats {
             pid,
             json,

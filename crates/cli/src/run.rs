@@ -81,6 +81,17 @@ pub struct Args {
     /// Write the final statistics (JSON) to this file.
     #[arg(long)]
     pub stats_json: Option<std::path::PathBuf>,
+    /// Record the run as a time series in FILE (JSON Lines, flushed as it
+    /// goes): the whole program's measured memory against the budget, and
+    /// every process's resident, pool, runtime, backing file, allotment,
+    /// faults and evictions. `uzswap plot FILE` draws it.
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<std::path::PathBuf>,
+    /// How often --record takes a sample: 100ms (the default and the
+    /// least: the arbiter measures the tree that often), 1s, 2.5s.
+    /// Rounded to a multiple of 100 ms.
+    #[arg(long, value_name = "TIME", requires = "record", value_parser = parse_interval)]
+    pub record_interval: Option<std::time::Duration>,
     /// The preload library (default: found beside this executable).
     #[arg(long)]
     pub preload_lib: Option<std::path::PathBuf>,
@@ -116,6 +127,33 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     };
     n.checked_mul(1 << shift)
         .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// Parses `--record-interval`: seconds, or with `ms` or `s`.
+pub fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let (num, scale) = match t.strip_suffix("ms") {
+        Some(n) => (n, 1e-3),
+        None => (t.strip_suffix('s').unwrap_or(t), 1.0),
+    };
+    let secs = num
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map(|v| v * scale)
+        .ok_or_else(|| format!("{s:?} is not a time (examples: 100ms, 1s, 2.5)"))?;
+    let least = crate::tree::SAMPLE.as_secs_f64();
+    if secs < least - 1e-9 {
+        return Err(format!(
+            "{s:?} is shorter than {} ms, how often the tree is measured: give 100ms or more",
+            crate::tree::SAMPLE.as_millis()
+        ));
+    }
+    if secs > 86_400.0 {
+        return Err(format!("{s:?} is over a day: give a shorter interval"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
 }
 
 // ---- checks before the program starts --------------------------------------
@@ -366,6 +404,9 @@ pub fn run(a: &Args) -> Result<Outcome> {
             );
         }
     }
+    if let Some(r) = &a.record {
+        crate::record::check_path(r)?;
+    }
     let lib = find_preload(a.preload_lib.as_deref())?;
     let metrics = a.metrics.as_deref().map(crate::serve::bind).transpose()?;
     let tmp = temp_dir()?;
@@ -408,13 +449,14 @@ pub fn run(a: &Args) -> Result<Outcome> {
             Ok(())
         });
     }
+    let recording = a.record.as_deref().map(|p| recording(a, p)).transpose()?;
     let started = std::time::Instant::now();
     let child = cmd
         .spawn()
         .with_context(|| format!("cannot start {}", path.display()))?;
     let pid = child.id() as i32;
     CHILD.store(pid, Ordering::Relaxed);
-    watch.start(pid as u32, a.quiet)?;
+    watch.start(pid as u32, a.quiet, recording)?;
     let endpoint = match metrics {
         Some(server) => {
             if !a.quiet {
@@ -484,6 +526,33 @@ pub fn run(a: &Args) -> Result<Outcome> {
         seconds,
         tree,
         stats,
+    })
+}
+
+/// The recording `--record` asks for: its file made and its writer
+/// started, the header to be written first.
+fn recording(a: &Args, path: &Path) -> Result<crate::tree::Recording> {
+    let sample = crate::tree::SAMPLE.as_millis() as u64;
+    let asked = a.record_interval.map_or(sample, |d| d.as_millis() as u64);
+    let every = ((asked + sample / 2) / sample).max(1);
+    let header = crate::record::Header {
+        kind: crate::record::KIND.into(),
+        format: crate::record::FORMAT,
+        uzswap_version: env!("CARGO_PKG_VERSION").into(),
+        command: a
+            .prog
+            .iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect(),
+        budget_bytes: a.memory_max,
+        started_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        interval_ms: every * sample,
+    };
+    Ok(crate::tree::Recording {
+        recorder: crate::record::Recorder::create(path, header)?,
+        every,
     })
 }
 
@@ -725,6 +794,19 @@ mod tests {
         assert!(!s.contains("evicted 0 pages"), "{s}");
         std::fs::write(&path, Snapshot::default().to_json().unwrap()).unwrap();
         assert!(matches!(read_final(&path), FinalStats::Read(_)));
+    }
+
+    #[test]
+    fn record_intervals_parse_and_refuse_less_than_a_sample() {
+        let ms = |s: &str| parse_interval(s).map(|d| d.as_millis());
+        assert_eq!(ms("100ms"), Ok(100));
+        assert_eq!(ms("1s"), Ok(1000));
+        assert_eq!(ms(" 2.5 "), Ok(2500));
+        assert!(ms("50ms").unwrap_err().contains("100ms or more"));
+        assert!(ms("0").is_err());
+        assert!(ms("soon").unwrap_err().contains("not a time"));
+        assert!(ms("-1s").is_err());
+        assert!(ms("2d").is_err());
     }
 
     #[test]

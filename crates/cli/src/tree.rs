@@ -9,8 +9,11 @@
 //!   it is shared;
 //! - going over the budget is said at once on stderr, with the reason and
 //!   the remedy, and kept for the summary and the statistics;
-//! - the summary's headline is the tree's peak against the budget.
+//! - the summary's headline is the tree's peak against the budget;
+//! - with `--record`, every few samples the tree and each process are
+//!   handed to the recording's writer (`record.rs`).
 
+use crate::record::{self, Recorder};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -31,7 +34,7 @@ const MIN_RESIDENT: u64 = 1 << 20;
 const OVER_SAMPLES: u32 = 3;
 /// Samples after the program started that do not count for the peak: the
 /// dynamic loader and the runtimes' start-up.
-const STARTUP_SAMPLES: u32 = 3;
+pub const STARTUP_SAMPLES: u32 = 3;
 
 /// The largest overshoot said so far. A later episode over the budget is
 /// said only if it goes further, by 1/64 of the budget and at least 1 MiB,
@@ -107,6 +110,13 @@ pub struct TreeReport {
     pub run_cpu_seconds: f64,
 }
 
+/// Where the arbiter sends its samples for `--record`.
+pub struct Recording {
+    pub recorder: Recorder,
+    /// A sample is recorded every this many [`SAMPLE`]s.
+    pub every: u64,
+}
+
 /// The ledger and the arbiter thread.
 pub struct Watch {
     ledger: Arc<Ledger>,
@@ -131,18 +141,25 @@ impl Watch {
         self.ledger.path()
     }
 
-    /// Starts the arbiter for the tree under `root` (the program's pid).
-    pub fn start(&mut self, root: u32, quiet: bool) -> anyhow::Result<()> {
+    /// Starts the arbiter for the tree under `root` (the program's pid),
+    /// recording to `recording` if given.
+    pub fn start(
+        &mut self,
+        root: u32,
+        quiet: bool,
+        recording: Option<Recording>,
+    ) -> anyhow::Result<()> {
         let ledger = Arc::clone(&self.ledger);
         let stop = Arc::clone(&self.stop);
         let t = std::thread::Builder::new()
             .name("uzswap-arbiter".into())
-            .spawn(move || arbitrate(ledger, root, quiet, &stop))?;
+            .spawn(move || arbitrate(ledger, root, quiet, recording, &stop))?;
         self.thread = Some(t);
         Ok(())
     }
 
-    /// Stops the arbiter and returns what it saw.
+    /// Stops the arbiter and returns what it saw (the recording, if any,
+    /// written to its end).
     pub fn finish(mut self) -> TreeReport {
         self.stop.store(true, Ordering::Relaxed);
         self.thread
@@ -152,7 +169,13 @@ impl Watch {
     }
 }
 
-fn arbitrate(ledger: Arc<Ledger>, root: u32, quiet: bool, stop: &AtomicBool) -> TreeReport {
+fn arbitrate(
+    ledger: Arc<Ledger>,
+    root: u32,
+    quiet: bool,
+    mut recording: Option<Recording>,
+    stop: &AtomicBool,
+) -> TreeReport {
     let budget = ledger.budget();
     let me = std::process::id();
     let mut arb = Arbiter::new(Arc::clone(&ledger), 0, MIN_RESIDENT);
@@ -203,6 +226,13 @@ fn arbitrate(ledger: Arc<Ledger>, root: u32, quiet: bool, stop: &AtomicBool) -> 
             let unmanaged = s.pss_anon.saturating_sub(reported);
             arb.set_reserve(own + unmanaged);
             rep.samples += 1;
+            if let Some(r) = recording.as_mut() {
+                if r.recorder.active() && (rep.samples - 1).is_multiple_of(r.every) {
+                    let t = started.elapsed().as_secs_f64();
+                    r.recorder
+                        .record(sample_of(t, budget, total, &tick, &rep.processes));
+                }
+            }
             if rep.samples > u64::from(STARTUP_SAMPLES) && total > rep.peak_bytes {
                 rep.peak_bytes = total;
                 rep.peak_at_seconds = started.elapsed().as_secs_f64();
@@ -244,9 +274,61 @@ fn arbitrate(ledger: Arc<Ledger>, root: u32, quiet: bool, stop: &AtomicBool) -> 
             rep.cpu_seconds = rep.processes.values().map(|p| p.cpu_seconds).sum();
             rep.runtime_cpu_seconds = rep.processes.values().map(|p| p.runtime_cpu_seconds).sum();
             rep.run_cpu_seconds = uzswap_os::cpu::process_cpu_seconds();
+            if let Some(r) = recording {
+                r.recorder.finish();
+            }
             return rep;
         }
         std::thread::sleep(TICK);
+    }
+}
+
+/// The recording's sample of this instant: the live processes' reports
+/// (`tick`), and the counters of every process seen (`seen`, ended ones
+/// included).
+fn sample_of(
+    t: f64,
+    budget: u64,
+    measured: u64,
+    tick: &uzswap_ledger::Tick,
+    seen: &BTreeMap<u32, Process>,
+) -> record::Sample {
+    let processes: Vec<record::ProcessSample> = tick
+        .members
+        .iter()
+        .map(|m| {
+            let u = &m.slot.usage;
+            record::ProcessSample {
+                pid: m.slot.pid,
+                comm: m.slot.comm.clone(),
+                usage: record::Usage {
+                    resident_bytes: u.resident,
+                    pool_bytes: u.pool,
+                    runtime_bytes: u.runtime,
+                    backing_bytes: u.backing,
+                    allot_bytes: m.allot,
+                    faults: u.faults,
+                    evictions: u.evictions,
+                },
+            }
+        })
+        .collect();
+    let sum = |f: fn(&record::Usage) -> u64| processes.iter().map(|p| f(&p.usage)).sum::<u64>();
+    let total = record::Usage {
+        resident_bytes: sum(|u| u.resident_bytes),
+        pool_bytes: sum(|u| u.pool_bytes),
+        runtime_bytes: sum(|u| u.runtime_bytes),
+        backing_bytes: sum(|u| u.backing_bytes),
+        allot_bytes: sum(|u| u.allot_bytes),
+        faults: seen.values().map(|p| p.faults).sum(),
+        evictions: seen.values().map(|p| p.evictions).sum(),
+    };
+    record::Sample {
+        t,
+        budget_bytes: budget,
+        measured_bytes: measured,
+        total,
+        processes,
     }
 }
 

@@ -545,11 +545,11 @@ fn the_demo_runs_a_program_in_a_quarter_of_its_memory() {
 
 /// The product binary carries no benchmarks: they are `uzswap-bench`.
 #[test]
-fn help_lists_run_stats_and_demo_and_no_benchmarks() {
+fn help_lists_run_stats_plot_and_demo_and_no_benchmarks() {
     let out = uzswap().arg("--help").output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout).unwrap();
-    for cmd in ["demo", "run", "stats"] {
+    for cmd in ["demo", "run", "stats", "plot"] {
         assert!(
             help.lines()
                 .any(|l| l.trim_start().starts_with(&format!("{cmd} "))),
