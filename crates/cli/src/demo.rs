@@ -6,7 +6,8 @@
 //! second run goes on (in place on a terminal, a line a second
 //! otherwise), then the two side by side: memory (as the kernel counts
 //! it, `Pss_Anon` sampled from /proc), where uzswap kept the rest, time,
-//! and whether every page came back right.
+//! and whether every page came back right; and the managed run as a
+//! picture (`uzswap run --record`, drawn as `uzswap plot` draws it).
 
 use crate::human;
 use anyhow::{Context, Result};
@@ -72,6 +73,8 @@ pub fn demo(mib: u32) -> Result<()> {
         .tempdir()
         .context("cannot make a directory for the run's statistics")?;
     let stats = tmp.path().join("stats.json");
+    let recording = tmp.path().join("run.jsonl");
+    let picture = std::env::temp_dir().join("uzswap-demo.svg");
     crate::note(&format!(
         "\n2/2  under uzswap, in a quarter of that:\n     uzswap run --memory-max {budget}M \
          --pool-max {pool}M -- usemem ...   (cold pages compressed into a pool of at most \
@@ -85,6 +88,8 @@ pub fn demo(mib: u32) -> Result<()> {
         .args(["--pool-max", &format!("{pool}M")])
         .arg("--stats-json")
         .arg(&stats)
+        .arg("--record")
+        .arg(&recording)
         .arg("--")
         .arg(&w.bin)
         .args(&args);
@@ -98,6 +103,15 @@ pub fn demo(mib: u32) -> Result<()> {
 
     let mut out = std::io::stdout().lock();
     write!(out, "{}", side_by_side(&alone, &under, &live.seen, budget))?;
+    let svg = crate::plot::draw(&crate::record::read(&recording)?)?;
+    std::fs::write(&picture, svg)
+        .with_context(|| format!("cannot write the picture {}", picture.display()))?;
+    writeln!(
+        out,
+        "\nthe run as a picture (memory against the budget over time, what went to disk, \
+         faults and evictions per second): {}",
+        picture.display()
+    )?;
     anyhow::ensure!(
         under.report.corrupt_pages == 0 && alone.report.corrupt_pages == 0,
         "pages came back wrong: {} under uzswap, {} on its own",
