@@ -4,6 +4,7 @@
 //! benchmarks are a separate binary, `uzswap-bench` (crates/bench).
 
 mod demo;
+mod preload;
 mod run;
 mod stats;
 mod tree;

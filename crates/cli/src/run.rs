@@ -19,9 +19,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
 use uzswap_contract::{final_stats_path, names, RunConfig, Snapshot};
 
-/// The preload library's file name (crates/preload, cdylib).
-const PRELOAD_NAME: &str = "libuzswap_preload.so";
-
 /// What `uzswap run` was asked to do.
 #[derive(clap::Args)]
 pub struct Args {
@@ -239,37 +236,6 @@ fn has_interpreter(head: &[u8]) -> Result<bool> {
     Ok(false)
 }
 
-/// The preload library: `--preload-lib`, `UZSWAP_PRELOAD_LIB`, or beside
-/// this executable (cargo puts it in `deps/` of the same target directory).
-fn find_preload(explicit: Option<&Path>) -> Result<PathBuf> {
-    let remedy = "build it with `cargo build --release -p uzswap` (it is built with the binary), \
-                  or name it with --preload-lib or UZSWAP_PRELOAD_LIB";
-    if let Some(p) = explicit
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os(names::PRELOAD_LIB).map(PathBuf::from))
-    {
-        if !p.is_file() {
-            bail!("preload library {} not found: {remedy}", p.display());
-        }
-        return Ok(std::fs::canonicalize(&p)?);
-    }
-    let exe = std::env::current_exe().context("cannot find this executable")?;
-    let dir = exe.parent().unwrap_or(Path::new("/"));
-    // Both exist after a workspace build; a build of the `uzswap` package
-    // alone refreshes only deps/, so the newer one is the current one.
-    let newest = [dir.join(PRELOAD_NAME), dir.join("deps").join(PRELOAD_NAME)]
-        .into_iter()
-        .filter_map(|c| Some((std::fs::metadata(&c).ok()?.modified().ok()?, c)))
-        .max_by_key(|(t, _)| *t);
-    if let Some((_, c)) = newest {
-        return Ok(c);
-    }
-    bail!(
-        "{PRELOAD_NAME} not found next to {} or in its deps/: {remedy}",
-        exe.display()
-    )
-}
-
 // ---- running it ------------------------------------------------------------
 
 /// The child's pid, for the signal forwarder.
@@ -345,6 +311,9 @@ pub fn run(a: &Args) -> Result<Outcome> {
     };
     let path = resolve(prog)?;
     check_program(&path)?;
+    // Held until the program ended: the tree opens it by this process's
+    // descriptor (preload.rs).
+    let lib = crate::preload::find(a.preload_lib.as_deref())?;
     uzswap_region::sys::Uffd::open(0, None).context("the program's pages could not be managed")?;
     if let Some(b) = &config.backing {
         let dir = if b.is_dir() {
@@ -362,7 +331,6 @@ pub fn run(a: &Args) -> Result<Outcome> {
             );
         }
     }
-    let lib = find_preload(a.preload_lib.as_deref())?;
     let tmp = temp_dir()?;
     let final_base = tmp.path().join("stats.json");
     config.final_stats = Some(final_base.clone());
@@ -370,7 +338,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
         .context("cannot make the ledger the program's processes share their budget in")?;
     config.ledger = Some(watch.path().to_owned());
 
-    let mut preload = lib.as_os_str().to_owned();
+    let mut preload = lib.path().as_os_str().to_owned();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
         preload.push(":");
         preload.push(old);
@@ -427,6 +395,9 @@ pub fn run(a: &Args) -> Result<Outcome> {
     }
     let status = wait_for(pid)?;
     CHILD.store(0, Ordering::Relaxed);
+    // The program is gone; a process it left behind that execs now runs
+    // unmanaged (preload.rs).
+    drop(lib);
     let tree = watch.finish();
     let seconds = started.elapsed().as_secs_f64();
     let (code, signal) = if libc::WIFSIGNALED(status) {
