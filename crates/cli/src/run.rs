@@ -2,8 +2,10 @@
 //!
 //! Everything that can be checked is checked before the program starts
 //! (it exists and is executable, it is dynamically linked and not setuid,
-//! userfaultfd is usable, the preload library is found); then the program
-//! runs with `crates/preload` in `LD_PRELOAD` and its settings in
+//! the preload library is there, userfaultfd is usable); then the program
+//! runs with `crates/preload` in `LD_PRELOAD` (the copy this binary
+//! carries, from a memory file of this process: `preload.rs`; or the file
+//! `--preload-lib` names) and its settings in
 //! `UZSWAP_*` variables (a `uzswap_contract::RunConfig`, validated here
 //! first), and this process waits, passes its exit status on (a signal `N`
 //! becomes `128 + N`, as shells do) and prints a summary of the final
@@ -74,8 +76,10 @@ pub struct Args {
     /// Write the final statistics (JSON) to this file.
     #[arg(long)]
     pub stats_json: Option<std::path::PathBuf>,
-    /// The preload library (default: found beside this executable).
-    #[arg(long)]
+    /// Preload this file as the runtime instead of the copy built into
+    /// uzswap (e.g. one built with debugging information: `cargo build
+    /// -p uzswap-preload`). Also UZSWAP_PRELOAD_LIB.
+    #[arg(long, value_name = "FILE")]
     pub preload_lib: Option<std::path::PathBuf>,
     /// No start line and no summary.
     #[arg(long, short)]
