@@ -143,12 +143,18 @@ fn main() {
             lib.display()
         ));
     }
-    let deps = dep_info(&built.join("libuzswap_preload.d"));
+    // Registry sources do not change under a version (Cargo.lock names it).
+    let deps: Vec<PathBuf> = dep_info(&built.join("libuzswap_preload.d"))
+        .into_iter()
+        .filter(|d| d.starts_with(&ws))
+        .collect();
     if deps.is_empty() {
-        // No dep-info to read: any change under crates/ will do.
+        // No dep-info to read, or one written where the workspace was
+        // before it moved (a fresh build does not rewrite it): any change
+        // under crates/ will do.
         println!("cargo:rerun-if-changed={}", ws.join("crates").display());
     }
-    for dep in deps.iter().filter(|d| d.starts_with(&ws)) {
+    for dep in &deps {
         println!("cargo:rerun-if-changed={}", dep.display());
     }
     println!("cargo:rerun-if-changed={}", ws.join("Cargo.lock").display());
