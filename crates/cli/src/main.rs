@@ -6,6 +6,7 @@
 mod demo;
 mod metrics;
 mod plot;
+mod preload;
 mod record;
 mod run;
 mod serve;

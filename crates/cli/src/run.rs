@@ -2,8 +2,10 @@
 //!
 //! Everything that can be checked is checked before the program starts
 //! (it exists and is executable, it is dynamically linked and not setuid,
-//! userfaultfd is usable, the preload library is found); then the program
-//! runs with `crates/preload` in `LD_PRELOAD` and its settings in
+//! the preload library is there, userfaultfd is usable); then the program
+//! runs with `crates/preload` in `LD_PRELOAD` (the copy this binary
+//! carries, from a memory file of this process: `preload.rs`; or the file
+//! `--preload-lib` names) and its settings in
 //! `UZSWAP_*` variables (a `uzswap_contract::RunConfig`, validated here
 //! first), and this process waits, passes its exit status on (a signal `N`
 //! becomes `128 + N`, as shells do) and prints a summary of the final
@@ -18,9 +20,6 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
 use uzswap_contract::{final_stats_path, names, RunConfig, Snapshot};
-
-/// The preload library's file name (crates/preload, cdylib).
-const PRELOAD_NAME: &str = "libuzswap_preload.so";
 
 /// What `uzswap run` was asked to do.
 #[derive(clap::Args)]
@@ -92,8 +91,10 @@ pub struct Args {
     /// Rounded to a multiple of 100 ms.
     #[arg(long, value_name = "TIME", requires = "record", value_parser = parse_interval)]
     pub record_interval: Option<std::time::Duration>,
-    /// The preload library (default: found beside this executable).
-    #[arg(long)]
+    /// Preload this file as the runtime instead of the copy built into
+    /// uzswap (e.g. one built with debugging information: `cargo build
+    /// -p uzswap-preload`). Also UZSWAP_PRELOAD_LIB.
+    #[arg(long, value_name = "FILE")]
     pub preload_lib: Option<std::path::PathBuf>,
     /// No start line and no summary.
     #[arg(long, short)]
@@ -281,37 +282,6 @@ fn has_interpreter(head: &[u8]) -> Result<bool> {
     Ok(false)
 }
 
-/// The preload library: `--preload-lib`, `UZSWAP_PRELOAD_LIB`, or beside
-/// this executable (cargo puts it in `deps/` of the same target directory).
-fn find_preload(explicit: Option<&Path>) -> Result<PathBuf> {
-    let remedy = "build it with `cargo build --release -p uzswap` (it is built with the binary), \
-                  or name it with --preload-lib or UZSWAP_PRELOAD_LIB";
-    if let Some(p) = explicit
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os(names::PRELOAD_LIB).map(PathBuf::from))
-    {
-        if !p.is_file() {
-            bail!("preload library {} not found: {remedy}", p.display());
-        }
-        return Ok(std::fs::canonicalize(&p)?);
-    }
-    let exe = std::env::current_exe().context("cannot find this executable")?;
-    let dir = exe.parent().unwrap_or(Path::new("/"));
-    // Both exist after a workspace build; a build of the `uzswap` package
-    // alone refreshes only deps/, so the newer one is the current one.
-    let newest = [dir.join(PRELOAD_NAME), dir.join("deps").join(PRELOAD_NAME)]
-        .into_iter()
-        .filter_map(|c| Some((std::fs::metadata(&c).ok()?.modified().ok()?, c)))
-        .max_by_key(|(t, _)| *t);
-    if let Some((_, c)) = newest {
-        return Ok(c);
-    }
-    bail!(
-        "{PRELOAD_NAME} not found next to {} or in its deps/: {remedy}",
-        exe.display()
-    )
-}
-
 // ---- running it ------------------------------------------------------------
 
 /// The child's pid, for the signal forwarder.
@@ -387,6 +357,9 @@ pub fn run(a: &Args) -> Result<Outcome> {
     };
     let path = resolve(prog)?;
     check_program(&path)?;
+    // Held until the program ended: the tree opens it by this process's
+    // descriptor (preload.rs).
+    let lib = crate::preload::find(a.preload_lib.as_deref())?;
     uzswap_region::sys::Uffd::open(0, None).context("the program's pages could not be managed")?;
     if let Some(b) = &config.backing {
         let dir = if b.is_dir() {
@@ -407,7 +380,6 @@ pub fn run(a: &Args) -> Result<Outcome> {
     if let Some(r) = &a.record {
         crate::record::check_path(r)?;
     }
-    let lib = find_preload(a.preload_lib.as_deref())?;
     let metrics = a.metrics.as_deref().map(crate::serve::bind).transpose()?;
     let tmp = temp_dir()?;
     let final_base = tmp.path().join("stats.json");
@@ -416,7 +388,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
         .context("cannot make the ledger the program's processes share their budget in")?;
     config.ledger = Some(watch.path().to_owned());
 
-    let mut preload = lib.as_os_str().to_owned();
+    let mut preload = lib.path().as_os_str().to_owned();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
         preload.push(":");
         preload.push(old);
@@ -487,6 +459,9 @@ pub fn run(a: &Args) -> Result<Outcome> {
     let status = wait_for(pid)?;
     CHILD.store(0, Ordering::Relaxed);
     drop(endpoint);
+    // The program is gone; a process it left behind that execs now runs
+    // unmanaged (preload.rs).
+    drop(lib);
     let tree = watch.finish();
     let seconds = started.elapsed().as_secs_f64();
     let (code, signal) = if libc::WIFSIGNALED(status) {

@@ -354,6 +354,125 @@ fn a_bad_cold_compressor_is_a_usage_error() {
     assert!(err.contains("zstd level out of range"), "{err}");
 }
 
+/// Issue 30: a `--preload-lib` (or `UZSWAP_PRELOAD_LIB`) naming no file is
+/// refused before anything runs, naming the file and the remedy.
+#[test]
+fn a_missing_preload_library_is_refused_with_the_remedy() {
+    let missing = scratch().join("no-such-libuzswap_preload.so");
+    let missing = missing.to_str().unwrap();
+    for (flag, var) in [(Some(missing), None), (None, Some(missing))] {
+        let mut cmd = uzswap();
+        cmd.args(["run", "--memory-max", "8M"]);
+        cmd.env_remove(uzswap_contract::names::PRELOAD_LIB);
+        if let Some(f) = flag {
+            cmd.args(["--preload-lib", f]);
+        }
+        if let Some(v) = var {
+            cmd.env(uzswap_contract::names::PRELOAD_LIB, v);
+        }
+        let out = cmd.args(["--", "true"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{err}");
+        assert!(
+            err.contains(&format!("preload library {missing} not found")),
+            "{err}"
+        );
+        assert!(err.contains("leave both out"), "{err}");
+    }
+}
+
+/// Issue 30, one binary: the `uzswap` file alone in an empty directory (no
+/// library beside it, none named) runs a program managed, the runtime it
+/// carries preloaded from `uzswap run`'s memory file. The program checks
+/// its 96 MiB of distinct pages in a 32 MiB budget; the statistics show
+/// they were evicted and stored.
+#[test]
+fn the_one_binary_alone_in_an_empty_directory_manages_a_program() {
+    require_uffd!();
+    if common::missing("python3", &["python3", "-c", "pass"]) {
+        return;
+    }
+    let dir = scratch().join("one-binary");
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("uzswap");
+    std::fs::copy(env!("CARGO_BIN_EXE_uzswap"), &exe).unwrap();
+    let stats = dir.join("stats.json");
+    // 96 buffers of 1 MiB, every page of its own content; each checked
+    // after all were made.
+    let script = r#"
+import hashlib, os
+def page(i, p):
+    return hashlib.sha256(b"%d.%d" % (i, p)).digest() * 128
+bufs = [bytearray(b"".join(page(i, p) for p in range(256))) for i in range(96)]
+bad = sum(bufs[i][p * 4096:(p + 1) * 4096] != page(i, p) for i in range(96) for p in range(256))
+print("LD_PRELOAD=" + os.environ.get("LD_PRELOAD", ""))
+print("%d bad" % bad)
+"#;
+    let mut cmd = Command::new(&exe);
+    cmd.current_dir(&dir)
+        .env_remove(uzswap_contract::names::PRELOAD_LIB)
+        .args(["run", "--memory-max", "32M", "--backing-file"])
+        .arg(&dir)
+        .arg("--stats-json")
+        .arg(&stats)
+        .args(["--", "python3", "-c", script]);
+    let f = run_sampling(cmd, Duration::from_millis(100), |_| {}, |_, _| {});
+    eprintln!("--- stdout\n{}--- stderr\n{}---", f.stdout, f.stderr);
+    assert_eq!(f.code, Some(0));
+    assert!(f.stdout.contains("\n0 bad"), "{}", f.stdout);
+    // The carried copy, by `uzswap run`'s descriptor, not a file.
+    assert!(f.stdout.contains("LD_PRELOAD=/proc/"), "{}", f.stdout);
+    assert!(!f.stderr.contains("cannot be preloaded"), "{}", f.stderr);
+    let v = final_stats(&stats);
+    let evictions = v["pager"]["evictions"].as_u64().unwrap();
+    // At least the 64 MiB over the budget left memory, less a margin.
+    assert!(evictions >= 12288, "{evictions} evictions: {v}");
+    let stored = v["cache"]["stored_pages"].as_u64().unwrap();
+    assert!(stored > 0, "nothing stored at exit: {v}");
+}
+
+/// A process the program leaves behind that execs after `uzswap run`
+/// ended cannot open the carried runtime (it was `uzswap run`'s
+/// descriptor): the loader says so and the program runs unmanaged, and
+/// nothing worse happens.
+#[test]
+fn a_process_left_behind_runs_unmanaged_after_uzswap_run_ended() {
+    require_uffd!();
+    let dir = scratch().join("left-behind");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("out");
+    let script = format!(
+        "(sleep 2; exec /bin/echo left behind) >{} 2>&1 </dev/null &",
+        out.display()
+    );
+    let ran = uzswap()
+        .env_remove(uzswap_contract::names::PRELOAD_LIB)
+        .args([
+            "run",
+            "-q",
+            "--memory-max",
+            "16M",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(ran.status.code(), Some(0), "{ran:?}");
+    let mut text = String::new();
+    for _ in 0..200 {
+        text = std::fs::read_to_string(&out).unwrap_or_default();
+        if text.contains("left behind") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(text.contains("left behind\n"), "{text:?}");
+    assert!(text.contains("cannot be preloaded"), "{text:?}");
+    assert!(!text.contains("uzswap: cannot start"), "{text:?}");
+}
+
 #[test]
 fn programs_that_cannot_be_managed_are_refused_before_they_start() {
     // These checks come before userfaultfd is needed.
