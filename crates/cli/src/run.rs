@@ -443,7 +443,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
     };
     if !a.quiet {
         crate::note(&format!(
-            "running {} as pid {pid}: memory max {} for the whole program, pool max {}, {}{}, backing {}; `uzswap stats {pid}` shows it live",
+            "uzswap: running {} as pid {pid}: memory max {} for the whole program, pool max {}, {}{}, backing {}; `uzswap stats {pid}` shows it live",
             prog.to_string_lossy(),
             human(a.memory_max),
             a.pool_max.map_or("half of each process's share".into(), human),
