@@ -464,11 +464,13 @@ fn uzswap_run_serves_its_own_metrics() {
         )),
         "{body}"
     );
-    let _ = run.kill();
+    // Its program first: once `uzswap run` is gone its children are
+    // init's, and no longer found among its descendants.
     for p in descendants(run.id()).into_iter().rev() {
         // SAFETY: a signal to a process this test started.
         unsafe { libc::kill(p as i32, libc::SIGKILL) };
     }
+    let _ = run.kill();
     let _ = run.wait();
 }
 
