@@ -15,7 +15,8 @@ pub const COMPRESSOR: &str = "UZSWAP_COMPRESSOR";
 /// The compressor of cold pages ([`crate::RunConfig::cold_compressor`];
 /// unset or empty: none).
 pub const COLD_COMPRESSOR: &str = "UZSWAP_COLD_COMPRESSOR";
-/// The backing file or directory ([`crate::RunConfig::backing`]; unset or
+/// The backing file or directory, or a Redis address
+/// `redis://HOST:PORT[,...]` ([`crate::RunConfig::backing`]; unset or
 /// empty: none).
 pub const BACKING: &str = "UZSWAP_BACKING";
 /// `1` or `0`: store identical pages once ([`crate::RunConfig::dedup`]).

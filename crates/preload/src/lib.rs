@@ -59,9 +59,10 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, OnceLock};
-use uzswap_cache::{Backing, Cache, CacheConfig, PoolLimit};
-use uzswap_contract::RunConfig;
+use uzswap_cache::{Backing, BackingStore, Cache, CacheConfig, PoolLimit};
+use uzswap_contract::{BackingTier, RunConfig};
 use uzswap_region::{Pager, PagerConfig, PAGE_SIZE};
+use uzswap_remote::RedisBacking;
 
 // ---- the runtime's own heap: glibc ----------------------------------------
 
@@ -158,6 +159,9 @@ struct Runtime {
     cache: Arc<Cache>,
     /// This process's slot in the tree's ledger, if `uzswap run` made one.
     share: Option<Arc<share::Share>>,
+    /// The remote tier, if the backing tier is one: kept here (the cache
+    /// holds it too) so that the exit handler can delete its keys.
+    remote: Option<Arc<RedisBacking>>,
     config: RunConfig,
     started: std::time::Instant,
 }
@@ -633,6 +637,14 @@ fn start() -> Result<(), String> {
         None => None,
     };
 
+    // An unreachable server stops the program before it starts (as a
+    // backing directory that cannot take a file does).
+    let remote = match &config.backing {
+        Some(BackingTier::Redis(url)) => Some(Arc::new(
+            RedisBacking::connect(url).map_err(|e| e.to_string())?,
+        )),
+        _ => None,
+    };
     let cache_cfg = CacheConfig {
         compressor: config.compressor,
         cold_compressor: config.cold_compressor,
@@ -642,10 +654,11 @@ fn start() -> Result<(), String> {
                 .pool_max
                 .map_or(PoolLimit::Percent(20), PoolLimit::Bytes),
         },
-        backing: config
-            .backing
-            .as_ref()
-            .map_or(Backing::None, |p| Backing::File(p.clone())),
+        backing: match (&config.backing, &remote) {
+            (Some(BackingTier::File(p)), _) => Backing::File(p.clone()),
+            (Some(BackingTier::Redis(_)), Some(r)) => Backing::Store(Box::new(Arc::clone(r))),
+            _ => Backing::None,
+        },
         thread_start: Some(mark_thread_internal),
         dedup: config.dedup,
         // Every area belongs to this one program: a page may share with
@@ -689,6 +702,7 @@ fn start() -> Result<(), String> {
         space,
         cache,
         share,
+        remote,
         config,
         started: std::time::Instant::now(),
     };
@@ -743,6 +757,17 @@ extern "C" fn at_exit() {
             sh.measure_cpu();
             sh.charge(Some(rt.space.pager()), Some(&*rt.cache));
             sh.leave();
+        }
+        // Nothing stays on the server: a page the program touches from
+        // here on (another thread still running while it exits) fails to
+        // load (SIGBUS); keys the program leaves by dying expire instead.
+        if let Some(r) = &rt.remote {
+            if let Err(e) = r.clear() {
+                sys::warn(&format!(
+                    "cannot delete the pages left on {}: {e}; they expire with their time-to-live",
+                    r.describe()
+                ));
+            }
         }
     }
     leave_internal();
