@@ -5,6 +5,7 @@
 
 mod demo;
 mod metrics;
+mod remote;
 mod run;
 mod serve;
 mod stats;

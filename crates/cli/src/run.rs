@@ -333,6 +333,7 @@ fn run_config(a: &Args) -> Result<RunConfig> {
         final_stats: None, // set once its directory exists
         reserve: RunConfig::reserve_from_lookup(|n: &str| std::env::var_os(n))?,
         ledger: None, // set once it exists
+        remote_prefix: None,
     };
     config.validate()?;
     Ok(config)
@@ -364,6 +365,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
         // The runtime connects again in the program; refused here, the
         // program never starts.
         uzswap_remote::RedisBacking::connect(url).context("--backing")?;
+        config.remote_prefix = Some(uzswap_remote::run_prefix()?);
     }
     if let Some(BackingTier::File(b)) = &config.backing {
         let dir = if b.is_dir() {
@@ -461,6 +463,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
     CHILD.store(0, Ordering::Relaxed);
     drop(endpoint);
     let tree = watch.finish();
+    crate::remote::sweep(&config);
     let seconds = started.elapsed().as_secs_f64();
     let (code, signal) = if libc::WIFSIGNALED(status) {
         let s = libc::WTERMSIG(status);

@@ -317,6 +317,19 @@ fn forked_and_execed_children_with_cpu_handlers() {
     forked_and_execed(&["--cpu-handlers"]);
 }
 
+/// The same with a Redis server as the backing tier: each managed child
+/// copies the parent's keys into a namespace of its own
+/// (`fork_private`); every process deletes its own at exit.
+#[test]
+fn forked_and_execed_with_a_redis_backing_tier() {
+    require_uffd!();
+    let Some(srv) = uzswap_remote::testing::Server::start() else {
+        return;
+    };
+    forked_and_execed(&["--backing", &srv.url()]);
+    assert_eq!(srv.dbsize(), 0, "keys were left on the server");
+}
+
 fn forked_and_execed(extra: &[&str]) {
     require_uffd!();
     let Some(prog) = build("forkexec", &[]) else {

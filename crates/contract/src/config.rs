@@ -73,6 +73,12 @@ pub struct RunConfig {
     /// is this process's alone (the library's regions, tests).
     #[serde(skip)]
     pub ledger: Option<PathBuf>,
+    /// What the keys of a remote backing tier start with: `uzswap run`
+    /// gives each run its own, and deletes at the end every key under it
+    /// that the run's processes left (one that exec'd, one that was
+    /// killed). `None`: `uzswap`. Unused with a file.
+    #[serde(skip)]
+    pub remote_prefix: Option<String>,
 }
 
 /// Where pages the pool cannot take are written back.
@@ -196,6 +202,7 @@ impl RunConfig {
             final_stats: None,
             reserve: DEFAULT_RESERVE,
             ledger: None,
+            remote_prefix: None,
         }
     }
 
@@ -257,6 +264,9 @@ impl RunConfig {
         if let Some(l) = &self.ledger {
             env.push((names::LEDGER, l.clone().into_os_string()));
         }
+        if let Some(p) = &self.remote_prefix {
+            env.push((names::REMOTE_PREFIX, p.into()));
+        }
         if let Some(f) = &self.final_stats {
             env.push((names::FINAL_STATS, f.clone().into_os_string()));
         }
@@ -314,6 +324,9 @@ impl RunConfig {
             dedup: switch(names::DEDUP)?,
             final_stats: nonempty(names::FINAL_STATS).map(PathBuf::from),
             ledger: nonempty(names::LEDGER).map(PathBuf::from),
+            remote_prefix: nonempty(names::REMOTE_PREFIX)
+                .map(|v| utf8(names::REMOTE_PREFIX, v))
+                .transpose()?,
             reserve: RunConfig::reserve_from_lookup(get)?,
         };
         config.validate()?;
@@ -428,6 +441,7 @@ mod tests {
             final_stats: Some("/tmp/uzswap-run.1.0/stats.json".into()),
             reserve: 1 << 36,
             ledger: Some("/proc/1/fd/3".into()),
+            remote_prefix: Some("uzswap:0123456789abcdef".into()),
         }
     }
 

@@ -640,9 +640,15 @@ fn start() -> Result<(), String> {
     // An unreachable server stops the program before it starts (as a
     // backing directory that cannot take a file does).
     let remote = match &config.backing {
-        Some(BackingTier::Redis(url)) => Some(Arc::new(
-            RedisBacking::connect(url).map_err(|e| e.to_string())?,
-        )),
+        Some(BackingTier::Redis(url)) => {
+            let mut rc = uzswap_remote::RemoteConfig::default();
+            if let Some(p) = &config.remote_prefix {
+                rc.prefix = p.clone();
+            }
+            Some(Arc::new(
+                RedisBacking::connect_with(url, rc).map_err(|e| e.to_string())?,
+            ))
+        }
         _ => None,
     };
     let cache_cfg = CacheConfig {

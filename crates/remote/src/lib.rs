@@ -46,7 +46,7 @@ pub use url::{BadUrl, RedisUrl, SCHEME, URL_FORM};
 
 use redis::{Cmd, ConnectionLike, RedisResult, Value};
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use uzswap_cache::{BackingStore, PAGE_SIZE};
 use uzswap_os::lock::Mutex;
@@ -71,6 +71,11 @@ pub struct RemoteConfig {
     /// Idle connections kept for reuse (more are made while more callers
     /// are in flight, and closed when they come back). Default 8.
     pub idle_connections: usize,
+    /// What every key starts with: `PREFIX:<namespace>:<slot>`. Letters,
+    /// digits, `:`, `_` and `-` only. `uzswap run` gives each run its own
+    /// (`uzswap:<run id>`), so that [`sweep`] can delete whatever the
+    /// run's processes left. Default `uzswap`.
+    pub prefix: String,
 }
 
 impl Default for RemoteConfig {
@@ -79,6 +84,7 @@ impl Default for RemoteConfig {
             ttl: Duration::from_secs(24 * 3600),
             timeout: Duration::from_secs(2),
             idle_connections: 8,
+            prefix: "uzswap".into(),
         }
     }
 }
@@ -186,6 +192,13 @@ pub struct RedisBacking {
     pool: Mutex<Vec<Conn>>,
     /// Bit `s` set: slot `s` may hold a key (lock order: a leaf).
     live: Mutex<Vec<u64>>,
+    /// Set by `clear`: writes fail from then on. With `writing` (writes
+    /// in flight), a Dekker pair in SeqCst: a write counts itself, then
+    /// checks `closed`; `clear` sets `closed`, then waits for `writing`
+    /// to reach 0. So either the write sees the store closed, or `clear`
+    /// waits for it, and no key is stored after `clear` took the list.
+    closed: AtomicBool,
+    writing: AtomicU64,
     counters: Counters,
 }
 
@@ -227,6 +240,7 @@ impl RedisBacking {
                 cfg.ttl
             )));
         }
+        check_prefix(&cfg.prefix)?;
         if cfg.timeout.is_zero() {
             return Err(RemoteError::Config(
                 "timeout of 0: give how long a round trip may take, e.g. 2 s".into(),
@@ -272,6 +286,8 @@ impl RedisBacking {
             ns: [AtomicU64::new((ns >> 64) as u64), AtomicU64::new(ns as u64)],
             pool: Mutex::new(Vec::new()),
             live: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
+            writing: AtomicU64::new(0),
             counters: Counters::default(),
         };
         // One round trip now: an unreachable server is refused here, not
@@ -307,16 +323,24 @@ impl RedisBacking {
 
     /// The key of slot `slot` in the current namespace.
     pub fn key(&self, slot: u64) -> String {
-        key_of(self.ns(), slot)
+        key_of(&self.cfg.prefix, self.ns(), slot)
     }
 
     fn ns(&self) -> u128 {
         u128::from(self.ns[0].load(RELAXED)) << 64 | u128::from(self.ns[1].load(RELAXED))
     }
 
-    /// Unlinks every key the store still holds. Later writes work as
-    /// before (the cache does not write after this at exit).
+    /// Closes the store and unlinks every key it still holds: writes fail
+    /// from then on (a cache's writer still running at exit stores
+    /// nothing more); loads of what was deleted fail as missing.
     pub fn clear(&self) -> io::Result<()> {
+        self.closed.store(true, Ordering::SeqCst);
+        // Writes in flight finish (each within the timeout) before the
+        // list of keys is taken.
+        let until = std::time::Instant::now() + 2 * self.cfg.timeout;
+        while self.writing.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let slots = {
             let mut live = self.live.lock();
             let slots = set_bits(&live, 0, u64::MAX);
@@ -330,7 +354,7 @@ impl RedisBacking {
     fn unlink(&self, slots: &[u64]) -> io::Result<()> {
         let ns = self.ns();
         for chunk in slots.chunks(CHUNK as usize) {
-            let cmds = key_cmds("UNLINK", ns, chunk);
+            let cmds = key_cmds("UNLINK", &self.cfg.prefix, ns, chunk);
             self.round_trip(|c| c.pipeline(cmds))?;
         }
         Ok(())
@@ -382,6 +406,29 @@ impl RedisBacking {
         self.counters.errors.fetch_add(1, RELAXED);
     }
 
+    /// `write_slots` on an open store.
+    fn write_open(&self, first: u64, pages: &[&[u8]]) -> io::Result<()> {
+        // Marked before the write goes out: a write that fails half-way
+        // may have stored some keys, and `clear` must find them.
+        self.mark_live(first, pages.len() as u64);
+        let ns = self.ns();
+        let ttl = self.cfg.ttl.as_secs();
+        let mut sent = 0;
+        let cmds: Vec<Cmd> = pages
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let key = key_of(&self.cfg.prefix, ns, first + i as u64);
+                sent += key.len() + p.len();
+                let mut c = redis::cmd("SET");
+                c.arg(key).arg(*p).arg("EX").arg(ttl);
+                c
+            })
+            .collect();
+        self.counters.bytes_sent.fetch_add(sent as u64, RELAXED);
+        self.round_trip(|c| c.pipeline(cmds)).map(drop)
+    }
+
     /// Marks `first..first+n` as holding keys.
     fn mark_live(&self, first: u64, n: u64) {
         let mut live = self.live.lock();
@@ -395,18 +442,116 @@ impl RedisBacking {
     }
 }
 
-fn key_of(ns: u128, slot: u64) -> String {
-    format!("uzswap:{ns:032x}:{slot}")
+fn key_of(prefix: &str, ns: u128, slot: u64) -> String {
+    format!("{prefix}:{ns:032x}:{slot}")
 }
 
 /// `VERB key` for the key of each of `slots` in namespace `ns`.
-fn key_cmds(verb: &str, ns: u128, slots: &[u64]) -> Vec<Cmd> {
+fn key_cmds(verb: &str, prefix: &str, ns: u128, slots: &[u64]) -> Vec<Cmd> {
     slots
         .iter()
         .map(|&s| {
             let mut c = redis::cmd(verb);
-            c.arg(key_of(ns, s));
+            c.arg(key_of(prefix, ns, s));
             c
+        })
+        .collect()
+}
+
+/// A key prefix: not empty, of letters, digits, `:`, `_` and `-` (no
+/// glob characters, which [`sweep`] matches with, and no hash tag).
+fn check_prefix(prefix: &str) -> Result<(), RemoteError> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, ':' | '_' | '-');
+    if prefix.is_empty() || !prefix.chars().all(ok) || prefix.len() > 128 {
+        return Err(RemoteError::Config(format!(
+            "key prefix {prefix:?}: use 1 to 128 letters, digits, ':', '_' or '-'"
+        )));
+    }
+    Ok(())
+}
+
+/// A prefix for one run's keys: `uzswap:<64 random bits>`.
+pub fn run_prefix() -> Result<String, RemoteError> {
+    let r = random_ns().map_err(RemoteError::Random)?;
+    Ok(format!("uzswap:{:016x}", r as u64))
+}
+
+/// Deletes every key under `prefix` on the server or cluster at `url`
+/// (on each master, `SCAN MATCH prefix:*` and `UNLINK`), and returns how
+/// many there were: what the processes of a run left (one that exec'd
+/// without exiting, one that was killed). Only for a prefix no running
+/// store uses.
+pub fn sweep(url: &str, prefix: &str, timeout: Duration) -> Result<u64, RemoteError> {
+    let parsed = RedisUrl::parse(url)?;
+    check_prefix(prefix)?;
+    let shown = parsed.to_string();
+    let fail = |e: redis::RedisError| RemoteError::Connect {
+        url: shown.clone(),
+        source: io_err(e),
+    };
+    let connect = |node: &str| -> redis::RedisResult<redis::Connection> {
+        let c = redis::Client::open(node)?.get_connection_with_timeout(timeout)?;
+        c.set_read_timeout(Some(timeout))?;
+        c.set_write_timeout(Some(timeout))?;
+        Ok(c)
+    };
+    let seeds = parsed.node_urls();
+    let mut first = connect(&seeds[0]).map_err(fail)?;
+    let info: String = redis::cmd("INFO")
+        .arg("cluster")
+        .query(&mut first)
+        .map_err(fail)?;
+    let masters = if info.lines().any(|l| l.trim() == "cluster_enabled:1") {
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query(&mut first)
+            .map_err(fail)?;
+        cluster_masters(&nodes)
+    } else {
+        vec![seeds[0].clone()]
+    };
+    let mut n = 0;
+    for m in masters {
+        let mut c = connect(&m).map_err(fail)?;
+        let mut cursor = 0u64;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{prefix}:*"))
+                .arg("COUNT")
+                .arg(1000)
+                .query(&mut c)
+                .map_err(fail)?;
+            if !keys.is_empty() {
+                let mut p = redis::pipe();
+                for k in &keys {
+                    p.cmd("UNLINK").arg(k).ignore();
+                }
+                p.query::<()>(&mut c).map_err(fail)?;
+                n += keys.len() as u64;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(n)
+}
+
+/// The masters in a `CLUSTER NODES` answer, as `redis://IP:PORT`: each
+/// line is `id ip:port@cport[,hostname] flags ...`.
+fn cluster_masters(nodes: &str) -> Vec<String> {
+    nodes
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let flags = f.get(2)?;
+            let master = flags.split(',').any(|x| x == "master")
+                && !flags.split(',').any(|x| x == "fail" || x == "noaddr");
+            let addr = f.get(1)?.split('@').next()?;
+            master.then(|| format!("{SCHEME}{addr}"))
         })
         .collect()
 }
@@ -440,25 +585,16 @@ impl BackingStore for RedisBacking {
                 "remote tier: a slot is exactly one 4096-byte page",
             ));
         }
-        // Marked before the write goes out: a write that fails half-way
-        // may have stored some keys, and `clear` must find them.
-        self.mark_live(first, pages.len() as u64);
-        let ns = self.ns();
-        let ttl = self.cfg.ttl.as_secs();
-        let mut sent = 0;
-        let cmds: Vec<Cmd> = pages
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let key = key_of(ns, first + i as u64);
-                sent += key.len() + p.len();
-                let mut c = redis::cmd("SET");
-                c.arg(key).arg(*p).arg("EX").arg(ttl);
-                c
-            })
-            .collect();
-        self.counters.bytes_sent.fetch_add(sent as u64, RELAXED);
-        self.round_trip(|c| c.pipeline(cmds)).map(drop)
+        self.writing.fetch_add(1, Ordering::SeqCst);
+        let r = if self.closed.load(Ordering::SeqCst) {
+            Err(io::Error::other(
+                "remote tier: the store was closed (the program is exiting)",
+            ))
+        } else {
+            self.write_open(first, pages)
+        };
+        self.writing.fetch_sub(1, Ordering::SeqCst);
+        r
     }
 
     /// `GET key`: a missing key or a value of the wrong size is an error.
@@ -564,7 +700,7 @@ impl BackingStore for RedisBacking {
         self.ns[1].store(new as u64, RELAXED);
         let ttl = self.cfg.ttl.as_secs();
         for chunk in slots.chunks(CHUNK as usize) {
-            let gets = key_cmds("GET", old, chunk);
+            let gets = key_cmds("GET", &self.cfg.prefix, old, chunk);
             let values = self.round_trip(|c| c.pipeline(gets))?;
             let mut sets = Vec::new();
             let mut copied = Vec::new();
@@ -574,7 +710,10 @@ impl BackingStore for RedisBacking {
                         .bytes_received
                         .fetch_add(bytes.len() as u64, RELAXED);
                     let mut c = redis::cmd("SET");
-                    c.arg(key_of(new, s)).arg(bytes).arg("EX").arg(ttl);
+                    c.arg(key_of(&self.cfg.prefix, new, s))
+                        .arg(bytes)
+                        .arg("EX")
+                        .arg(ttl);
                     sets.push(c);
                     copied.push(s);
                 }
@@ -615,7 +754,7 @@ mod tests {
 
     #[test]
     fn keys_are_namespaced_and_unhashed() {
-        let k = key_of(0xab, 7);
+        let k = key_of("uzswap", 0xab, 7);
         assert_eq!(k, format!("uzswap:{:032x}:7", 0xab));
         assert!(!k.contains('{'), "no hash tag: keys spread over a cluster");
     }

@@ -60,7 +60,7 @@ impl Server {
 
     fn start_mode(cluster: bool) -> Option<Server> {
         if server_binary().is_none() {
-            println!("{SKIP}");
+            eprintln!("{SKIP}");
             return None;
         }
         let port = free_port();
@@ -182,7 +182,7 @@ impl Cluster {
     pub fn start() -> Option<Cluster> {
         let cli = cli_binary();
         if server_binary().is_none() || cli.is_none() {
-            println!("{SKIP}");
+            eprintln!("{SKIP}");
             return None;
         }
         let nodes: Vec<Server> = (0..3)

@@ -342,3 +342,38 @@ fn fork_private_copies_into_a_namespace_of_its_own() {
     assert_eq!(srv.dbsize(), 96);
     assert!(srv.keys().iter().all(|k| k.contains(&old)));
 }
+
+#[test]
+fn sweep_deletes_what_a_runs_stores_left_and_nothing_else() {
+    let Some(cl) = Cluster::start() else { return };
+    let run = uzswap_remote::run_prefix().unwrap();
+    let cfg = RemoteConfig {
+        prefix: run.clone(),
+        ..quick()
+    };
+    // Two stores of the run that never clean up (a process that exec'd,
+    // one that was killed), and one of another run.
+    for _ in 0..2 {
+        let s = RedisBacking::connect_with(&cl.url(), cfg.clone()).unwrap();
+        round_trip(&s, 300);
+        std::mem::forget(s);
+    }
+    let other = RedisBacking::connect_with(&cl.url(), quick()).unwrap();
+    round_trip(&other, 100);
+    let swept = uzswap_remote::sweep(&cl.url(), &run, Duration::from_secs(1)).unwrap();
+    assert_eq!(swept, 600);
+    assert_eq!(
+        cl.dbsizes().iter().sum::<u64>(),
+        100,
+        "the other run's keys stay"
+    );
+    // A closed store (as at exit) stores nothing more.
+    other.clear().unwrap();
+    assert!(other.write_slots(0, &[&page(1)]).is_err());
+    assert_eq!(cl.dbsizes(), [0, 0, 0]);
+    let bad = RemoteConfig {
+        prefix: "a*".into(),
+        ..quick()
+    };
+    assert!(RedisBacking::connect_with(&cl.url(), bad).is_err());
+}
