@@ -63,20 +63,28 @@ impl Server {
             eprintln!("{SKIP}");
             return None;
         }
-        let port = free_port();
-        let dir = std::env::temp_dir().join(format!("uzswap-redis-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a directory for the server's files");
-        let mut s = Server {
-            child: None,
-            port,
-            dir,
-            cluster,
-        };
-        s.spawn();
-        Some(s)
+        // A free port may be taken by another test before the server binds
+        // it: then another port.
+        for _ in 0..5 {
+            let port = free_port();
+            let dir =
+                std::env::temp_dir().join(format!("uzswap-redis-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("a directory for the server's files");
+            let mut s = Server {
+                child: None,
+                port,
+                dir,
+                cluster,
+            };
+            if s.spawn() {
+                return Some(s);
+            }
+        }
+        panic!("redis-server did not start on any of 5 free ports");
     }
 
-    fn spawn(&mut self) {
+    /// Starts the process; whether it is the one answering on the port.
+    fn spawn(&mut self) -> bool {
         let bin = server_binary().expect("checked at start");
         let mut cmd = Command::new(bin);
         cmd.args(["--port", &self.port.to_string()])
@@ -94,12 +102,21 @@ impl Server {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server starts");
+        let pid = child.id();
         self.child = Some(child);
         let until = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             assert!(Instant::now() < until, "redis-server never listened");
             std::thread::sleep(Duration::from_millis(10));
         }
+        let info: redis::RedisResult<String> = redis::Client::open(self.url())
+            .and_then(|c| c.get_connection())
+            .and_then(|mut c| redis::cmd("INFO").arg("server").query(&mut c));
+        let ours = info.is_ok_and(|i| i.lines().any(|l| l.trim() == format!("process_id:{pid}")));
+        if !ours {
+            self.kill();
+        }
+        ours
     }
 
     /// `redis://127.0.0.1:PORT`.
@@ -123,7 +140,7 @@ impl Server {
     /// Starts it again on the same port, empty (nothing was saved).
     pub fn restart(&mut self) {
         self.kill();
-        self.spawn();
+        assert!(self.spawn(), "redis-server did not start again on its port");
     }
 
     /// A connection of its own, for inspection and damage behind the
