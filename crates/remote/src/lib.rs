@@ -7,14 +7,17 @@
 //! another slot fails to open: a store needs no integrity logic here.
 //!
 //! # Keys
-//! `uzswap:<namespace>:<slot>`, the namespace 128 random bits (hex) drawn
-//! per store from the OS, so several programs (and a forked child, which
-//! takes a namespace of its own) share a server without meeting. The key
-//! carries no hash tag: a cluster spreads a store's keys over all its hash
-//! slots, and so over all its masters. Every value is written with a
-//! time-to-live ([`RemoteConfig::ttl`]): the keys of a run that was killed
-//! expire. `discard` unlinks the keys of freed slots; [`RedisBacking::clear`]
-//! (and `Drop`) unlinks every key still stored.
+//! `<prefix>:<namespace>:<slot>`: the prefix `uzswap` ([`RemoteConfig::prefix`];
+//! `uzswap run` gives each run its own, `uzswap:<run id>`), the namespace
+//! 128 random bits (hex) drawn per store from the OS, so several programs
+//! (and a forked child, which takes a namespace of its own) share a server
+//! without meeting. The key carries no hash tag: a cluster spreads a
+//! store's keys over all its hash slots, and so over all its masters.
+//! Every value is written with a time-to-live ([`RemoteConfig::ttl`]): the
+//! keys of a run that was killed expire. `discard` unlinks the keys of
+//! freed slots; [`RedisBacking::clear`] (and `Drop`) closes the store and
+//! unlinks every key still stored; [`sweep`] deletes every key under a
+//! prefix (what a run's processes that exec'd or were killed left).
 //!
 //! # Errors
 //! A key that is missing (evicted by the server, restart, `FLUSHALL`), a
