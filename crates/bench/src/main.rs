@@ -12,6 +12,7 @@
 mod bench_admission;
 mod bench_cache;
 mod bench_pool;
+mod bench_remote;
 mod bench_run;
 mod bench_seal;
 mod bench_tree;
@@ -40,6 +41,22 @@ use uzswap_zpool::AllocatorKind;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// The options of the benchmarks that write pages to a backing tier and
+/// load them back in rounds (`seal`, `remote`).
+#[derive(clap::Args)]
+struct TierRounds {
+    /// MiB of pages.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    mib: u64,
+    #[arg(long, value_enum, default_value = "mixed")]
+    data: corpus::DataKind,
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=99))]
+    rounds: u64,
+    /// Print the result as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -141,16 +158,11 @@ enum Cmd {
     /// What encrypting the backing file costs: writeback and loads from
     /// the file with AES-256-GCM (the default) against the keyed
     /// checksum, on the same pages, in alternating rounds.
-    Seal {
-        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
-        mib: u64,
-        #[arg(long, value_enum, default_value = "mixed")]
-        data: corpus::DataKind,
-        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=99))]
-        rounds: u64,
-        #[arg(long)]
-        json: bool,
-    },
+    Seal(TierRounds),
+    /// The backing tiers side by side: the local file, one Redis node and
+    /// a three-master Redis cluster on loopback (started here; left out
+    /// without redis-server): writeback pages/s and load latency p50/p99.
+    Remote(TierRounds),
     /// IO-aware admission (a page goes straight to the backing file while
     /// the file is idle, into the pool while it is busy) on a fast tier (a
     /// page-cached file) and on a slow one (the same file with a delay per
@@ -314,12 +326,14 @@ fn run(cli: Cli) -> Result<()> {
             })?;
             emit(json, &v)
         }
-        Cmd::Seal {
-            mib,
-            data,
-            rounds,
-            json,
-        } => emit(json, &bench_seal::run(data, mib as usize, rounds as usize)?),
+        Cmd::Seal(a) => emit(
+            a.json,
+            &bench_seal::run(a.data, a.mib as usize, a.rounds as usize)?,
+        ),
+        Cmd::Remote(a) => emit(
+            a.json,
+            &bench_remote::run(a.data, a.mib as usize, a.rounds as usize)?,
+        ),
         Cmd::Tree(args) => {
             let v = bench_tree::run(&args)?;
             eprint!("{}", bench_tree::table(&v));

@@ -92,6 +92,9 @@ fn benchmarks_without_root_print_one_json_object() {
         "1",
     ]);
     json(&["seal", "--mib", "1", "--rounds", "1"]);
+    // The file row always; the Redis rows where redis-server is installed.
+    let v = json(&["remote", "--mib", "1", "--rounds", "1"]);
+    assert!(v["tiers"][0]["load_p50_us"].as_f64().unwrap() > 0.0, "{v}");
 }
 
 #[test]
@@ -135,6 +138,7 @@ fn help_lists_the_benchmarks_and_hides_the_children() {
         "admission",
         "proactive",
         "seal",
+        "remote",
         "usemem",
         "run",
     ] {

@@ -8,6 +8,7 @@ mod metrics;
 mod plot;
 mod preload;
 mod record;
+mod remote;
 mod run;
 mod serve;
 mod stats;

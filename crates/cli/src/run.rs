@@ -19,7 +19,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
-use uzswap_contract::{final_stats_path, names, RunConfig, Snapshot};
+use uzswap_contract::{final_stats_path, names, BackingTier, RunConfig, Snapshot};
 
 /// What `uzswap run` was asked to do.
 #[derive(clap::Args)]
@@ -60,6 +60,12 @@ pub struct Args {
     /// at once on stderr).
     #[arg(long)]
     pub no_backing_file: bool,
+    /// Write pages back to a Redis or Valkey server instead of a file:
+    /// redis://HOST:PORT, or several HOST:PORT of one cluster separated by
+    /// commas. Pages are encrypted before they leave; keys expire after
+    /// 24 hours and are deleted at exit.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["backing_file", "no_backing_file"])]
+    pub backing: Option<String>,
     /// Keep the pool's copy of a page brought back (mapped write-protected),
     /// so that evicting it again unwritten needs no compression. Costs pool
     /// memory for resident pages and a fault on the first write; off, a
@@ -335,18 +341,23 @@ fn run_config(a: &Args) -> Result<RunConfig> {
         final_stats: None, // set once its directory exists
         reserve: RunConfig::reserve_from_lookup(|n: &str| std::env::var_os(n))?,
         ledger: None, // set once it exists
+        remote_prefix: None,
     };
     config.validate()?;
     Ok(config)
 }
 
-/// The backing file or directory pages are written back to: the one
-/// named, none with --no-backing-file, else `$TMPDIR`.
-fn backing_of(a: &Args) -> Option<std::path::PathBuf> {
-    if a.no_backing_file {
+/// The tier pages are written back to: the server of --backing, the file
+/// or directory named, none with --no-backing-file, else `$TMPDIR`.
+fn backing_of(a: &Args) -> Option<BackingTier> {
+    if let Some(url) = &a.backing {
+        Some(BackingTier::Redis(url.clone()))
+    } else if a.no_backing_file {
         None
     } else {
-        Some(a.backing_file.clone().unwrap_or_else(std::env::temp_dir))
+        Some(BackingTier::File(
+            a.backing_file.clone().unwrap_or_else(std::env::temp_dir),
+        ))
     }
 }
 
@@ -361,7 +372,13 @@ pub fn run(a: &Args) -> Result<Outcome> {
     // descriptor (preload.rs).
     let lib = crate::preload::find(a.preload_lib.as_deref())?;
     uzswap_region::sys::Uffd::open(0, None).context("the program's pages could not be managed")?;
-    if let Some(b) = &config.backing {
+    if let Some(BackingTier::Redis(url)) = &config.backing {
+        // The runtime connects again in the program; refused here, the
+        // program never starts.
+        uzswap_remote::RedisBacking::connect(url).context("--backing")?;
+        config.remote_prefix = Some(uzswap_remote::run_prefix()?);
+    }
+    if let Some(BackingTier::File(b)) = &config.backing {
         let dir = if b.is_dir() {
             b.as_path()
         } else {
@@ -453,7 +470,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
             config
                 .backing
                 .as_ref()
-                .map_or("none".into(), |p| p.display().to_string()),
+                .map_or("none".into(), |b| b.to_string()),
         ));
     }
     let status = wait_for(pid)?;
@@ -463,6 +480,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
     // unmanaged (preload.rs).
     drop(lib);
     let tree = watch.finish();
+    crate::remote::sweep(&config);
     let seconds = started.elapsed().as_secs_f64();
     let (code, signal) = if libc::WIFSIGNALED(status) {
         let s = libc::WTERMSIG(status);

@@ -162,6 +162,51 @@ fn threads_fill_and_verify_with_a_cold_compressor() {
     threads_fill_and_verify(&["--cold-compressor", "zstd:-1"], "fill-cold-stats.json");
 }
 
+/// The same with pages written back to a Redis server (`--backing
+/// redis://...`): every byte reads back, and no key stays on the server.
+#[test]
+fn threads_fill_and_verify_with_a_redis_backing_tier() {
+    require_uffd!();
+    let Some(srv) = uzswap_remote::testing::Server::start() else {
+        return;
+    };
+    let url = srv.url();
+    threads_fill_and_verify(&["--backing", &url], "fill-redis-stats.json");
+    let v = final_stats(&scratch().join("fill-redis-stats.json"));
+    assert_eq!(v.pointer("/config/backing"), Some(&serde_json::json!(url)));
+    assert_eq!(srv.dbsize(), 0, "keys were left on the server");
+}
+
+/// A malformed address is refused before anything runs, an unreachable
+/// server before the program starts: both with the remedy.
+#[test]
+fn a_bad_or_unreachable_redis_backing_is_refused() {
+    refused(
+        &[
+            "--memory-max",
+            "8M",
+            "--backing",
+            "redis://nohost",
+            "--",
+            "true",
+        ],
+        "redis://HOST:PORT[,HOST:PORT...]",
+    );
+    require_uffd!();
+    // Nothing listens on port 1.
+    refused(
+        &[
+            "--memory-max",
+            "8M",
+            "--backing",
+            "redis://127.0.0.1:1",
+            "--",
+            "true",
+        ],
+        "cannot reach the Redis server at redis://127.0.0.1:1",
+    );
+}
+
 fn threads_fill_and_verify(extra: &[&str], stats_name: &str) {
     require_uffd!();
     let Some(fill) = build("fill", &[]) else {
@@ -175,11 +220,12 @@ fn threads_fill_and_verify(extra: &[&str], stats_name: &str) {
         "24M",
         "--pool-max",
         "8M",
-        "--backing-file",
-        &backing,
         "--stats-json",
         stats.to_str().unwrap(),
     ];
+    if !extra.contains(&"--backing") {
+        args.extend_from_slice(&["--backing-file", &backing]);
+    }
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--", fill.to_str().unwrap(), "96", "4", "2"]);
     let r = run(&args);
@@ -269,6 +315,19 @@ fn forked_and_execed_children_see_their_data_and_the_status_passes_through() {
 #[test]
 fn forked_and_execed_children_with_cpu_handlers() {
     forked_and_execed(&["--cpu-handlers"]);
+}
+
+/// The same with a Redis server as the backing tier: each managed child
+/// copies the parent's keys into a namespace of its own
+/// (`fork_private`); every process deletes its own at exit.
+#[test]
+fn forked_and_execed_with_a_redis_backing_tier() {
+    require_uffd!();
+    let Some(srv) = uzswap_remote::testing::Server::start() else {
+        return;
+    };
+    forked_and_execed(&["--backing", &srv.url()]);
+    assert_eq!(srv.dbsize(), 0, "keys were left on the server");
 }
 
 fn forked_and_execed(extra: &[&str]) {

@@ -45,11 +45,11 @@ pub struct RunConfig {
     /// [`RunConfig::compressor`] for every page.
     #[serde(with = "opt_compressor")]
     pub cold_compressor: Option<Compressor>,
-    /// The backing file: a directory (an unnamed encrypted file is made in
-    /// it) or a new file's path; `None`: pages the pool cannot take stay
-    /// resident.
-    #[serde(with = "lossy_path")]
-    pub backing: Option<PathBuf>,
+    /// The backing tier: a local file or a Redis/Valkey server or cluster
+    /// ([`BackingTier`]); `None`: pages the pool cannot take stay resident.
+    /// In the environment and a snapshot: the path, or the address.
+    #[serde(with = "backing_tier")]
+    pub backing: Option<BackingTier>,
     /// Keep the pool's copy of a page brought back (`--keep-clean`).
     pub keep_clean: bool,
     /// A fault handler on every CPU (`--cpu-handlers`).
@@ -73,6 +73,58 @@ pub struct RunConfig {
     /// is this process's alone (the library's regions, tests).
     #[serde(skip)]
     pub ledger: Option<PathBuf>,
+    /// What the keys of a remote backing tier start with: `uzswap run`
+    /// gives each run its own, and deletes at the end every key under it
+    /// that the run's processes left (one that exec'd, one that was
+    /// killed). `None`: `uzswap`. Unused with a file.
+    #[serde(skip)]
+    pub remote_prefix: Option<String>,
+}
+
+/// Where pages the pool cannot take are written back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackingTier {
+    /// A local file: a directory (an unnamed encrypted file is made in
+    /// it) or a new file's path.
+    File(PathBuf),
+    /// A Redis or Valkey node or cluster, as
+    /// `redis://HOST:PORT[,HOST:PORT...]` (checked by
+    /// [`RunConfig::validate`]).
+    Redis(String),
+}
+
+impl BackingTier {
+    /// The tier a value names: an address if it starts with `redis://`,
+    /// else a path.
+    pub fn parse(v: OsString) -> BackingTier {
+        match v.to_str() {
+            Some(s) if uzswap_remote::RedisUrl::is_remote(s) => BackingTier::Redis(s.to_string()),
+            _ => BackingTier::File(PathBuf::from(v)),
+        }
+    }
+
+    /// The value that names it ([`BackingTier::parse`] reads it back).
+    pub fn to_os_string(&self) -> OsString {
+        match self {
+            BackingTier::File(p) => p.clone().into_os_string(),
+            BackingTier::Redis(u) => u.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for BackingTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BackingTier::File(p) => write!(f, "{}", p.display()),
+            BackingTier::Redis(u) => f.write_str(u),
+        }
+    }
+}
+
+impl From<&str> for BackingTier {
+    fn from(s: &str) -> BackingTier {
+        BackingTier::parse(s.into())
+    }
 }
 
 fn default_reserve() -> u64 {
@@ -129,6 +181,9 @@ pub enum ConfigError {
     /// A pool limit of 0.
     #[error("the pool max (--pool-max, UZSWAP_POOL_MAX) is 0: the pool needs room (omit it for 20% of RAM)")]
     PoolMaxZero,
+    /// A remote tier's address that is malformed.
+    #[error("the backing tier (--backing, UZSWAP_BACKING): {0}")]
+    BadRemote(#[from] uzswap_remote::BadUrl),
 }
 
 impl RunConfig {
@@ -147,6 +202,7 @@ impl RunConfig {
             final_stats: None,
             reserve: DEFAULT_RESERVE,
             ledger: None,
+            remote_prefix: None,
         }
     }
 
@@ -176,6 +232,9 @@ impl RunConfig {
                 source,
             })?;
         }
+        if let Some(BackingTier::Redis(url)) = &self.backing {
+            uzswap_remote::RedisUrl::parse(url)?;
+        }
         Ok(())
     }
 
@@ -200,10 +259,13 @@ impl RunConfig {
             env.push((names::COLD_COMPRESSOR, c.to_string().into()));
         }
         if let Some(b) = &self.backing {
-            env.push((names::BACKING, b.clone().into_os_string()));
+            env.push((names::BACKING, b.to_os_string()));
         }
         if let Some(l) = &self.ledger {
             env.push((names::LEDGER, l.clone().into_os_string()));
+        }
+        if let Some(p) = &self.remote_prefix {
+            env.push((names::REMOTE_PREFIX, p.into()));
         }
         if let Some(f) = &self.final_stats {
             env.push((names::FINAL_STATS, f.clone().into_os_string()));
@@ -256,12 +318,15 @@ impl RunConfig {
             cold_compressor: nonempty(names::COLD_COMPRESSOR)
                 .map(|v| codec(names::COLD_COMPRESSOR, v))
                 .transpose()?,
-            backing: nonempty(names::BACKING).map(PathBuf::from),
+            backing: nonempty(names::BACKING).map(BackingTier::parse),
             keep_clean: switch(names::KEEP_CLEAN)?,
             cpu_handlers: switch(names::CPU_HANDLERS)?,
             dedup: switch(names::DEDUP)?,
             final_stats: nonempty(names::FINAL_STATS).map(PathBuf::from),
             ledger: nonempty(names::LEDGER).map(PathBuf::from),
+            remote_prefix: nonempty(names::REMOTE_PREFIX)
+                .map(|v| utf8(names::REMOTE_PREFIX, v))
+                .transpose()?,
             reserve: RunConfig::reserve_from_lookup(get)?,
         };
         config.validate()?;
@@ -328,21 +393,25 @@ mod opt_compressor {
     }
 }
 
-/// An optional path as text (not valid UTF-8: replaced characters, as it
-/// is for display; a path in the statistics is for reading).
-mod lossy_path {
+/// An optional backing tier as text: the address, or the path (not valid
+/// UTF-8: replaced characters, as it is for display; a path in the
+/// statistics is for reading).
+mod backing_tier {
     use super::*;
 
-    pub fn serialize<S: serde::Serializer>(p: &Option<PathBuf>, s: S) -> Result<S::Ok, S::Error> {
-        p.as_deref()
-            .map(|p| OsStr::to_string_lossy(p.as_os_str()))
+    pub fn serialize<S: serde::Serializer>(
+        b: &Option<BackingTier>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        b.as_ref()
+            .map(|b| OsStr::to_string_lossy(&b.to_os_string()).into_owned())
             .serialize(s)
     }
 
     pub fn deserialize<'de, D: serde::Deserializer<'de>>(
         d: D,
-    ) -> Result<Option<PathBuf>, D::Error> {
-        Ok(Option::<String>::deserialize(d)?.map(PathBuf::from))
+    ) -> Result<Option<BackingTier>, D::Error> {
+        Ok(Option::<String>::deserialize(d)?.map(|s| BackingTier::parse(s.into())))
     }
 }
 
@@ -372,12 +441,17 @@ mod tests {
             final_stats: Some("/tmp/uzswap-run.1.0/stats.json".into()),
             reserve: 1 << 36,
             ledger: Some("/proc/1/fd/3".into()),
+            remote_prefix: Some("uzswap:0123456789abcdef".into()),
         }
     }
 
     #[test]
     fn the_environment_round_trips() {
-        for config in [every_setting(), RunConfig::new(1 << 30)] {
+        let mut remote = every_setting();
+        remote.backing = Some(BackingTier::Redis(
+            "redis://10.0.0.1:7000,10.0.0.2:7000".into(),
+        ));
+        for config in [every_setting(), RunConfig::new(1 << 30), remote] {
             config.validate().unwrap();
             let env: HashMap<&str, OsString> = config.to_env().into_iter().collect();
             assert!(env.keys().all(|k| names::ALL.contains(k)), "{env:?}");
@@ -489,6 +563,25 @@ mod tests {
             c.validate(),
             Err(ConfigError::BadCompressor { name, .. }) if name == names::COLD_COMPRESSOR
         ));
+    }
+
+    #[test]
+    fn a_remote_tier_is_told_from_a_path_and_checked() {
+        let mm = (names::MEMORY_MAX, "1048576");
+        let c = lookup(&[mm, (names::BACKING, "redis://127.0.0.1:6379")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            c.backing,
+            Some(BackingTier::Redis("redis://127.0.0.1:6379".into()))
+        );
+        let c = lookup(&[mm, (names::BACKING, "/var/tmp")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.backing, Some(BackingTier::File("/var/tmp".into())));
+        let e = lookup(&[mm, (names::BACKING, "redis://host")]).unwrap_err();
+        assert!(matches!(e, ConfigError::BadRemote(_)), "{e:?}");
+        assert!(e.to_string().contains(uzswap_remote::URL_FORM), "{e}");
     }
 
     #[test]

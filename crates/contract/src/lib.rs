@@ -21,7 +21,8 @@
 //! | `UZSWAP_POOL_MAX` | pool limit, bytes (not 0) | 20 % of RAM |
 //! | `UZSWAP_COMPRESSOR` | `lz4`, `lz4hc[:L]`, `zstd[:L]`, `deflate[:L]` | `lz4` |
 //! | `UZSWAP_COLD_COMPRESSOR` | the same, for pages that never joined the working set | none (empty: none) |
-//! | `UZSWAP_BACKING` | backing directory or file | none (empty: none) |
+//! | `UZSWAP_BACKING` | backing directory or file, or `redis://HOST:PORT[,HOST:PORT...]` | none (empty: none) |
+//! | `UZSWAP_REMOTE_PREFIX` | what a remote tier's keys start with (`uzswap run` gives each run its own) | `uzswap` (empty: `uzswap`) |
 //! | `UZSWAP_DEDUP`, `UZSWAP_KEEP_CLEAN`, `UZSWAP_CPU_HANDLERS` | `1` or `0` | `0` |
 //! | `UZSWAP_FINAL_STATS` | base path of the final statistics (`.PID` appended) | none written (empty: none) |
 //! | `UZSWAP_RESERVE` | address space reserved for managed mappings, bytes | 1 TiB |
@@ -44,6 +45,6 @@ pub mod config;
 pub mod names;
 pub mod snapshot;
 
-pub use config::{ConfigError, RunConfig, DEFAULT_RESERVE, MIN_MEMORY_MAX};
+pub use config::{BackingTier, ConfigError, RunConfig, DEFAULT_RESERVE, MIN_MEMORY_MAX};
 pub use names::{final_stats_path, socket_name};
 pub use snapshot::{PoolSection, RuntimeHeap, Snapshot, SnapshotError, SpaceStats, SCHEMA_VERSION};

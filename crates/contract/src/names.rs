@@ -15,7 +15,8 @@ pub const COMPRESSOR: &str = "UZSWAP_COMPRESSOR";
 /// The compressor of cold pages ([`crate::RunConfig::cold_compressor`];
 /// unset or empty: none).
 pub const COLD_COMPRESSOR: &str = "UZSWAP_COLD_COMPRESSOR";
-/// The backing file or directory ([`crate::RunConfig::backing`]; unset or
+/// The backing file or directory, or a Redis address
+/// `redis://HOST:PORT[,...]` ([`crate::RunConfig::backing`]; unset or
 /// empty: none).
 pub const BACKING: &str = "UZSWAP_BACKING";
 /// `1` or `0`: store identical pages once ([`crate::RunConfig::dedup`]).
@@ -38,12 +39,15 @@ pub const RESERVE: &str = "UZSWAP_RESERVE";
 /// `/proc/PID/fd/N` to the memory file `uzswap run` made (unset or empty:
 /// the budget is this process's alone).
 pub const LEDGER: &str = "UZSWAP_LEDGER";
+/// What the keys of a remote backing tier start with
+/// ([`crate::RunConfig::remote_prefix`]; unset or empty: `uzswap`).
+pub const REMOTE_PREFIX: &str = "UZSWAP_REMOTE_PREFIX";
 
 /// Every variable the runtime reads. `uzswap run` removes these from the
 /// environment it passes on before it sets its own
 /// ([`crate::RunConfig::to_env`]), so a value inherited from its own
 /// environment never reaches the runtime as if asked for.
-pub const ALL: [&str; 11] = [
+pub const ALL: [&str; 12] = [
     MEMORY_MAX,
     POOL_MAX,
     COMPRESSOR,
@@ -55,6 +59,7 @@ pub const ALL: [&str; 11] = [
     FINAL_STATS,
     RESERVE,
     LEDGER,
+    REMOTE_PREFIX,
 ];
 
 /// The preload library's path, read by `uzswap run` only (when

@@ -60,8 +60,9 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, OnceLock};
 use uzswap_cache::{Backing, Cache, CacheConfig, PoolLimit};
-use uzswap_contract::RunConfig;
+use uzswap_contract::{BackingTier, RunConfig};
 use uzswap_region::{Pager, PagerConfig, PAGE_SIZE};
+use uzswap_remote::RedisBacking;
 
 // ---- the runtime's own heap: glibc ----------------------------------------
 
@@ -633,6 +634,20 @@ fn start() -> Result<(), String> {
         None => None,
     };
 
+    // An unreachable server stops the program before it starts (as a
+    // backing directory that cannot take a file does).
+    let remote = match &config.backing {
+        Some(BackingTier::Redis(url)) => {
+            let mut rc = uzswap_remote::RemoteConfig::default();
+            if let Some(p) = &config.remote_prefix {
+                rc.prefix = p.clone();
+            }
+            Some(Arc::new(
+                RedisBacking::connect_with(url, rc).map_err(|e| e.to_string())?,
+            ))
+        }
+        _ => None,
+    };
     let cache_cfg = CacheConfig {
         compressor: config.compressor,
         cold_compressor: config.cold_compressor,
@@ -642,10 +657,11 @@ fn start() -> Result<(), String> {
                 .pool_max
                 .map_or(PoolLimit::Percent(20), PoolLimit::Bytes),
         },
-        backing: config
-            .backing
-            .as_ref()
-            .map_or(Backing::None, |p| Backing::File(p.clone())),
+        backing: match (&config.backing, &remote) {
+            (Some(BackingTier::File(p)), _) => Backing::File(p.clone()),
+            (Some(BackingTier::Redis(_)), Some(r)) => Backing::Store(Box::new(Arc::clone(r))),
+            _ => Backing::None,
+        },
         thread_start: Some(mark_thread_internal),
         dedup: config.dedup,
         // Every area belongs to this one program: a page may share with
@@ -744,6 +760,11 @@ extern "C" fn at_exit() {
             sh.charge(Some(rt.space.pager()), Some(&*rt.cache));
             sh.leave();
         }
+        // The remote tier's keys stay until `uzswap run` sweeps the run's
+        // prefix, once no process of the tree is left: another thread of
+        // this program may still touch an evicted page while it exits,
+        // and deleting them here would turn that load into a SIGBUS. A
+        // killed run's keys expire with their time-to-live.
     }
     leave_internal();
 }

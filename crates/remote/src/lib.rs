@@ -1,0 +1,774 @@
+//! uzswap-remote: a backing tier on a Redis or Valkey server or cluster.
+//!
+//! [`RedisBacking`] implements the cache's [`BackingStore`]: a slot is one
+//! key, its value the slot's 4 KiB. The cache seals every page before it
+//! reaches a store (AES-256-GCM, tag kept in memory), so the server holds
+//! only ciphertext, and a value that was changed, lost or belongs to
+//! another slot fails to open: a store needs no integrity logic here.
+//!
+//! # Keys
+//! `<prefix>:<namespace>:<slot>`: the prefix `uzswap` ([`RemoteConfig::prefix`];
+//! `uzswap run` gives each run its own, `uzswap:<run id>`), the namespace
+//! 128 random bits (hex) drawn per store from the OS, so several programs
+//! (and a forked child, which takes a namespace of its own) share a server
+//! without meeting. The key carries no hash tag: a cluster spreads a
+//! store's keys over all its hash slots, and so over all its masters.
+//! Every value is written with a time-to-live ([`RemoteConfig::ttl`]): the
+//! keys of a run that was killed expire. A freed slot's key stays until
+//! the slot is written again (`discard` sends nothing: see there);
+//! [`RedisBacking::clear`] (and `Drop`) closes the store and
+//! unlinks every key still stored; [`sweep`] deletes every key under a
+//! prefix (what a run's processes that exec'd or were killed left).
+//!
+//! # Errors
+//! A key that is missing (evicted by the server, restart, `FLUSHALL`), a
+//! dead connection, a timeout or an error reply is an `io::Error`: the
+//! cache counts the failed load and the pager retries, then raises SIGBUS
+//! for the page; it never returns other bytes. A connection that failed
+//! is dropped; the next call makes a new one, so the store picks up again
+//! once the server is back (an empty server then answers "missing" for
+//! the old keys, and new writes work).
+//!
+//! # Locks
+//! Two leaf locks, each held for a few instructions and never across I/O
+//! or another lock:
+//! - `pool`: idle connections. A caller pops one (or, if none is idle,
+//!   connects without the lock), does its round trip without the lock, and
+//!   pushes it back. So the writer thread and fault handlers work at once,
+//!   each on its own connection.
+//! - `live`: which slots may hold a key (a bit per slot), marked before a
+//!   write goes out, cleared by `clear`, so that the store knows what to
+//!   delete at the end.
+//!
+//! The namespace is an atomic pair of words: written only by
+//! `fork_private`, in a forked child, before any other thread runs there.
+
+pub mod testing;
+mod url;
+
+pub use url::{BadUrl, RedisUrl, SCHEME, URL_FORM};
+
+use redis::{Cmd, ConnectionLike, RedisResult, Value};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+use uzswap_cache::{BackingStore, PAGE_SIZE};
+use uzswap_os::lock::Mutex;
+
+/// Counters are statistics: relaxed, each exact on its own.
+const RELAXED: Ordering = Ordering::Relaxed;
+
+/// Keys per pipeline when the store walks many slots (fork copy, clear).
+const CHUNK: u64 = 512;
+
+/// How a [`RedisBacking`] talks to its server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteConfig {
+    /// Every value's time-to-live: keys of a run that ended without
+    /// cleaning up expire after it. A run longer than this loses the pages
+    /// written back longest ago (their loads fail), so it must exceed the
+    /// longest run. At least one second. Default 24 hours.
+    pub ttl: Duration,
+    /// How long connecting, and waiting for an answer, may take before the
+    /// call fails. Default 2 s.
+    pub timeout: Duration,
+    /// Idle connections kept for reuse (more are made while more callers
+    /// are in flight, and closed when they come back). Default 8.
+    pub idle_connections: usize,
+    /// What every key starts with: `PREFIX:<namespace>:<slot>`. Letters,
+    /// digits, `:`, `_` and `-` only. `uzswap run` gives each run its own
+    /// (`uzswap:<run id>`), so that [`sweep`] can delete whatever the
+    /// run's processes left. Default `uzswap`.
+    pub prefix: String,
+}
+
+impl Default for RemoteConfig {
+    fn default() -> Self {
+        RemoteConfig {
+            ttl: Duration::from_secs(24 * 3600),
+            timeout: Duration::from_secs(2),
+            idle_connections: 8,
+            prefix: "uzswap".into(),
+        }
+    }
+}
+
+/// Why a remote tier could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// The address is malformed.
+    #[error(transparent)]
+    BadUrl(#[from] BadUrl),
+    /// A configuration value out of range.
+    #[error("invalid remote tier configuration: {0}")]
+    Config(String),
+    /// The server did not answer.
+    #[error("cannot reach the Redis server at {url}: {source}; start it (or fix the address) and run again, or use a backing file instead")]
+    Connect {
+        /// The address.
+        url: String,
+        /// What the client said.
+        source: io::Error,
+    },
+    /// The OS random source failed (no namespace).
+    #[error("cannot draw a random key namespace: {0}; the OS random source (getrandom) must work")]
+    Random(io::Error),
+}
+
+/// The store's counters (see [`RedisBacking::stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemoteStats {
+    /// Round trips to the server: one per command or pipeline sent.
+    pub round_trips: u64,
+    /// Bytes of keys and values sent (protocol framing not counted).
+    pub bytes_sent: u64,
+    /// Bytes of values received.
+    pub bytes_received: u64,
+    /// Calls that failed (connection, timeout, error reply, missing key).
+    pub errors: u64,
+    /// Of those, loads whose key was not there (expired, evicted, lost in
+    /// a restart or flush).
+    pub missing: u64,
+    /// Connections made (the first ones and every reconnection).
+    pub connects: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    round_trips: AtomicU64,
+    bytes_sent: AtomicU64,
+    bytes_received: AtomicU64,
+    errors: AtomicU64,
+    missing: AtomicU64,
+    connects: AtomicU64,
+}
+
+/// Where the keys live.
+enum Target {
+    Node(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
+}
+
+/// One connection of the pool.
+enum Conn {
+    Node(redis::Connection),
+    Cluster(redis::cluster::ClusterConnection),
+}
+
+impl Conn {
+    fn like(&mut self) -> &mut dyn ConnectionLike {
+        match self {
+            Conn::Node(c) => c,
+            Conn::Cluster(c) => c,
+        }
+    }
+
+    /// Sends `cmds` as one pipeline; one reply per command, in order. An
+    /// error reply to any of them fails the whole call.
+    fn pipeline(&mut self, cmds: Vec<Cmd>) -> RedisResult<Vec<Value>> {
+        match self {
+            Conn::Node(c) => {
+                let mut p = redis::pipe();
+                for cmd in cmds {
+                    p.add_command(cmd);
+                }
+                p.query(c)
+            }
+            Conn::Cluster(c) => {
+                let mut p = redis::cluster::cluster_pipe();
+                for cmd in cmds {
+                    p.add_command(cmd);
+                }
+                p.query(c)
+            }
+        }
+    }
+}
+
+/// A remote backing tier (see the crate's docs).
+pub struct RedisBacking {
+    target: Target,
+    url: RedisUrl,
+    cfg: RemoteConfig,
+    /// The namespace, high and low 64 bits.
+    ns: [AtomicU64; 2],
+    /// Idle connections (lock order: a leaf).
+    pool: Mutex<Vec<Conn>>,
+    /// Bit `s` set: slot `s` may hold a key (lock order: a leaf).
+    live: Mutex<Vec<u64>>,
+    /// Set by `clear`: writes fail from then on. With `writing` (writes
+    /// in flight), a Dekker pair in SeqCst: a write counts itself, then
+    /// checks `closed`; `clear` sets `closed`, then waits for `writing`
+    /// to reach 0. So either the write sees the store closed, or `clear`
+    /// waits for it, and no key is stored after `clear` took the list.
+    closed: AtomicBool,
+    writing: AtomicU64,
+    counters: Counters,
+}
+
+fn io_err(e: redis::RedisError) -> io::Error {
+    let kind = if e.is_timeout() {
+        io::ErrorKind::TimedOut
+    } else if e.is_connection_dropped() || e.is_connection_refusal() {
+        io::ErrorKind::ConnectionAborted
+    } else {
+        io::ErrorKind::Other
+    };
+    io::Error::new(kind, format!("remote tier: {e}"))
+}
+
+fn random_ns() -> io::Result<u128> {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 16];
+    ring::rand::SystemRandom::new()
+        .fill(&mut b)
+        .map_err(|_| io::Error::other("getrandom failed"))?;
+    Ok(u128::from_le_bytes(b))
+}
+
+impl RedisBacking {
+    /// Connects to `url` (`redis://HOST:PORT[,HOST:PORT...]`) with the
+    /// default [`RemoteConfig`].
+    pub fn connect(url: &str) -> Result<RedisBacking, RemoteError> {
+        RedisBacking::connect_with(url, RemoteConfig::default())
+    }
+
+    /// Connects to `url` and checks that the server answers. One host is a
+    /// single node unless it says it runs in cluster mode; several hosts
+    /// are the seeds of a cluster.
+    pub fn connect_with(url: &str, cfg: RemoteConfig) -> Result<RedisBacking, RemoteError> {
+        let parsed = RedisUrl::parse(url)?;
+        if cfg.ttl < Duration::from_secs(1) {
+            return Err(RemoteError::Config(format!(
+                "ttl {:?} is under one second: give the longest run's length or more",
+                cfg.ttl
+            )));
+        }
+        check_prefix(&cfg.prefix)?;
+        if cfg.timeout.is_zero() {
+            return Err(RemoteError::Config(
+                "timeout of 0: give how long a round trip may take, e.g. 2 s".into(),
+            ));
+        }
+        let shown = parsed.to_string();
+        let connect_err = |source: io::Error| RemoteError::Connect {
+            url: shown.clone(),
+            source,
+        };
+        let nodes = parsed.node_urls();
+        let single = redis::Client::open(nodes[0].as_str()).map_err(|e| connect_err(io_err(e)))?;
+        let cluster = nodes.len() > 1 || {
+            let mut c = single
+                .get_connection_with_timeout(cfg.timeout)
+                .map_err(|e| connect_err(io_err(e)))?;
+            let info: String = redis::cmd("INFO")
+                .arg("cluster")
+                .query(&mut c)
+                .map_err(|e| connect_err(io_err(e)))?;
+            info.lines().any(|l| l.trim() == "cluster_enabled:1")
+        };
+        let target = if cluster {
+            let client = redis::cluster::ClusterClientBuilder::new(nodes)
+                .connection_timeout(cfg.timeout)
+                .response_timeout(cfg.timeout)
+                // Redirects and a moved slot map are followed; a dead
+                // node fails the call soon, for the cache to count.
+                .retries(2)
+                .min_retry_wait(5)
+                .max_retry_wait(50)
+                .build()
+                .map_err(|e| connect_err(io_err(e)))?;
+            Target::Cluster(client)
+        } else {
+            Target::Node(single)
+        };
+        let ns = random_ns().map_err(RemoteError::Random)?;
+        let store = RedisBacking {
+            target,
+            url: parsed,
+            cfg,
+            ns: [AtomicU64::new((ns >> 64) as u64), AtomicU64::new(ns as u64)],
+            pool: Mutex::new(Vec::new()),
+            live: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
+            writing: AtomicU64::new(0),
+            counters: Counters::default(),
+        };
+        // One round trip now: an unreachable server is refused here, not
+        // at the first writeback.
+        store
+            .round_trip(|c| redis::cmd("PING").query::<String>(c.like()))
+            .map_err(connect_err)?;
+        Ok(store)
+    }
+
+    /// The store's counters.
+    pub fn stats(&self) -> RemoteStats {
+        let c = &self.counters;
+        RemoteStats {
+            round_trips: c.round_trips.load(RELAXED),
+            bytes_sent: c.bytes_sent.load(RELAXED),
+            bytes_received: c.bytes_received.load(RELAXED),
+            errors: c.errors.load(RELAXED),
+            missing: c.missing.load(RELAXED),
+            connects: c.connects.load(RELAXED),
+        }
+    }
+
+    /// Whether the keys go to a cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster(_))
+    }
+
+    /// The key namespace (32 hex digits), for tests and messages.
+    pub fn namespace(&self) -> String {
+        format!("{:032x}", self.ns())
+    }
+
+    /// The key of slot `slot` in the current namespace.
+    pub fn key(&self, slot: u64) -> String {
+        key_of(&self.cfg.prefix, self.ns(), slot)
+    }
+
+    fn ns(&self) -> u128 {
+        u128::from(self.ns[0].load(RELAXED)) << 64 | u128::from(self.ns[1].load(RELAXED))
+    }
+
+    /// Closes the store and unlinks every key it still holds: writes fail
+    /// from then on (a cache's writer still running at exit stores
+    /// nothing more); loads of what was deleted fail as missing.
+    pub fn clear(&self) -> io::Result<()> {
+        self.closed.store(true, Ordering::SeqCst);
+        // Writes in flight finish (each within the timeout) before the
+        // list of keys is taken.
+        let until = std::time::Instant::now() + 2 * self.cfg.timeout;
+        while self.writing.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let slots = {
+            let mut live = self.live.lock();
+            let slots = set_bits(&live, 0, u64::MAX);
+            live.clear();
+            slots
+        };
+        self.unlink(&slots)
+    }
+
+    /// Unlinks the keys of `slots`, a pipeline per chunk.
+    fn unlink(&self, slots: &[u64]) -> io::Result<()> {
+        let ns = self.ns();
+        for chunk in slots.chunks(CHUNK as usize) {
+            let cmds = key_cmds("UNLINK", &self.cfg.prefix, ns, chunk);
+            self.round_trip(|c| c.pipeline(cmds))?;
+        }
+        Ok(())
+    }
+
+    fn connect_one(&self) -> io::Result<Conn> {
+        self.counters.connects.fetch_add(1, RELAXED);
+        let t = Some(self.cfg.timeout);
+        let conn = match &self.target {
+            Target::Node(client) => {
+                let c = client
+                    .get_connection_with_timeout(self.cfg.timeout)
+                    .map_err(io_err)?;
+                c.set_read_timeout(t).map_err(io_err)?;
+                c.set_write_timeout(t).map_err(io_err)?;
+                Conn::Node(c)
+            }
+            Target::Cluster(client) => Conn::Cluster(client.get_connection().map_err(io_err)?),
+        };
+        Ok(conn)
+    }
+
+    /// One round trip on a connection of the pool (or a new one): the
+    /// pool lock is held only to take the connection and to give it back.
+    /// A connection that failed is dropped, not given back.
+    fn round_trip<T>(&self, f: impl FnOnce(&mut Conn) -> RedisResult<T>) -> io::Result<T> {
+        let idle = self.pool.lock().pop();
+        let mut conn = match idle {
+            Some(c) => c,
+            None => self.connect_one().inspect_err(|_| self.failed())?,
+        };
+        self.counters.round_trips.fetch_add(1, RELAXED);
+        match f(&mut conn) {
+            Ok(v) => {
+                let mut pool = self.pool.lock();
+                if pool.len() < self.cfg.idle_connections {
+                    pool.push(conn);
+                }
+                Ok(v)
+            }
+            Err(e) => {
+                self.failed();
+                Err(io_err(e))
+            }
+        }
+    }
+
+    fn failed(&self) {
+        self.counters.errors.fetch_add(1, RELAXED);
+    }
+
+    /// `write_slots` on an open store.
+    fn write_open(&self, first: u64, pages: &[&[u8]]) -> io::Result<()> {
+        // Marked before the write goes out: a write that fails half-way
+        // may have stored some keys, and `clear` must find them.
+        self.mark_live(first, pages.len() as u64);
+        let ns = self.ns();
+        let ttl = self.cfg.ttl.as_secs();
+        let mut sent = 0;
+        let cmds: Vec<Cmd> = pages
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let key = key_of(&self.cfg.prefix, ns, first + i as u64);
+                sent += key.len() + p.len();
+                let mut c = redis::cmd("SET");
+                c.arg(key).arg(*p).arg("EX").arg(ttl);
+                c
+            })
+            .collect();
+        self.counters.bytes_sent.fetch_add(sent as u64, RELAXED);
+        self.round_trip(|c| c.pipeline(cmds)).map(drop)
+    }
+
+    /// Marks `first..first+n` as holding keys.
+    fn mark_live(&self, first: u64, n: u64) {
+        let mut live = self.live.lock();
+        let words = ((first + n).div_ceil(64)) as usize;
+        if live.len() < words {
+            live.resize(words, 0);
+        }
+        for s in first..first + n {
+            live[(s / 64) as usize] |= 1 << (s % 64);
+        }
+    }
+}
+
+fn key_of(prefix: &str, ns: u128, slot: u64) -> String {
+    format!("{prefix}:{ns:032x}:{slot}")
+}
+
+/// `VERB key` for the key of each of `slots` in namespace `ns`.
+fn key_cmds(verb: &str, prefix: &str, ns: u128, slots: &[u64]) -> Vec<Cmd> {
+    slots
+        .iter()
+        .map(|&s| {
+            let mut c = redis::cmd(verb);
+            c.arg(key_of(prefix, ns, s));
+            c
+        })
+        .collect()
+}
+
+/// A key prefix: not empty, of letters, digits, `:`, `_` and `-` (no
+/// glob characters, which [`sweep`] matches with, and no hash tag).
+fn check_prefix(prefix: &str) -> Result<(), RemoteError> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, ':' | '_' | '-');
+    if prefix.is_empty() || !prefix.chars().all(ok) || prefix.len() > 128 {
+        return Err(RemoteError::Config(format!(
+            "key prefix {prefix:?}: use 1 to 128 letters, digits, ':', '_' or '-'"
+        )));
+    }
+    Ok(())
+}
+
+/// A prefix for one run's keys: `uzswap:<64 random bits>`.
+pub fn run_prefix() -> Result<String, RemoteError> {
+    let r = random_ns().map_err(RemoteError::Random)?;
+    Ok(format!("uzswap:{:016x}", r as u64))
+}
+
+/// Deletes every key under `prefix` on the server or cluster at `url`
+/// (on each master, `SCAN MATCH prefix:*` and `UNLINK`), and returns how
+/// many there were: what the processes of a run left (one that exec'd
+/// without exiting, one that was killed). Only for a prefix no running
+/// store uses.
+pub fn sweep(url: &str, prefix: &str, timeout: Duration) -> Result<u64, RemoteError> {
+    let parsed = RedisUrl::parse(url)?;
+    check_prefix(prefix)?;
+    let shown = parsed.to_string();
+    let fail = |e: redis::RedisError| RemoteError::Connect {
+        url: shown.clone(),
+        source: io_err(e),
+    };
+    let connect = |node: &str| -> redis::RedisResult<redis::Connection> {
+        let c = redis::Client::open(node)?.get_connection_with_timeout(timeout)?;
+        c.set_read_timeout(Some(timeout))?;
+        c.set_write_timeout(Some(timeout))?;
+        Ok(c)
+    };
+    let seeds = parsed.node_urls();
+    let mut first = connect(&seeds[0]).map_err(fail)?;
+    let info: String = redis::cmd("INFO")
+        .arg("cluster")
+        .query(&mut first)
+        .map_err(fail)?;
+    let masters = if info.lines().any(|l| l.trim() == "cluster_enabled:1") {
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query(&mut first)
+            .map_err(fail)?;
+        cluster_masters(&nodes)
+    } else {
+        vec![seeds[0].clone()]
+    };
+    let mut n = 0;
+    for m in masters {
+        let mut c = connect(&m).map_err(fail)?;
+        let mut cursor = 0u64;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{prefix}:*"))
+                .arg("COUNT")
+                .arg(1000)
+                .query(&mut c)
+                .map_err(fail)?;
+            if !keys.is_empty() {
+                let mut p = redis::pipe();
+                for k in &keys {
+                    p.cmd("UNLINK").arg(k).ignore();
+                }
+                p.query::<()>(&mut c).map_err(fail)?;
+                n += keys.len() as u64;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(n)
+}
+
+/// The masters in a `CLUSTER NODES` answer, as `redis://IP:PORT`: each
+/// line is `id ip:port@cport[,hostname] flags ...`.
+fn cluster_masters(nodes: &str) -> Vec<String> {
+    nodes
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let flags = f.get(2)?;
+            let master = flags.split(',').any(|x| x == "master")
+                && !flags.split(',').any(|x| x == "fail" || x == "noaddr");
+            let addr = f.get(1)?.split('@').next()?;
+            master.then(|| format!("{SCHEME}{addr}"))
+        })
+        .collect()
+}
+
+/// The set bits of `bits` in `from..to`.
+fn set_bits(bits: &[u64], from: u64, to: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    let end = to.min(bits.len() as u64 * 64);
+    let mut s = from;
+    while s < end {
+        let w = bits[(s / 64) as usize] >> (s % 64);
+        if w == 0 {
+            s = (s / 64 + 1) * 64;
+            continue;
+        }
+        s += u64::from(w.trailing_zeros());
+        if s < end {
+            out.push(s);
+        }
+        s += 1;
+    }
+    out
+}
+
+impl BackingStore for RedisBacking {
+    /// One pipeline of `SET key value EX ttl`, one per page.
+    fn write_slots(&self, first: u64, pages: &[&[u8]]) -> io::Result<()> {
+        if pages.iter().any(|p| p.len() != PAGE_SIZE) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "remote tier: a slot is exactly one 4096-byte page",
+            ));
+        }
+        self.writing.fetch_add(1, Ordering::SeqCst);
+        let r = if self.closed.load(Ordering::SeqCst) {
+            Err(io::Error::other(
+                "remote tier: the store was closed (the program is exiting)",
+            ))
+        } else {
+            self.write_open(first, pages)
+        };
+        self.writing.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+
+    /// `GET key`: a missing key or a value of the wrong size is an error.
+    fn read_slot(&self, slot: u64, page: &mut [u8]) -> io::Result<()> {
+        let key = self.key(slot);
+        self.counters
+            .bytes_sent
+            .fetch_add(key.len() as u64, RELAXED);
+        let got: Option<Vec<u8>> =
+            self.round_trip(|c| redis::cmd("GET").arg(&key).query(c.like()))?;
+        let Some(v) = got else {
+            self.failed();
+            self.counters.missing.fetch_add(1, RELAXED);
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("remote tier: key {key} is missing (expired, evicted by the server, or lost in a restart)"),
+            ));
+        };
+        self.counters
+            .bytes_received
+            .fetch_add(v.len() as u64, RELAXED);
+        if v.len() != page.len() {
+            self.failed();
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "remote tier: key {key} holds {} bytes, not a {}-byte slot",
+                    v.len(),
+                    page.len()
+                ),
+            ));
+        }
+        page.copy_from_slice(&v);
+        Ok(())
+    }
+
+    // `discard` is the trait's no-op: a freed slot keeps its stale value
+    // until the slot is written again (a SET replaces it) or the store is
+    // cleared. The cache calls `discard` under its slot-map lock, and an
+    // UNLINK there would be a round trip under that lock; sent later, it
+    // could land after the slot's next write and erase it. So the server
+    // holds at most the peak of slots in use, as a file does without its
+    // hole punches.
+
+    fn describe(&self) -> String {
+        let s = self.stats();
+        format!(
+            "Redis {} {} (keys uzswap:{}:*; {} round trips, {} bytes sent, {} received, {} errors, {} missing, {} connects)",
+            if self.is_cluster() { "cluster" } else { "node" },
+            self.url,
+            self.namespace(),
+            s.round_trips,
+            s.bytes_sent,
+            s.bytes_received,
+            s.errors,
+            s.missing,
+            s.connects
+        )
+    }
+
+    /// In a forked child: drops the connections inherited from the parent
+    /// (their sockets are the parent's), takes a fresh namespace and
+    /// copies the live keys of slots `0..end` into it, a pipeline of GETs
+    /// then one of SETs per chunk. A key already missing stays missing.
+    fn fork_private(&self, end: u64) -> io::Result<()> {
+        // The child's only thread runs here. A lock a parent thread held
+        // at the fork stays held in the child: then its data may be half
+        // changed, so the inherited pool is leaked rather than read.
+        match self.pool.try_lock() {
+            Some(mut pool) => pool.clear(),
+            None => {
+                // SAFETY: the holder was a parent thread, which does not
+                // exist in the child; nothing else runs here.
+                unsafe { self.pool.force_unlock() };
+                std::mem::forget(std::mem::take(&mut *self.pool.lock()));
+            }
+        }
+        let old = self.ns();
+        let new = random_ns()?;
+        let slots = {
+            let mut live = match self.live.try_lock() {
+                Some(l) => l,
+                None => {
+                    // SAFETY: as above.
+                    unsafe { self.live.force_unlock() };
+                    self.live.lock()
+                }
+            };
+            let slots = set_bits(&live, 0, end);
+            live.clear();
+            slots
+        };
+        self.ns[0].store((new >> 64) as u64, RELAXED);
+        self.ns[1].store(new as u64, RELAXED);
+        let ttl = self.cfg.ttl.as_secs();
+        for chunk in slots.chunks(CHUNK as usize) {
+            let gets = key_cmds("GET", &self.cfg.prefix, old, chunk);
+            let values = self.round_trip(|c| c.pipeline(gets))?;
+            let mut sets = Vec::new();
+            let mut copied = Vec::new();
+            for (&s, v) in chunk.iter().zip(values) {
+                if let Value::BulkString(bytes) = v {
+                    self.counters
+                        .bytes_received
+                        .fetch_add(bytes.len() as u64, RELAXED);
+                    let mut c = redis::cmd("SET");
+                    c.arg(key_of(&self.cfg.prefix, new, s))
+                        .arg(bytes)
+                        .arg("EX")
+                        .arg(ttl);
+                    sets.push(c);
+                    copied.push(s);
+                }
+            }
+            for &s in &copied {
+                self.mark_live(s, 1);
+            }
+            if !sets.is_empty() {
+                self.round_trip(|c| c.pipeline(sets))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RedisBacking {
+    /// Unlinks every key still stored; on failure they expire with their
+    /// time-to-live.
+    fn drop(&mut self) {
+        let _ = self.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_bits_walks_words() {
+        let mut b = vec![0u64; 3];
+        for s in [0, 5, 63, 64, 130] {
+            b[s / 64] |= 1 << (s % 64);
+        }
+        assert_eq!(set_bits(&b, 0, u64::MAX), [0, 5, 63, 64, 130]);
+        assert_eq!(set_bits(&b, 5, 64), [5, 63]);
+        assert_eq!(set_bits(&b, 131, 1000), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn keys_are_namespaced_and_unhashed() {
+        let k = key_of("uzswap", 0xab, 7);
+        assert_eq!(k, format!("uzswap:{:032x}:7", 0xab));
+        assert!(!k.contains('{'), "no hash tag: keys spread over a cluster");
+    }
+
+    #[test]
+    fn unreachable_server_is_refused_with_the_remedy() {
+        // Port 1 on loopback: nothing listens there.
+        let e = RedisBacking::connect_with(
+            "redis://127.0.0.1:1",
+            RemoteConfig {
+                timeout: Duration::from_millis(500),
+                ..RemoteConfig::default()
+            },
+        )
+        .err()
+        .expect("nothing listens on port 1");
+        assert!(matches!(e, RemoteError::Connect { .. }), "{e}");
+        assert!(e.to_string().contains("start it"), "{e}");
+        let e = RedisBacking::connect("http://x:1").err().unwrap();
+        assert!(e.to_string().contains(URL_FORM), "{e}");
+    }
+}

@@ -1,0 +1,379 @@
+//! The remote tier against real servers: each test starts its own (a
+//! single node or a three-master cluster, see `uzswap_remote::testing`)
+//! and is skipped, saying so, when `redis-server` is not installed.
+
+use std::sync::Arc;
+use std::time::Duration;
+use uzswap_cache::{
+    Backing, BackingStore, Cache, CacheConfig, LoadError, LoadMode, PoolLimit, PAGE_SIZE,
+};
+use uzswap_remote::testing::{Cluster, Server};
+use uzswap_remote::{RedisBacking, RemoteConfig};
+
+/// A page of pseudo-random bytes from `seed` (incompressible: the pool
+/// fills fast and writeback has work).
+fn page(seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut p = Vec::with_capacity(PAGE_SIZE);
+    while p.len() < PAGE_SIZE {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p.extend_from_slice(&x.to_le_bytes());
+    }
+    p
+}
+
+fn quick() -> RemoteConfig {
+    RemoteConfig {
+        timeout: Duration::from_millis(500),
+        ..RemoteConfig::default()
+    }
+}
+
+/// Writes `n` pages in runs of 64 adjacent slots, reads each back.
+fn round_trip(store: &RedisBacking, n: u64) {
+    let pages: Vec<Vec<u8>> = (0..n).map(page).collect();
+    for first in (0..n).step_by(64) {
+        let run: Vec<&[u8]> = (first..(first + 64).min(n))
+            .map(|s| &pages[s as usize][..])
+            .collect();
+        store.write_slots(first, &run).unwrap();
+    }
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for s in 0..n {
+        store.read_slot(s, &mut buf).unwrap();
+        assert!(buf == pages[s as usize], "slot {s} came back different");
+    }
+}
+
+/// Every key of the store has a time-to-live.
+fn ttls_set(conn: &mut redis::Connection, keys: &[String]) {
+    for k in keys {
+        let ttl: i64 = redis::cmd("TTL").arg(k).query(conn).unwrap();
+        assert!(ttl > 0, "{k} has no time-to-live ({ttl})");
+    }
+}
+
+#[test]
+fn single_node_round_trip_ttl_and_nothing_left() {
+    let Some(srv) = Server::start() else { return };
+    let store = RedisBacking::connect_with(&srv.url(), quick()).unwrap();
+    assert!(!store.is_cluster());
+    round_trip(&store, 1000);
+    assert_eq!(srv.dbsize(), 1000);
+    let keys = srv.keys();
+    assert!(keys
+        .iter()
+        .all(|k| k.starts_with(&format!("uzswap:{}:", store.namespace()))));
+    ttls_set(&mut srv.conn(), &keys);
+    // discard sends nothing (see RedisBacking): a freed slot's key stays
+    // until it is written again or the store is dropped, and still reads.
+    store.discard(0, 32);
+    assert_eq!(srv.dbsize(), 1000);
+    let s = store.stats();
+    assert!(s.round_trips >= 1000 / 64 + 1000 && s.bytes_sent >= 1000 * 4096);
+    assert!(s.bytes_received >= 1000 * 4096 && s.errors == 0);
+    assert!(store.describe().contains("round trips"));
+    drop(store);
+    assert_eq!(srv.dbsize(), 0, "the store's keys are gone after drop");
+}
+
+#[test]
+fn cluster_round_trip_spreads_keys_and_leaves_nothing() {
+    let Some(cl) = Cluster::start() else { return };
+    let store = RedisBacking::connect_with(&cl.url(), quick()).unwrap();
+    assert!(store.is_cluster());
+    round_trip(&store, 1500);
+    let sizes = cl.dbsizes();
+    assert_eq!(sizes.iter().sum::<u64>(), 1500);
+    assert!(
+        sizes.iter().all(|&n| n > 300),
+        "keys spread over every master: {sizes:?}"
+    );
+    for n in &cl.nodes {
+        ttls_set(&mut n.conn(), &n.keys());
+    }
+    // One seed of the cluster is enough: the store asks whether cluster
+    // mode is on and follows the redirects.
+    let one = RedisBacking::connect_with(&cl.nodes[1].url(), quick()).unwrap();
+    assert!(one.is_cluster());
+    round_trip(&one, 200);
+    drop(one);
+    drop(store);
+    assert_eq!(cl.dbsizes(), [0, 0, 0]);
+}
+
+/// A cache with a small pool over `store`: pages go out and come back.
+fn cache_over(store: Arc<RedisBacking>, background: bool) -> Cache {
+    let c = Cache::new(CacheConfig {
+        pool_limit: PoolLimit::Bytes(64 * 4096),
+        backing: Backing::Store(Box::new(store)),
+        background_writer: background,
+        ..CacheConfig::default()
+    })
+    .unwrap();
+    c.open_area(0).unwrap();
+    c
+}
+
+fn cache_round_trip(url: &str) {
+    let store = Arc::new(RedisBacking::connect_with(url, quick()).unwrap());
+    let c = cache_over(store.clone(), true);
+    let n = 2000u64;
+    for i in 0..n {
+        // The pool refuses for a moment while the writer catches up.
+        let mut tries = 0;
+        while c.store(0, i, &page(i)).is_err() {
+            tries += 1;
+            assert!(tries < 2000, "store {i} refused for good");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    c.writeback(usize::MAX).unwrap();
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for i in 0..n {
+        c.load(0, i, &mut buf, LoadMode::Keep).unwrap();
+        assert!(buf == page(i), "page {i} came back different");
+    }
+    let s = c.stats();
+    assert!(s.loads_backing > n / 2, "{s:?}");
+    c.check_invariants().unwrap();
+    for i in 0..n {
+        c.load(0, i, &mut buf, LoadMode::Exclusive).unwrap();
+        assert!(buf == page(i), "page {i} came back different");
+    }
+    drop(c);
+    assert_eq!(Arc::strong_count(&store), 1);
+}
+
+#[test]
+fn cache_round_trip_single_node() {
+    let Some(srv) = Server::start() else { return };
+    cache_round_trip(&srv.url());
+    assert_eq!(srv.dbsize(), 0);
+}
+
+#[test]
+fn cache_round_trip_cluster() {
+    let Some(cl) = Cluster::start() else { return };
+    cache_round_trip(&cl.url());
+    assert_eq!(cl.dbsizes(), [0, 0, 0]);
+}
+
+/// Stores `0..n` and writes them all back.
+fn fill_and_write_back(c: &Cache, n: u64, salt: u64) {
+    for i in 0..n {
+        c.store(0, i, &page(i ^ salt)).unwrap();
+        if i % 32 == 31 {
+            c.writeback(usize::MAX).unwrap();
+        }
+    }
+    c.writeback(usize::MAX).unwrap();
+    assert_eq!(c.stats().backing_pages, n);
+}
+
+#[test]
+fn server_killed_loads_fail_then_reconnect_after_restart() {
+    let Some(mut srv) = Server::start() else {
+        return;
+    };
+    let store = Arc::new(RedisBacking::connect_with(&srv.url(), quick()).unwrap());
+    let c = cache_over(store.clone(), false);
+    fill_and_write_back(&c, 200, 0);
+    srv.kill();
+    let mut buf = vec![1u8; PAGE_SIZE];
+    for i in 0..20 {
+        match c.load(0, i, &mut buf, LoadMode::Keep) {
+            Err(LoadError::Io(_)) => assert!(buf.iter().all(|&b| b == 0)),
+            other => panic!("load {i} with the server dead: {other:?}"),
+        }
+    }
+    // A new, empty server on the same port: old pages are missing (an
+    // error, never other bytes), new ones go out and come back.
+    srv.restart();
+    for i in 0..20 {
+        match c.load(0, i, &mut buf, LoadMode::Keep) {
+            Err(LoadError::Io(e)) => assert!(e.to_string().contains("missing"), "{e}"),
+            other => panic!("load {i} from the empty server: {other:?}"),
+        }
+    }
+    for i in 0..200 {
+        c.invalidate(0, i).unwrap();
+    }
+    fill_and_write_back(&c, 200, 0x55);
+    for i in 0..200 {
+        c.load(0, i, &mut buf, LoadMode::Keep).unwrap();
+        assert!(buf == page(i ^ 0x55));
+    }
+    let s = store.stats();
+    assert!(
+        s.errors >= 40 && s.missing >= 20 && s.connects >= 2,
+        "{s:?}"
+    );
+    assert!(c.stats().backing_read_fail >= 40);
+}
+
+#[test]
+fn deleted_key_is_missing_and_altered_value_is_refused() {
+    let Some(srv) = Server::start() else { return };
+    let store = Arc::new(RedisBacking::connect_with(&srv.url(), quick()).unwrap());
+    // Directly: a deleted key is an error, not zeros.
+    store.write_slots(9000, &[&page(1)]).unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(store.key(9000))
+        .query(&mut srv.conn())
+        .unwrap();
+    let mut buf = vec![0u8; PAGE_SIZE];
+    let e = store.read_slot(9000, &mut buf).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+    // Through the cache: a value replaced with garbage of the right size,
+    // or with a short one, never comes back as a page.
+    let c = cache_over(store.clone(), false);
+    fill_and_write_back(&c, 50, 0);
+    let mut conn = srv.conn();
+    let keys = srv.keys();
+    assert_eq!(keys.len(), 50);
+    for (i, k) in keys.iter().enumerate() {
+        let v = if i % 2 == 0 {
+            page(7777)
+        } else {
+            vec![0u8; 10]
+        };
+        let _: () = redis::cmd("SET").arg(k).arg(v).query(&mut conn).unwrap();
+    }
+    let (mut corrupt, mut io) = (0, 0);
+    for i in 0..50 {
+        match c.load(0, i, &mut buf, LoadMode::Keep) {
+            Err(LoadError::Corrupt { where_: "backing" }) => corrupt += 1,
+            Err(LoadError::Io(_)) => io += 1,
+            other => panic!("load {i} of an altered value: {other:?}"),
+        }
+        assert!(buf.iter().all(|&b| b == 0));
+    }
+    assert_eq!((corrupt, io), (25, 25));
+    assert_eq!(c.stats().backing_corrupt, 25);
+}
+
+#[test]
+fn concurrent_writers_and_loaders() {
+    let Some(cl) = Cluster::start() else { return };
+    let store = Arc::new(RedisBacking::connect_with(&cl.url(), quick()).unwrap());
+    // The store alone: each thread its own slot range, written in runs
+    // and read back while the others do the same.
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let store = &store;
+            s.spawn(move || {
+                let base = t * 10_000;
+                let mut buf = vec![0u8; PAGE_SIZE];
+                for round in 0..10u64 {
+                    let pages: Vec<Vec<u8>> = (0..16).map(|i| page(base + i + round)).collect();
+                    let refs: Vec<&[u8]> = pages.iter().map(|p| &p[..]).collect();
+                    store.write_slots(base, &refs).unwrap();
+                    for i in 0..16 {
+                        store.read_slot(base + i, &mut buf).unwrap();
+                        assert!(buf == pages[i as usize], "thread {t} slot {i}");
+                    }
+                }
+            });
+        }
+    });
+    // Through a cache with its writer running: threads store and load
+    // their own keys.
+    let c = cache_over(store.clone(), true);
+    std::thread::scope(|s| {
+        for t in 0..6u64 {
+            let c = &c;
+            s.spawn(move || {
+                let mut buf = vec![0u8; PAGE_SIZE];
+                let keys = (t * 1000)..(t * 1000 + 150);
+                for k in keys.clone() {
+                    while c.store(0, k, &page(k)).is_err() {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+                for round in 0..3 {
+                    for k in keys.clone() {
+                        c.load(0, k, &mut buf, LoadMode::Keep).unwrap();
+                        assert!(buf == page(k), "thread {t} key {k} round {round}");
+                    }
+                }
+            });
+        }
+    });
+    c.check_invariants().unwrap();
+    assert!(c.stats().loads_backing > 0);
+    drop(c);
+    drop(store);
+    assert_eq!(cl.dbsizes(), [0, 0, 0]);
+}
+
+#[test]
+fn fork_private_copies_into_a_namespace_of_its_own() {
+    let Some(srv) = Server::start() else { return };
+    let store = RedisBacking::connect_with(&srv.url(), quick()).unwrap();
+    round_trip(&store, 96);
+    let old = store.namespace();
+    let old_key = store.key(5);
+    store.fork_private(200).unwrap();
+    assert_ne!(store.namespace(), old);
+    assert_eq!(srv.dbsize(), 96 + 96);
+    // The copy reads as the original did, and writes to it leave the
+    // original alone.
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for s in 0..96 {
+        store.read_slot(s, &mut buf).unwrap();
+        assert!(buf == page(s));
+    }
+    // 96..200 never held a key: nothing was copied for them.
+    assert!(store.read_slot(97, &mut buf).is_err());
+    store.write_slots(5, &[&page(999)]).unwrap();
+    store.read_slot(5, &mut buf).unwrap();
+    assert!(buf == page(999));
+    let original: Vec<u8> = redis::cmd("GET")
+        .arg(&old_key)
+        .query(&mut srv.conn())
+        .unwrap();
+    assert!(original == page(5), "the parent's namespace is untouched");
+    ttls_set(&mut srv.conn(), &srv.keys());
+    // The child's store cleans up its own namespace only.
+    drop(store);
+    assert_eq!(srv.dbsize(), 96);
+    assert!(srv.keys().iter().all(|k| k.contains(&old)));
+}
+
+#[test]
+fn sweep_deletes_what_a_runs_stores_left_and_nothing_else() {
+    let Some(cl) = Cluster::start() else { return };
+    let run = uzswap_remote::run_prefix().unwrap();
+    let cfg = RemoteConfig {
+        prefix: run.clone(),
+        ..quick()
+    };
+    // Two stores of the run that never clean up (a process that exec'd,
+    // one that was killed), and one of another run.
+    for _ in 0..2 {
+        let s = RedisBacking::connect_with(&cl.url(), cfg.clone()).unwrap();
+        round_trip(&s, 300);
+        std::mem::forget(s);
+    }
+    let other = RedisBacking::connect_with(&cl.url(), quick()).unwrap();
+    round_trip(&other, 100);
+    let swept = uzswap_remote::sweep(&cl.url(), &run, Duration::from_secs(1)).unwrap();
+    assert_eq!(swept, 600);
+    assert_eq!(
+        cl.dbsizes().iter().sum::<u64>(),
+        100,
+        "the other run's keys stay"
+    );
+    // A closed store (as at exit) stores nothing more.
+    other.clear().unwrap();
+    assert!(other.write_slots(0, &[&page(1)]).is_err());
+    assert_eq!(cl.dbsizes(), [0, 0, 0]);
+    let bad = RemoteConfig {
+        prefix: "a*".into(),
+        ..quick()
+    };
+    assert!(RedisBacking::connect_with(&cl.url(), bad).is_err());
+}
