@@ -34,6 +34,11 @@ pub struct Args {
     /// cpu_handlers`); off: one handler thread serves every fault.
     #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub cpu_handlers: bool,
+    /// Resolve faults on the faulting thread itself, in a SIGBUS handler
+    /// (`PagerConfig::in_thread_faults`); off: a handler thread serves
+    /// every fault.
+    #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
+    pub in_thread_faults: bool,
     /// Compress victims that never joined the working set (never on the
     /// pager's active list this residency) with this codec instead
     /// (`CacheConfig::cold_compressor`), e.g. zstd:-1: a denser pool for
@@ -70,6 +75,7 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         "keep_clean": args.keep_clean,
         "charge_index": args.charge_index,
         "cpu_handlers": args.cpu_handlers,
+        "in_thread_faults": args.in_thread_faults,
         "dedup": args.dedup,
         "cold_compressor": args.cold_compressor,
     });
@@ -160,6 +166,7 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
         uzswap_region::PagerConfig {
             keep_clean: args.keep_clean,
             cpu_handlers: args.cpu_handlers,
+            in_thread_faults: args.in_thread_faults,
             charge,
             ..uzswap_region::PagerConfig::new(args.w.budget_mib() << 8)
         },

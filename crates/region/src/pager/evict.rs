@@ -2,7 +2,7 @@
 //! of an eviction batch (`evict`), as the crate documentation numbers them.
 
 use super::config::{Charge, VictimPolicy, CHARGE_PERIOD};
-use super::state::{lookup, OwnSpan, PageState, State};
+use super::state::{lookup, OwnSpan, PageState, State, QUEUE_RESERVE};
 use super::Shared;
 use crate::sys::{self, PAGE_SIZE};
 use std::sync::atomic::Ordering;
@@ -132,6 +132,12 @@ impl Shared {
                     if self.shutdown.load(Ordering::Relaxed) {
                         return;
                     }
+                    if self.cfg.in_thread_faults && s.queue_spare() < QUEUE_RESERVE / 2 {
+                        // In-thread faults queue pages into reserved
+                        // capacity only; one deferred for it waits.
+                        s.reserve_queues();
+                        self.notify_settled();
+                    }
                     if s.resident > self.start_threshold(&s) {
                         break;
                     }
@@ -194,6 +200,8 @@ impl Shared {
                 if self.throttled.swap(false, Ordering::Relaxed) {
                     self.wake.signal();
                 }
+                // In-thread faults deferred for room wait on the sequence.
+                self.notify_settled();
                 if gone == 0 || self.shutdown.load(Ordering::Relaxed) {
                     break;
                 }
@@ -210,6 +218,11 @@ impl Shared {
                 continue;
             };
             let m = s.meta(area, page);
+            if m.pins > 0 {
+                // Pinned (`Region::pin`): not a victim until unpinned, which
+                // queues it again.
+                continue;
+            }
             let clean = match m.st {
                 PageState::Dirty => {
                     m.st = PageState::Evicting;
@@ -257,6 +270,7 @@ impl Shared {
             drop(s);
             self.throttled.store(false, Ordering::Relaxed);
             self.wake.signal();
+            self.notify_settled();
         }
     }
 
@@ -382,6 +396,11 @@ impl Shared {
         for v in victims.iter().filter(|v| v.unprotect) {
             self.unprotect_retry(v.addr);
         }
+        if victims.iter().any(|v| v.unprotect) {
+            // Faults waiting in-thread on the aborted pages go (those in
+            // the kernel were woken by the unprotect).
+            self.notify_settled();
+        }
         // 5a. Drop by moving victims of short spans into the staging area,
         //     one page at a time: no remove event, so no handler round trip
         //     and no EAGAIN for the faults meanwhile (see `sys::Staging`). A
@@ -465,8 +484,11 @@ impl Shared {
                 }
                 o.parked
             };
+            // In-thread faults between victims are listed nowhere: they
+            // wait on the settle sequence.
+            self.notify_settled();
             for a in parked {
-                let _ = self.uffd.wake(a, PAGE_SIZE);
+                self.wake_parked(a);
             }
             // Faults that met our remove event (EAGAIN) can go now.
             if self.again_waiting.swap(false, Ordering::Relaxed) {
@@ -496,8 +518,9 @@ impl Shared {
             }
         }
         for a in wake {
-            let _ = self.uffd.wake(a, PAGE_SIZE);
+            self.wake_parked(a);
         }
+        self.notify_settled();
         (gone, refused)
     }
 
@@ -612,7 +635,7 @@ impl Shared {
                 }
             }
             if let Some(a) = wake {
-                let _ = self.uffd.wake(a, PAGE_SIZE);
+                self.wake_parked(a);
             }
         }
         st.clear(slots);
@@ -700,7 +723,7 @@ impl Shared {
             drop(g);
             drop(d);
             if let (true, Some(addr)) = (woken, at) {
-                let _ = self.uffd.wake(addr, PAGE_SIZE);
+                self.wake_parked(addr);
             }
             return;
         }

@@ -134,6 +134,8 @@ unsafe extern "C" fn fork_parent() {
                 s.dispatch.after_fork(Side::Parent);
             }
             s.state.lock().forking = false;
+            // In-thread faults deferred by the fork wait on the sequence.
+            s.notify_settled();
         }
         // SAFETY: fork_prepare locked the gate of every pager in FORK_HELD
         // on this thread, forgot the guard, and nothing unlocked it since.
@@ -307,6 +309,7 @@ impl Shared {
                 .map_err(step("write-protecting clean pages"))?;
         }
         self.cpu_handlers.store(0, Ordering::Relaxed);
+        super::inthread::forget_parent_handlers(self);
         self.throttled.store(false, Ordering::Relaxed);
         self.again_waiting.store(false, Ordering::Relaxed);
         for c in [&self.faults_local, &self.faults_remote, &self.faults_again] {

@@ -133,7 +133,7 @@ fn threads_on_a_region_over_the_cache_with_dedup() {
 
 /// Threads read, check and rewrite random pages of a region 8x the budget
 /// for 4 s; then every page is checked and the region dropped.
-fn hammer(pager: &uzswap_region::Pager) {
+pub fn hammer(pager: &uzswap_region::Pager) {
     let report = hammer_for(pager, Duration::from_secs(4), true, fill);
     assert_eq!(report.pages_lost, 0);
     let st = pager.stats();
