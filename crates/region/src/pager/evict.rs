@@ -188,6 +188,12 @@ impl Shared {
                     let victims = {
                         let mut s = self.state.lock();
                         let v = s.select(n, self.cfg.policy);
+                        if self.cfg.in_thread_faults && s.queue_spare() < QUEUE_RESERVE / 2 {
+                            // As at the top: faults deferred for list
+                            // capacity must not wait for the whole round.
+                            s.reserve_queues();
+                            self.notify_settled();
+                        }
                         self.claim(&mut s, v)
                     };
                     let (gone, refused) = self.evict(victims);
