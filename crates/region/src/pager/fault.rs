@@ -25,6 +25,9 @@ pub(super) enum Outcome {
     /// and the thread that raised it must go on, before any resolving
     /// ioctl succeeds).
     Again,
+    /// With in-thread faults: the address is in no region (the SIGBUS is
+    /// not ours).
+    Foreign,
 }
 
 #[derive(Clone, Copy)]
@@ -45,6 +48,11 @@ impl Shared {
         let s = &mut *g;
         w.seen = self.settle_now();
         let Some((area, page)) = lookup(&s.segs, f.addr) else {
+            if self.cfg.in_thread_faults {
+                // A SIGBUS at an address of no region: not ours, it goes to
+                // the previous handler.
+                return Outcome::Foreign;
+            }
             // Not ours (grown by mremap, or a region being dropped): serve
             // it as plain memory.
             s.stats.faults_foreign += 1;

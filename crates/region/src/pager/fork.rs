@@ -202,6 +202,7 @@ unsafe extern "C" fn fork_child() {
             }
         }
     }
+    super::inthread::forget_foreign_pager();
     // The references stay (the child's pagers live on in it or, with
     // `Prefault`, are never used): no destructor runs here.
     std::mem::forget(held);
@@ -312,7 +313,13 @@ impl Shared {
         super::inthread::forget_parent_handlers(self);
         self.throttled.store(false, Ordering::Relaxed);
         self.again_waiting.store(false, Ordering::Relaxed);
-        for c in [&self.faults_local, &self.faults_remote, &self.faults_again] {
+        for c in [
+            &self.faults_local,
+            &self.faults_remote,
+            &self.faults_again,
+            &self.faults_waited,
+            &self.waits_timed_out,
+        ] {
             c.store(0, Ordering::Relaxed);
         }
         Ok(())

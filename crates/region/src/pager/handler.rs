@@ -538,6 +538,7 @@ impl Shared {
         match o {
             Outcome::Done => false,
             Outcome::Load(_) => unreachable!("a started load is filed, not retried"),
+            Outcome::Foreign => unreachable!("only with in-thread faults, which no handler reads"),
             Outcome::Defer => true,
             Outcome::Again => {
                 if !f.retried {

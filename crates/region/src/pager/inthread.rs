@@ -195,6 +195,18 @@ pub(super) fn forget_parent_handlers(sh: &Shared) {
     }
 }
 
+/// In a forked child (its hook, one thread): a pager the child did not
+/// take over is served no more (its regions are plain memory here, and
+/// its locks may be held by the parent's threads that are gone).
+pub(super) fn forget_foreign_pager() {
+    let p = PAGER.load(Ordering::SeqCst);
+    // SAFETY: PAGER points at a live pager (a child's copy of the
+    // parent's, which lives on in it: the hooks keep their references).
+    if !p.is_null() && !unsafe { &*p }.ours() {
+        PAGER.store(std::ptr::null_mut(), Ordering::SeqCst);
+    }
+}
+
 /// The SIGBUS handler.
 extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let saved = sys::errno_value();
@@ -226,33 +238,37 @@ impl Shared {
     /// forked child that did not take the pager over); the signal is
     /// chained.
     fn fault_in_thread(&self, bf: sys::BusFault) -> bool {
-        if !self.ours() {
-            return false;
-        }
+        // (A forked child that did not take the pager over cleared PAGER:
+        // see `forget_foreign_pager`; no getpid here.)
         let addr = bf.addr & !(PAGE_SIZE - 1);
-        if lookup(&self.state.lock().segs, addr).is_none() {
-            return false;
-        }
         let Some(pool) = &self.bufs else {
             return false;
         };
         let Some((slot, mut buf)) = pool.take() else {
-            // Every buffer is in use: run the access again.
+            // Every buffer is in use: run the access again, unless the
+            // address is in no region.
+            let ours = lookup(&self.state.lock().segs, addr).is_some();
             sys::yield_cpu();
-            return true;
+            return ours;
         };
         IN_HANDLER.with(|c| c.set(true));
-        self.resolve_here(addr, bf.write, bf.present, &mut buf);
+        let ours = self.resolve_here(addr, bf.write, bf.present, &mut buf);
         IN_HANDLER.with(|c| c.set(false));
         pool.put(slot);
-        true
+        ours
     }
 
     /// One attempt at the fault at `addr` on this thread (a present page:
     /// a write-protect fault), with `buf` for its pages: resolved, or
     /// waited for (the caller then runs the access again, which faults
-    /// again if it must).
-    pub(super) fn resolve_here(&self, addr: usize, write: bool, present: bool, buf: &mut PageBuf) {
+    /// again if it must). False: the address is in no region.
+    pub(super) fn resolve_here(
+        &self,
+        addr: usize,
+        write: bool,
+        present: bool,
+        buf: &mut PageBuf,
+    ) -> bool {
         let mut w = Wakes::now();
         let f = Fault {
             addr,
@@ -283,7 +299,9 @@ impl Shared {
                 sys::yield_cpu();
             }
             Outcome::Load(_) => unreachable!("a load is finished above"),
+            Outcome::Foreign => return false,
         }
+        true
     }
 
     /// The settle sequence now (read it under the state lock before
@@ -300,8 +318,14 @@ impl Shared {
         // our read of it either sees us counted and wakes us, or bumped
         // before our futex call, which then does not sleep.
         self.sleepers.fetch_add(1, Ordering::SeqCst);
+        let t = Instant::now();
         futex_wait(&self.settle_seq, seen, Some(WAIT));
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        // Relaxed: counters, ordered with nothing.
+        self.faults_waited.fetch_add(1, Ordering::Relaxed);
+        if t.elapsed() >= WAIT {
+            self.waits_timed_out.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Something a fault may wait for happened (a page settled, a load

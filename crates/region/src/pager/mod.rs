@@ -130,6 +130,9 @@ pub(crate) struct Shared {
     settle_seq: AtomicU32,
     /// Threads waiting on `settle_seq`.
     sleepers: AtomicU32,
+    /// `PagerStats::faults_waited` and `waits_timed_out`.
+    faults_waited: AtomicU64,
+    waits_timed_out: AtomicU64,
     /// Page buffers for faults resolved in signal handlers (with
     /// `in_thread_faults` only).
     bufs: Option<inthread::BufPool>,
@@ -282,6 +285,8 @@ impl Pager {
             again_waiting: AtomicBool::new(false),
             settle_seq: AtomicU32::new(0),
             sleepers: AtomicU32::new(0),
+            faults_waited: AtomicU64::new(0),
+            waits_timed_out: AtomicU64::new(0),
             bufs: cfg_in_thread.then(|| inthread::BufPool::new(cfg_ra + 1)),
         });
         if sh.cfg.in_thread_faults {
@@ -498,6 +503,8 @@ impl Shared {
         st.faults_local = self.faults_local.load(Ordering::Relaxed);
         st.faults_remote = self.faults_remote.load(Ordering::Relaxed);
         st.faults_again = self.faults_again.load(Ordering::Relaxed);
+        st.faults_waited = self.faults_waited.load(Ordering::Relaxed);
+        st.waits_timed_out = self.waits_timed_out.load(Ordering::Relaxed);
         st.store = self.store.stats();
         st.stored_pages = st.store.pages;
         st
