@@ -3,7 +3,7 @@
 //! tests here take `ONE` in turn.
 
 use crate::common::*;
-use crate::stress::{hammer, BUDGET};
+use crate::stress::{hammer, over_the_cache_with_dedup, over_the_compressed_cache, BUDGET};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use uzswap_os::lock::Mutex;
@@ -41,6 +41,22 @@ fn threads_on_a_region_with_in_thread_faults_without_moves() {
     cfg.evict_by_move = false;
     let (pager, _store) = pager_with(cfg);
     hammer(&pager);
+}
+
+/// The stress test over the real cache (pool, writeback to the encrypted
+/// backing file, loads from it) with faults resolved in-thread: the
+/// cache's load runs in the SIGBUS handler.
+#[test]
+fn threads_on_a_region_over_the_compressed_cache_in_thread() {
+    let _one = ONE.lock();
+    over_the_compressed_cache(in_thread(BUDGET));
+}
+
+/// The same with dedup on (shared pool objects).
+#[test]
+fn threads_on_a_region_over_the_cache_with_dedup_in_thread() {
+    let _one = ONE.lock();
+    over_the_cache_with_dedup(in_thread(BUDGET));
 }
 
 /// `write(2)` from and `read(2)` into evicted region memory fail with

@@ -73,6 +73,11 @@ fn threads_on_a_region_with_cpu_handlers() {
 /// loads from it happen all the time.
 #[test]
 fn threads_on_a_region_over_the_compressed_cache() {
+    over_the_compressed_cache(uzswap_region::PagerConfig::new(BUDGET));
+}
+
+/// The body of the test above, for a pager made with `cfg`.
+pub fn over_the_compressed_cache(cfg: uzswap_region::PagerConfig) {
     let cache = std::sync::Arc::new(
         uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
             pool_limit: uzswap_cache::PoolLimit::Bytes((BUDGET * PAGE) as u64),
@@ -82,8 +87,7 @@ fn threads_on_a_region_over_the_compressed_cache() {
         })
         .unwrap(),
     );
-    let pager =
-        uzswap_region::Pager::new(cache.clone(), uzswap_region::PagerConfig::new(BUDGET)).unwrap();
+    let pager = uzswap_region::Pager::new(cache.clone(), cfg).unwrap();
     hammer(&pager);
     let st = cache.stats();
     eprintln!("{st:?}");
@@ -104,6 +108,12 @@ fn threads_on_a_region_over_the_compressed_cache() {
 /// another page's bytes with it.
 #[test]
 fn threads_on_a_region_over_the_cache_with_dedup() {
+    over_the_cache_with_dedup(uzswap_region::PagerConfig::new(BUDGET));
+}
+
+/// The body of the test above, for a pager made with `cfg` (exclusive
+/// loads: `keep_clean` is turned off).
+pub fn over_the_cache_with_dedup(cfg: uzswap_region::PagerConfig) {
     let cache = std::sync::Arc::new(
         uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
             dedup: true,
@@ -115,7 +125,7 @@ fn threads_on_a_region_over_the_cache_with_dedup() {
         cache.clone(),
         uzswap_region::PagerConfig {
             keep_clean: false,
-            ..uzswap_region::PagerConfig::new(BUDGET)
+            ..cfg
         },
     )
     .unwrap();
