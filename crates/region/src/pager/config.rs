@@ -109,6 +109,15 @@ pub struct PagerConfig {
     /// made resident first with [`crate::Region::pin`]. One pager per
     /// process may have it; x86-64 only; not with `cpu_handlers`; both
     /// readahead windows at most 63. Off by default.
+    ///
+    /// Experimental, and hidden from the documentation for now: its stress
+    /// tests failed 3 times in about 250 runs on a loaded machine. Once the
+    /// budget check saw 129 pages resident for a budget of 128 (`mincore`
+    /// scans page by page while faults and evictions go on, so it may
+    /// over-count; not proven); twice the message was lost (the test then
+    /// hung waiting for its threads, since fixed). Not for production until
+    /// the cause is established.
+    #[doc(hidden)]
     pub in_thread_faults: bool,
     /// Test hook: pretend userfaultfd(2) failed with this errno and
     /// /dev/userfaultfd with EACCES.

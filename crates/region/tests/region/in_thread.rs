@@ -214,6 +214,9 @@ fn faults_on_a_page_under_eviction() {
                 r.evict(0..16);
             }
         });
+        // A failed check below stops the evicting thread too (the scope
+        // would wait for it for ever).
+        let _stop = StopOnDrop(&stop);
         let mut want = vec![0u8; PAGE];
         // Until enough evictions met faults (slow on a loaded machine),
         // for a minute at most.

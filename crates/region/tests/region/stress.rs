@@ -233,6 +233,9 @@ pub fn hammer_for(
                 operations.fetch_add(ops, Ordering::Relaxed);
             });
         }
+        // A failed check below stops the threads too (the scope would wait
+        // for them for ever, and the watchdog would hide the message).
+        let _stop = StopOnDrop(&stop);
         let mut checks = 0;
         while Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
