@@ -34,6 +34,15 @@ pub struct Args {
     /// cpu_handlers`); off: one handler thread serves every fault.
     #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub cpu_handlers: bool,
+    /// Resolve faults on the faulting thread itself, in a SIGBUS handler
+    /// (`PagerConfig::in_thread_faults`); off: a handler thread serves
+    /// every fault.
+    #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
+    pub in_thread_faults: bool,
+    /// Most stored pages brought back with a faulting one
+    /// (`PagerConfig::readahead_max`; default the pager's).
+    #[arg(long)]
+    pub readahead_max: Option<usize>,
     /// Compress victims that never joined the working set (never on the
     /// pager's active list this residency) with this codec instead
     /// (`CacheConfig::cold_compressor`), e.g. zstd:-1: a denser pool for
@@ -70,6 +79,8 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         "keep_clean": args.keep_clean,
         "charge_index": args.charge_index,
         "cpu_handlers": args.cpu_handlers,
+        "in_thread_faults": args.in_thread_faults,
+        "readahead_max": args.readahead_max,
         "dedup": args.dedup,
         "cold_compressor": args.cold_compressor,
     });
@@ -155,15 +166,17 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
         let cache = cache.clone();
         uzswap_region::Charge(Arc::new(move || cache.stats().index_bytes))
     });
-    let pager = Arc::new(uzswap_region::Pager::new(
-        cache.clone(),
-        uzswap_region::PagerConfig {
-            keep_clean: args.keep_clean,
-            cpu_handlers: args.cpu_handlers,
-            charge,
-            ..uzswap_region::PagerConfig::new(args.w.budget_mib() << 8)
-        },
-    )?);
+    let mut cfg = uzswap_region::PagerConfig {
+        keep_clean: args.keep_clean,
+        cpu_handlers: args.cpu_handlers,
+        in_thread_faults: args.in_thread_faults,
+        charge,
+        ..uzswap_region::PagerConfig::new(args.w.budget_mib() << 8)
+    };
+    if let Some(n) = args.readahead_max {
+        cfg.readahead_max = n;
+    }
+    let pager = Arc::new(uzswap_region::Pager::new(cache.clone(), cfg)?);
     let base_rss = uzswap_os::rss_bytes().unwrap_or(0);
     let mut region = pager.region(args.w.mib() << 20)?;
     let stop = Arc::new(AtomicBool::new(false));

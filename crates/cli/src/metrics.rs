@@ -227,6 +227,8 @@ const LEAVES: &[(&str, Kind)] = &[
     ("pager.faults_remote", Counter),
     ("pager.faults_throttled", Counter),
     ("pager.faults_again", Counter),
+    ("pager.faults_waited", Counter),
+    ("pager.waits_timed_out", Counter),
     ("pager.faults_rezeroed", Counter),
     ("pager.faults_foreign", Counter),
     ("pager.readahead_pages", Counter),

@@ -33,8 +33,9 @@ const SPIN_ROUNDS: u32 = 3;
 const YIELD_ROUNDS: u32 = 7;
 
 /// Sleeps while `word` holds `expected`, at most `timeout` (spurious
-/// returns are possible; callers re-check).
-fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+/// returns are possible; callers re-check). Async-signal-safe: one system
+/// call, nothing allocated.
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
     let ts = timeout.map(|d| libc::timespec {
         tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
         tv_nsec: d.subsec_nanos() as libc::c_long,
@@ -56,8 +57,8 @@ fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
     }
 }
 
-/// Wakes at most `n` threads sleeping on `word`.
-fn futex_wake(word: &AtomicU32, n: i32) {
+/// Wakes at most `n` threads sleeping on `word`. Async-signal-safe.
+pub fn futex_wake(word: &AtomicU32, n: i32) {
     // SAFETY: `word` is a live 32-bit atomic; waking has no other effect.
     unsafe {
         libc::syscall(

@@ -86,6 +86,86 @@ impl Region {
     }
 }
 
+impl Region {
+    /// Makes the pages of the byte range `range` resident and writable,
+    /// and keeps them so (the evictor leaves them) until the returned guard
+    /// is dropped. With `PagerConfig::in_thread_faults`, a system call that
+    /// reads or writes region memory fails with `EFAULT` unless the memory
+    /// is pinned (the kernel cannot raise SIGBUS for its own access): pin
+    /// what you hand to `read(2)`, `write(2)`, `recv(2)`... for the call.
+    /// Pinned pages count against the budget and are brought back as a
+    /// write would (their stored copies are dropped). Pinning a page the
+    /// program then discards (`MADV_DONTNEED`) keeps nothing: the discard
+    /// wins.
+    pub fn pin(&self, range: std::ops::Range<usize>) -> Result<Pinned<'_>, PinError> {
+        if range.start > range.end || range.end > self.len {
+            return Err(PinError::OutOfRange {
+                start: range.start,
+                end: range.end,
+                len: self.len,
+            });
+        }
+        let pages = (range.start / PAGE_SIZE) as u64..range.end.div_ceil(PAGE_SIZE) as u64;
+        let most = self.owner.sh.pin_limit();
+        let n = (pages.end - pages.start) as usize;
+        if n > most {
+            return Err(PinError::TooLarge { pages: n, most });
+        }
+        self.owner.sh.pin(self.area, pages.clone());
+        Ok(Pinned {
+            region: self,
+            pages,
+        })
+    }
+}
+
+/// Why [`Region::pin`] refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    /// The range is not inside the region.
+    #[error("pin {start}..{end}: outside the region of {len} bytes")]
+    OutOfRange {
+        /// Start of the range asked for.
+        start: usize,
+        /// End of the range asked for.
+        end: usize,
+        /// The region's length.
+        len: usize,
+    },
+    /// The range has more pages than one pin may hold (half the budget):
+    /// pin a smaller part at a time.
+    #[error("pin of {pages} pages: at most {most} (half the budget) at once; pin a smaller part at a time")]
+    TooLarge {
+        /// Pages asked for.
+        pages: usize,
+        /// The most one pin may hold.
+        most: usize,
+    },
+}
+
+/// Pages of a region kept resident (see [`Region::pin`]); dropping it lets
+/// the evictor have them again.
+pub struct Pinned<'a> {
+    region: &'a Region,
+    pages: std::ops::Range<u64>,
+}
+
+impl Pinned<'_> {
+    /// The pinned pages (indexes in the region).
+    pub fn pages(&self) -> std::ops::Range<usize> {
+        self.pages.start as usize..self.pages.end as usize
+    }
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        self.region
+            .owner
+            .sh
+            .unpin(self.region.area, self.pages.clone());
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
         self.owner.sh.drop_area(self.area);

@@ -129,6 +129,13 @@ pub struct PagerStats {
     /// resolving ioctl failed with EAGAIN: someone, usually the evictor,
     /// was discarding pages of a region).
     pub faults_again: u64,
+    /// In-thread faults (and pins) that waited on the settle sequence: the
+    /// page was under eviction or being loaded, or the fault was held back
+    /// (budget full, a fork, list capacity).
+    pub faults_waited: u64,
+    /// Of those, waits that ran to their bound (2 ms) with no settle
+    /// meanwhile: the access then simply ran again.
+    pub waits_timed_out: u64,
     /// Pages the pager believed mapped that a fault found unmapped (the
     /// program's MADV_DONTNEED racing with its own access): mapped again
     /// as zeros, as a discarded page reads.

@@ -424,3 +424,90 @@ fn fork_during_heavy_eviction_loses_nothing() {
     pager.check_invariants().unwrap();
     cache.check_invariants().unwrap();
 }
+
+/// In-thread faults (`PagerConfig::in_thread_faults`) across fork: the
+/// child takes the pager over and serves the parent's evicted pages in its
+/// own SIGBUS handler, writes and evicts its own, and the parent sees none
+/// of it. Then a genuine SIGBUS (a file mapping read past the file's end)
+/// still kills a child: the handler passes what is not a region's on.
+/// (One test: a process has at most one in-thread pager.)
+#[test]
+fn in_thread_faults_across_fork() {
+    let mut cfg = managed_at_any_size(32);
+    cfg.in_thread_faults = true;
+    let pager = Pager::new(Arc::new(MemStore::new()), cfg).unwrap();
+    let pages = 128;
+    let r = pager.region(pages * PAGE_SIZE).unwrap();
+    let base = r.as_ptr() as usize;
+    let page = |p: usize| {
+        // SAFETY: page p of the live region, used by one thread at a time.
+        unsafe { std::slice::from_raw_parts_mut((base + p * PAGE_SIZE) as *mut u8, PAGE_SIZE) }
+    };
+    for p in 0..pages {
+        versioned(page(p), p, 1);
+    }
+    r.evict(0..pages);
+    assert_eq!(r.page_state(7), Some(PageState::Stored));
+    // SAFETY: the child reads and writes its memory and calls _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        child_check(
+            uzswap_region::fork_child_managed(),
+            10,
+            "the child did not take over",
+        );
+        for p in 0..pages {
+            child_check(version_of(page(p), p) == Some(1), 11, "a parent's page");
+        }
+        for p in (0..pages).step_by(2) {
+            versioned(page(p), p, 2);
+        }
+        r.evict(0..pages);
+        for p in 0..pages {
+            let v = if p % 2 == 0 { 2 } else { 1 };
+            child_check(version_of(page(p), p) == Some(v), 12, "a child's page");
+        }
+        // SAFETY: leaving the child without the parent's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    wait_child(pid);
+    for p in 0..pages {
+        assert_eq!(version_of(page(p), p), Some(1), "page {p} in the parent");
+    }
+
+    let path = std::env::temp_dir().join(format!("uzswap-sigbus-{}", std::process::id()));
+    // Readable (the child maps it for reading), empty.
+    let mut opts = std::fs::File::options();
+    let f = opts.read(true).write(true).create_new(true).open(&path);
+    let f = f.unwrap();
+    std::fs::remove_file(&path).unwrap();
+    // SAFETY: the child maps an empty file and reads past its end.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a new shared mapping of our file; reading it past the
+        // file's end raises SIGBUS, which is the point.
+        unsafe {
+            let m = libc::mmap(
+                std::ptr::null_mut(),
+                PAGE_SIZE,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            );
+            child_check(m != libc::MAP_FAILED, 20, "mmap");
+            let b = std::ptr::read_volatile(m.cast::<u8>());
+            libc::_exit(21 + i32::from(b));
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGBUS,
+        "the child was not killed by SIGBUS (status {status:#x})"
+    );
+}

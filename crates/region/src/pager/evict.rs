@@ -2,7 +2,7 @@
 //! of an eviction batch (`evict`), as the crate documentation numbers them.
 
 use super::config::{Charge, VictimPolicy, CHARGE_PERIOD};
-use super::state::{lookup, OwnSpan, PageState, State};
+use super::state::{lookup, OwnSpan, PageState, State, QUEUE_RESERVE};
 use super::Shared;
 use crate::sys::{self, PAGE_SIZE};
 use std::sync::atomic::Ordering;
@@ -132,6 +132,12 @@ impl Shared {
                     if self.shutdown.load(Ordering::Relaxed) {
                         return;
                     }
+                    if self.cfg.in_thread_faults && s.queue_spare() < QUEUE_RESERVE / 2 {
+                        // In-thread faults queue pages into reserved
+                        // capacity only; one deferred for it waits.
+                        s.reserve_queues();
+                        self.notify_settled();
+                    }
                     if s.resident > self.start_threshold(&s) {
                         break;
                     }
@@ -182,6 +188,12 @@ impl Shared {
                     let victims = {
                         let mut s = self.state.lock();
                         let v = s.select(n, self.cfg.policy);
+                        if self.cfg.in_thread_faults && s.queue_spare() < QUEUE_RESERVE / 2 {
+                            // As at the top: faults deferred for list
+                            // capacity must not wait for the whole round.
+                            s.reserve_queues();
+                            self.notify_settled();
+                        }
                         self.claim(&mut s, v)
                     };
                     let (gone, refused) = self.evict(victims);
@@ -194,6 +206,8 @@ impl Shared {
                 if self.throttled.swap(false, Ordering::Relaxed) {
                     self.wake.signal();
                 }
+                // In-thread faults deferred for room wait on the sequence.
+                self.notify_settled();
                 if gone == 0 || self.shutdown.load(Ordering::Relaxed) {
                     break;
                 }
@@ -210,6 +224,11 @@ impl Shared {
                 continue;
             };
             let m = s.meta(area, page);
+            if m.pins > 0 {
+                // Pinned (`Region::pin`): not a victim until unpinned, which
+                // queues it again.
+                continue;
+            }
             let clean = match m.st {
                 PageState::Dirty => {
                     m.st = PageState::Evicting;
@@ -257,6 +276,7 @@ impl Shared {
             drop(s);
             self.throttled.store(false, Ordering::Relaxed);
             self.wake.signal();
+            self.notify_settled();
         }
     }
 
@@ -382,6 +402,11 @@ impl Shared {
         for v in victims.iter().filter(|v| v.unprotect) {
             self.unprotect_retry(v.addr);
         }
+        if victims.iter().any(|v| v.unprotect) {
+            // Faults waiting in-thread on the aborted pages go (those in
+            // the kernel were woken by the unprotect).
+            self.notify_settled();
+        }
         // 5a. Drop by moving victims of short spans into the staging area,
         //     one page at a time: no remove event, so no handler round trip
         //     and no EAGAIN for the faults meanwhile (see `sys::Staging`). A
@@ -465,8 +490,11 @@ impl Shared {
                 }
                 o.parked
             };
+            // In-thread faults between victims are listed nowhere: they
+            // wait on the settle sequence.
+            self.notify_settled();
             for a in parked {
-                let _ = self.uffd.wake(a, PAGE_SIZE);
+                self.wake_parked(a);
             }
             // Faults that met our remove event (EAGAIN) can go now.
             if self.again_waiting.swap(false, Ordering::Relaxed) {
@@ -496,8 +524,9 @@ impl Shared {
             }
         }
         for a in wake {
-            let _ = self.uffd.wake(a, PAGE_SIZE);
+            self.wake_parked(a);
         }
+        self.notify_settled();
         (gone, refused)
     }
 
@@ -612,7 +641,7 @@ impl Shared {
                 }
             }
             if let Some(a) = wake {
-                let _ = self.uffd.wake(a, PAGE_SIZE);
+                self.wake_parked(a);
             }
         }
         st.clear(slots);
@@ -700,7 +729,7 @@ impl Shared {
             drop(g);
             drop(d);
             if let (true, Some(addr)) = (woken, at) {
-                let _ = self.uffd.wake(addr, PAGE_SIZE);
+                self.wake_parked(addr);
             }
             return;
         }

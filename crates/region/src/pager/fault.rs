@@ -4,13 +4,16 @@
 //! evictor or a load is working on.
 
 use super::handler::{PageBuf, Wakes};
-use super::load::Load;
-use super::state::{lookup, PageState, State};
+use super::load::{Load, MAX_LOAD};
+use super::state::{lookup, PageState, State, IN_THREAD_SPARE};
 use super::Shared;
 use crate::sys::{self, PAGE_SIZE};
 use std::time::Instant;
 
-/// What handling a fault came to.
+/// What handling a fault came to. (A `Load` is large, its tickets a fixed
+/// array; boxing it would allocate in the SIGBUS handler of in-thread
+/// faults.)
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Outcome {
     Done,
     /// A load was started: finish it (`Shared::finish_load`) once the
@@ -22,6 +25,9 @@ pub(super) enum Outcome {
     /// and the thread that raised it must go on, before any resolving
     /// ioctl succeeds).
     Again,
+    /// With in-thread faults: the address is in no region (the SIGBUS is
+    /// not ours).
+    Foreign,
 }
 
 #[derive(Clone, Copy)]
@@ -40,7 +46,13 @@ impl Shared {
     pub(super) fn fault(&self, f: Fault, buf: &mut PageBuf, w: &mut Wakes) -> Outcome {
         let mut g = self.state.lock();
         let s = &mut *g;
+        w.seen = self.settle_now();
         let Some((area, page)) = lookup(&s.segs, f.addr) else {
+            if self.cfg.in_thread_faults {
+                // A SIGBUS at an address of no region: not ours, it goes to
+                // the previous handler.
+                return Outcome::Foreign;
+            }
             // Not ours (grown by mremap, or a region being dropped): serve
             // it as plain memory.
             s.stats.faults_foreign += 1;
@@ -56,6 +68,11 @@ impl Shared {
             };
         };
         let m = *s.meta(area, page);
+        if self.cfg.in_thread_faults && s.queue_spare() < s.loading + IN_THREAD_SPARE {
+            // In a signal handler, a page is queued only into capacity
+            // reserved beforehand: wait for the evictor to reserve more.
+            return Outcome::Defer;
+        }
         if f.wp {
             match m.st {
                 PageState::Clean => {
@@ -69,16 +86,13 @@ impl Shared {
                     return self.unprotect_once(w, f.addr);
                 }
                 PageState::Evicting => {
-                    let mm = s.meta(area, page);
-                    mm.st = PageState::EvictAborted;
-                    mm.parked = true;
-                    s.stats.faults_parked += 1;
+                    s.meta(area, page).st = PageState::EvictAborted;
+                    park(s, area, page, w);
                 }
                 // Loading: not mapped yet, or the write would not fault;
                 // it goes once the load mapped the page (or gave it up).
                 PageState::EvictAborted | PageState::Discarding | PageState::Loading => {
-                    s.meta(area, page).parked = true;
-                    s.stats.faults_parked += 1;
+                    park(s, area, page, w);
                 }
                 PageState::Dirty => {
                     drop(g);
@@ -97,16 +111,21 @@ impl Shared {
             return Outcome::Done;
         }
         if m.zapping {
-            s.meta(area, page).parked = true;
-            s.stats.faults_parked += 1;
+            park(s, area, page, w);
             return Outcome::Done;
         }
         if let Some(k) = s.own_at(f.addr) {
             // Between victims of a discard in flight: wait for it. (Listed
             // once per fault: waking twice is harmless, never waking not.)
-            s.meta(area, page).parked = true;
-            s.own[k].parked.push(f.addr & !(PAGE_SIZE - 1));
-            s.stats.faults_parked += 1;
+            // In-thread, the span's end bumps the settle sequence: nothing
+            // is listed (a signal handler must not grow the list).
+            if self.cfg.in_thread_faults {
+                w.wait = true;
+                s.stats.faults_parked += 1;
+            } else {
+                park(s, area, page, w);
+                s.own[k].parked.push(f.addr & !(PAGE_SIZE - 1));
+            }
             return Outcome::Done;
         }
         match m.st {
@@ -138,13 +157,13 @@ impl Shared {
                 Outcome::Done
             }
             PageState::Evicting | PageState::EvictAborted | PageState::Discarding => {
-                s.meta(area, page).parked = true;
-                s.stats.faults_parked += 1;
+                park(s, area, page, w);
                 Outcome::Done
             }
             PageState::Loading => {
                 // Another handler loads it: it wakes this fault when done.
                 s.meta(area, page).parked = true;
+                w.wait = true;
                 Outcome::Done
             }
             PageState::Absent => {
@@ -272,7 +291,7 @@ impl Shared {
         // halves otherwise.
         let max = self.cfg.readahead_max;
         let window = s.areas.get_mut(&area).expect("area").ra.window(page, max);
-        let limit = page + 1 + window.min(free - 1) as u64;
+        let limit = page + 1 + window.min(free - 1).min(MAX_LOAD - 1) as u64;
         let n = s.run_after(f.addr, area, page, limit, |m| m.st == PageState::Stored);
         Outcome::Load(s.start_load(f, area, page, n))
     }
@@ -331,4 +350,13 @@ impl Shared {
             _ => Outcome::Done,
         }
     }
+}
+
+/// Parks the fault on page `page` of `area`: whoever settles the page wakes
+/// it (in the kernel, or on the settle sequence for a fault resolved
+/// in-thread, which `w.wait` tells its caller to wait on).
+fn park(s: &mut State, area: u32, page: u64, w: &mut Wakes) {
+    s.meta(area, page).parked = true;
+    s.stats.faults_parked += 1;
+    w.wait = true;
 }

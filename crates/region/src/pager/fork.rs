@@ -134,6 +134,8 @@ unsafe extern "C" fn fork_parent() {
                 s.dispatch.after_fork(Side::Parent);
             }
             s.state.lock().forking = false;
+            // In-thread faults deferred by the fork wait on the sequence.
+            s.notify_settled();
         }
         // SAFETY: fork_prepare locked the gate of every pager in FORK_HELD
         // on this thread, forgot the guard, and nothing unlocked it since.
@@ -200,6 +202,7 @@ unsafe extern "C" fn fork_child() {
             }
         }
     }
+    super::inthread::forget_foreign_pager();
     // The references stay (the child's pagers live on in it or, with
     // `Prefault`, are never used): no destructor runs here.
     std::mem::forget(held);
@@ -307,9 +310,16 @@ impl Shared {
                 .map_err(step("write-protecting clean pages"))?;
         }
         self.cpu_handlers.store(0, Ordering::Relaxed);
+        super::inthread::forget_parent_handlers(self);
         self.throttled.store(false, Ordering::Relaxed);
         self.again_waiting.store(false, Ordering::Relaxed);
-        for c in [&self.faults_local, &self.faults_remote, &self.faults_again] {
+        for c in [
+            &self.faults_local,
+            &self.faults_remote,
+            &self.faults_again,
+            &self.faults_waited,
+            &self.waits_timed_out,
+        ] {
             c.store(0, Ordering::Relaxed);
         }
         Ok(())

@@ -99,6 +99,11 @@ pub(super) struct Wakes {
     pub(super) defer: bool,
     pub(super) ranges: Vec<(usize, usize)>,
     pub(super) kick: bool,
+    /// The fault was parked: with in-thread faults its thread waits on
+    /// the settle sequence from `seen` (see `inthread.rs`).
+    pub(super) wait: bool,
+    /// The settle sequence when the fault took the state lock.
+    pub(super) seen: u32,
 }
 
 impl Wakes {
@@ -107,6 +112,8 @@ impl Wakes {
             defer: false,
             ranges: Vec::new(),
             kick: false,
+            wait: false,
+            seen: 0,
         }
     }
 
@@ -135,6 +142,12 @@ impl Wakes {
     /// Wakes the threads waiting on `[addr, addr + len)`, now or in
     /// `finish`.
     pub(super) fn wake(&mut self, sh: &Shared, addr: usize, len: usize) {
+        // Faults parked in the SIGBUS handler or by a pin wait on the settle
+        // sequence; with in-thread faults nobody waits in the kernel.
+        sh.notify_settled();
+        if sh.cfg.in_thread_faults {
+            return;
+        }
         if self.defer {
             self.ranges.push((addr, len));
         } else {
@@ -525,6 +538,7 @@ impl Shared {
         match o {
             Outcome::Done => false,
             Outcome::Load(_) => unreachable!("a started load is filed, not retried"),
+            Outcome::Foreign => unreachable!("only with in-thread faults, which no handler reads"),
             Outcome::Defer => true,
             Outcome::Again => {
                 if !f.retried {

@@ -47,21 +47,30 @@ pub(super) struct Load {
     pub(super) f: Fault,
     area: u32,
     page: u64,
-    /// The ticket of each page (its `qgen` when it became `Loading`).
-    tickets: Vec<u32>,
+    /// Pages in the load (at most [`MAX_LOAD`]).
+    n: usize,
+    /// The ticket of each page (its `qgen` when it became `Loading`): a
+    /// fixed array, so that starting a load allocates nothing (in-thread
+    /// faults start loads in a signal handler).
+    tickets: [u32; MAX_LOAD],
 }
+
+/// The most pages one load brings back: the faulting page and at most 63
+/// followers (`PagerConfig::readahead_max` is taken no larger).
+pub(super) const MAX_LOAD: usize = 64;
 
 impl State {
     /// Step 1: pages `page..page + n` of `area`, all `Stored`, become
     /// `Loading` for the fault `f`.
     pub(super) fn start_load(&mut self, f: Fault, area: u32, page: u64, n: usize) -> Load {
-        let mut tickets = Vec::with_capacity(n);
+        assert!(n <= MAX_LOAD, "a load of {n} pages");
+        let mut tickets = [0; MAX_LOAD];
         for i in 0..n as u64 {
             let m = self.meta(area, page + i);
             debug_assert_eq!(m.st, PageState::Stored);
             m.st = PageState::Loading;
             m.qgen = m.qgen.wrapping_add(1);
-            tickets.push(m.qgen);
+            tickets[i as usize] = m.qgen;
         }
         self.resident += n;
         self.loading += n;
@@ -69,6 +78,7 @@ impl State {
             f,
             area,
             page,
+            n,
             tickets,
         }
     }
@@ -143,7 +153,7 @@ impl Shared {
     /// are `Stored` again and the fault is to be retried).
     pub(super) fn finish_load(&self, l: Load, buf: &mut PageBuf, w: &mut Wakes) -> Outcome {
         let (f, area, page) = (l.f, l.area, l.page);
-        let n = l.tickets.len();
+        let n = l.n;
         let (r, d, mut g) = self.load_then_lock(&l, buf);
         let s = &mut *g;
         if !s.load_owns(&l, 0, true) {
@@ -226,7 +236,7 @@ impl Shared {
     /// mapped. A follower that does not load, or is no longer the load's,
     /// ends the run mapped; the rest stay (or become again) `Stored`.
     fn finish_readahead(&self, l: &Load, buf: &mut PageBuf, w: &mut Wakes) {
-        let n = l.tickets.len();
+        let n = l.n;
         // 2. Load, no lock held (as for the faulting page).
         let mut got = 1;
         while got < n

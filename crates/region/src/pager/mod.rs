@@ -15,6 +15,8 @@
 //! - `events.rs`: remove, unmap and remap events;
 //! - `evict.rs`: the evictor thread and an eviction batch's steps;
 //! - `fork.rs`: the fork hooks;
+//! - `inthread.rs`: in-thread faults (the SIGBUS handler, its buffer pool,
+//!   the settle sequence faults wait on) and pins;
 //! - `check.rs`: `check_invariants`.
 //!
 //! # Lock order
@@ -32,6 +34,9 @@
 //! No thread holds `state` across a call that may need the handler to make
 //! progress: `madvise` on a registered range (it waits until the handler has
 //! read the remove event) or a read of region memory (it may fault). No
+//! code of the pager reads or writes region memory in user mode holding a
+//! lock: with in-thread faults the SIGBUS handler, which takes `dispatch`
+//! and `state`, would run on that very thread. No
 //! thread holds any pager lock across a load from the store (its read,
 //! decompression, decryption, retry pauses): see `load.rs`. The
 //! handler itself never waits for the evictor: a fault that must wait is
@@ -44,6 +49,7 @@ mod evict;
 mod fault;
 mod fork;
 mod handler;
+mod inthread;
 mod load;
 mod state;
 
@@ -60,7 +66,7 @@ use crate::sys::{self, feature, Uffd, PAGE_SIZE};
 use handler::Dispatch;
 use state::{zeroed_meta, Area, Readahead, Seg, State};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -118,6 +124,18 @@ pub(crate) struct Shared {
     /// A fault waits for an event's thread to go on: whoever raised the
     /// event and knows it returned (the evictor) signals `wake`.
     again_waiting: AtomicBool,
+    /// The settle sequence, a futex word: bumped whenever something a
+    /// fault resolved in-thread (or a pin) may wait for happens (see
+    /// `inthread.rs`, "Waiting").
+    settle_seq: AtomicU32,
+    /// Threads waiting on `settle_seq`.
+    sleepers: AtomicU32,
+    /// `PagerStats::faults_waited` and `waits_timed_out`.
+    faults_waited: AtomicU64,
+    waits_timed_out: AtomicU64,
+    /// Page buffers for faults resolved in signal handlers (with
+    /// `in_thread_faults` only).
+    bufs: Option<inthread::BufPool>,
 }
 
 /// Owns the helper threads; the last `Pager` or `Region` handle stops them.
@@ -130,6 +148,9 @@ impl Drop for Owner {
         if !self.sh.ours() {
             // A forked child: the threads do not exist here.
             return;
+        }
+        if self.sh.cfg.in_thread_faults {
+            inthread::release_handler(&self.sh);
         }
         // Relaxed is enough: the flag is re-read after every wake-up below,
         // and the condvar/eventfd provide the ordering.
@@ -182,7 +203,29 @@ impl Pager {
         if cfg.evict_batch == 0 {
             return Err(PagerError::Config("evict_batch must be at least 1"));
         }
-        let uffd = Uffd::open(feature::POISON, cfg.inject_open_errno)?;
+        if cfg.in_thread_faults {
+            if cfg.cpu_handlers {
+                return Err(PagerError::Config(
+                    "in_thread_faults and cpu_handlers exclude each other (no fault reaches a handler thread in that mode)",
+                ));
+            }
+            if cfg.readahead_max > state::MAX_IN_THREAD_WINDOW
+                || cfg.zero_readahead_max > state::MAX_IN_THREAD_WINDOW
+            {
+                return Err(PagerError::Config(
+                    "with in_thread_faults, readahead_max and zero_readahead_max must be at most 63",
+                ));
+            }
+        }
+        let sigbus = if cfg.in_thread_faults {
+            feature::SIGBUS
+        } else {
+            0
+        };
+        let uffd = Uffd::open(feature::POISON | sigbus, cfg.inject_open_errno)?;
+        if uffd.features() & sigbus != sigbus {
+            return Err(PagerError::NoSigbus);
+        }
         let wake = sys::EventFd::new().map_err(PagerError::Start)?;
         let stop = sys::EventFd::new().map_err(PagerError::Start)?;
         let idle_discards = cfg.cpu_handlers && sys::may_leave_idle();
@@ -191,6 +234,7 @@ impl Pager {
         } else {
             None
         };
+        let (cfg_in_thread, cfg_ra) = (cfg.in_thread_faults, cfg.readahead_max);
         let sh = Arc::new(Shared {
             uffd,
             staging,
@@ -218,6 +262,7 @@ impl Pager {
                 store_full: false,
                 limit: cfg.budget_pages,
                 forking: false,
+                reserve_lists: cfg.in_thread_faults,
             }),
             cfg,
             work_cv: Condvar::new(),
@@ -238,7 +283,16 @@ impl Pager {
             faults_remote: AtomicU64::new(0),
             faults_again: AtomicU64::new(0),
             again_waiting: AtomicBool::new(false),
+            settle_seq: AtomicU32::new(0),
+            sleepers: AtomicU32::new(0),
+            faults_waited: AtomicU64::new(0),
+            waits_timed_out: AtomicU64::new(0),
+            bufs: cfg_in_thread.then(|| inthread::BufPool::new(cfg_ra + 1)),
         });
+        if sh.cfg.in_thread_faults {
+            sh.state.lock().reserve_queues();
+            inthread::claim_handler(&sh)?;
+        }
         // The first reading before any region exists, so that no fault is
         // served against the whole budget.
         sh.recharge();
@@ -449,6 +503,8 @@ impl Shared {
         st.faults_local = self.faults_local.load(Ordering::Relaxed);
         st.faults_remote = self.faults_remote.load(Ordering::Relaxed);
         st.faults_again = self.faults_again.load(Ordering::Relaxed);
+        st.faults_waited = self.faults_waited.load(Ordering::Relaxed);
+        st.waits_timed_out = self.waits_timed_out.load(Ordering::Relaxed);
         st.store = self.store.stats();
         st.stored_pages = st.store.pages;
         st

@@ -5,6 +5,7 @@
 //! `Shared::state`; nothing here makes a system call.
 
 use super::config::VictimPolicy;
+use super::inthread::in_handler;
 use crate::stats::{Histogram, PagerStats};
 use crate::sys::PAGE_SIZE;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -15,6 +16,21 @@ pub(super) const CLUSTER_SCAN: usize = 256;
 
 /// The most pages between two victims that one discard may span.
 pub(super) const MAX_GAP: u64 = 512;
+
+/// Spare list entries reserved for faults resolved in signal handlers
+/// (see `State::queue_spare`).
+pub(super) const QUEUE_RESERVE: usize = 8192;
+
+/// The spare entries a fault resolved in a signal handler needs beyond
+/// one per page of the loads in flight: it queues at most
+/// `1 + zero_readahead_max` pages at once (both windows are at most
+/// `MAX_IN_THREAD_WINDOW` in that mode) and starts a load of at most
+/// `1 + readahead_max`.
+pub(super) const IN_THREAD_SPARE: usize = 2 * (MAX_IN_THREAD_WINDOW + 1);
+
+/// The most `readahead_max` and `zero_readahead_max` may be with in-thread
+/// faults (a load's tickets live in a fixed array, see `load.rs`).
+pub(super) const MAX_IN_THREAD_WINDOW: usize = 63;
 
 /// The state of one page of a region.
 ///
@@ -102,6 +118,10 @@ pub(super) struct PageMeta {
     pub(super) qgen: u32,
     /// Eviction clock when the page was last evicted (valid if `Stored`).
     pub(super) evicted_at: u32,
+    /// Pins held on the page (`Region::pin`): while non-zero the evictor
+    /// never claims it. A pinned page may be on no list (the evictor drops
+    /// its entry); the last unpin queues it again if it is resident.
+    pub(super) pins: u16,
 }
 
 /// `n` default page records from zeroed memory: the allocator maps zero
@@ -265,6 +285,9 @@ pub(super) struct State {
     /// A fork is being prepared (`fork.rs`): no load starts (a fault that
     /// would load is deferred), and the last load to end wakes `done_cv`.
     pub(super) forking: bool,
+    /// Faults are resolved in signal handlers (`in_thread_faults`): the
+    /// lists keep spare capacity (see [`State::queue_spare`]).
+    pub(super) reserve_lists: bool,
 }
 
 pub(super) fn lookup(segs: &BTreeMap<usize, Seg>, addr: usize) -> Option<(u32, u64)> {
@@ -289,6 +312,11 @@ impl State {
 
     /// Puts a resident page on a list.
     pub(super) fn enqueue(&mut self, area: u32, page: u64, active: bool) {
+        if self.reserve_lists && self.queue_spare() < QUEUE_RESERVE / 2 && !in_handler() {
+            // With in-thread faults every thread that may allocate keeps
+            // capacity in reserve for those in signal handlers.
+            self.reserve_queues();
+        }
         let m = self.meta(area, page);
         m.warm |= active;
         m.qgen = m.qgen.wrapping_add(1);
@@ -311,6 +339,22 @@ impl State {
             (true, false) => self.n_active -= 1,
             _ => {}
         }
+    }
+
+    /// Entries both lists can take without growing: the least of their
+    /// spare capacities. With in-thread faults a fault (in a signal
+    /// handler) must not allocate, so it queues pages only into capacity
+    /// reserved beforehand by [`State::reserve_queues`].
+    pub(super) fn queue_spare(&self) -> usize {
+        let spare = |q: &VecDeque<QEntry>| q.capacity() - q.len();
+        spare(&self.inactive).min(spare(&self.active))
+    }
+
+    /// Reserves [`QUEUE_RESERVE`] spare entries on both lists (never in a
+    /// signal handler: it may allocate).
+    pub(super) fn reserve_queues(&mut self) {
+        self.inactive.reserve(QUEUE_RESERVE);
+        self.active.reserve(QUEUE_RESERVE);
     }
 
     /// Accounting for a page that stops being resident.

@@ -153,3 +153,13 @@ impl uzswap_region::PageStore for TestStore {
         self.inner.stats()
     }
 }
+
+/// Sets its flag when dropped, also while a panic unwinds: a failed check
+/// in a `std::thread::scope` then stops the threads the scope waits for.
+pub struct StopOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}

@@ -7,6 +7,7 @@ mod charge;
 mod common;
 mod discard;
 mod full;
+mod in_thread;
 mod lifecycle;
 mod load_error;
 mod policy;

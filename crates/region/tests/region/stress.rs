@@ -73,6 +73,11 @@ fn threads_on_a_region_with_cpu_handlers() {
 /// loads from it happen all the time.
 #[test]
 fn threads_on_a_region_over_the_compressed_cache() {
+    over_the_compressed_cache(uzswap_region::PagerConfig::new(BUDGET));
+}
+
+/// The body of the test above, for a pager made with `cfg`.
+pub fn over_the_compressed_cache(cfg: uzswap_region::PagerConfig) {
     let cache = std::sync::Arc::new(
         uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
             pool_limit: uzswap_cache::PoolLimit::Bytes((BUDGET * PAGE) as u64),
@@ -82,8 +87,7 @@ fn threads_on_a_region_over_the_compressed_cache() {
         })
         .unwrap(),
     );
-    let pager =
-        uzswap_region::Pager::new(cache.clone(), uzswap_region::PagerConfig::new(BUDGET)).unwrap();
+    let pager = uzswap_region::Pager::new(cache.clone(), cfg).unwrap();
     hammer(&pager);
     let st = cache.stats();
     eprintln!("{st:?}");
@@ -104,6 +108,12 @@ fn threads_on_a_region_over_the_compressed_cache() {
 /// another page's bytes with it.
 #[test]
 fn threads_on_a_region_over_the_cache_with_dedup() {
+    over_the_cache_with_dedup(uzswap_region::PagerConfig::new(BUDGET));
+}
+
+/// The body of the test above, for a pager made with `cfg` (exclusive
+/// loads: `keep_clean` is turned off).
+pub fn over_the_cache_with_dedup(cfg: uzswap_region::PagerConfig) {
     let cache = std::sync::Arc::new(
         uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
             dedup: true,
@@ -115,7 +125,7 @@ fn threads_on_a_region_over_the_cache_with_dedup() {
         cache.clone(),
         uzswap_region::PagerConfig {
             keep_clean: false,
-            ..uzswap_region::PagerConfig::new(BUDGET)
+            ..cfg
         },
     )
     .unwrap();
@@ -133,7 +143,7 @@ fn threads_on_a_region_over_the_cache_with_dedup() {
 
 /// Threads read, check and rewrite random pages of a region 8x the budget
 /// for 4 s; then every page is checked and the region dropped.
-fn hammer(pager: &uzswap_region::Pager) {
+pub fn hammer(pager: &uzswap_region::Pager) {
     let report = hammer_for(pager, Duration::from_secs(4), true, fill);
     assert_eq!(report.pages_lost, 0);
     let st = pager.stats();
@@ -223,6 +233,9 @@ pub fn hammer_for(
                 operations.fetch_add(ops, Ordering::Relaxed);
             });
         }
+        // A failed check below stops the threads too (the scope would wait
+        // for them for ever, and the watchdog would hide the message).
+        let _stop = StopOnDrop(&stop);
         let mut checks = 0;
         while Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
