@@ -646,9 +646,10 @@ impl BackingStore for RedisBacking {
     fn describe(&self) -> String {
         let s = self.stats();
         format!(
-            "Redis {} {} (keys uzswap:{}:*; {} round trips, {} bytes sent, {} received, {} errors, {} missing, {} connects)",
+            "Redis {} {} (keys {}:{}:*; {} round trips, {} bytes sent, {} received, {} errors, {} missing, {} connects)",
             if self.is_cluster() { "cluster" } else { "node" },
             self.url,
+            self.cfg.prefix,
             self.namespace(),
             s.round_trips,
             s.bytes_sent,
