@@ -49,11 +49,26 @@ pub struct Args {
     /// pages unlikely to come back soon, the fast codec for the rest.
     #[arg(long)]
     pub cold_compressor: Option<String>,
+    /// Where pages written back go: a file in $TMPDIR, or a Redis node
+    /// started on loopback for the run (needs redis-server).
+    #[arg(long, value_enum, default_value_t = Tier::File)]
+    pub tier: Tier,
+    /// The pool's limit in MiB (default: 20 % of RAM, as the kernel's
+    /// zswap): a small pool makes the workload reach the backing tier.
+    #[arg(long)]
+    pub pool_mib: Option<u64>,
     /// Store identical pages once (`CacheConfig::dedup`).
     #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub dedup: bool,
     #[arg(long)]
     pub json: bool,
+}
+
+/// The backing tier of `--tier`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Tier {
+    File,
+    Redis,
 }
 
 /// One kernel run (zswap with `compressor`, or plain swap with `None`).
@@ -155,9 +170,27 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
         .context("--cold-compressor")?;
     let pages = uzswap_workload::corpus::load_for_workload(args.w.data, args.w.mib())?;
     note(&format!("data: {}", pages.source));
+    // Kept until the run ends: the server of `--tier redis`.
+    let mut server = None;
+    let backing = match args.tier {
+        Tier::File => uzswap_cache::Backing::File(std::env::temp_dir()),
+        Tier::Redis => {
+            let srv = uzswap_remote::testing::Server::start()
+                .context("--tier redis needs redis-server (apt-get install redis-server)")?;
+            let store = uzswap_remote::RedisBacking::connect(&srv.url())?;
+            server = Some(srv);
+            uzswap_cache::Backing::Store(Box::new(store))
+        }
+    };
+    let pool_limit = args
+        .pool_mib
+        .map_or(uzswap_cache::CacheConfig::default().pool_limit, |m| {
+            uzswap_cache::PoolLimit::Bytes(m << 20)
+        });
     let cache = Arc::new(uzswap_cache::Cache::new(uzswap_cache::CacheConfig {
         compressor,
-        backing: uzswap_cache::Backing::File(std::env::temp_dir()),
+        backing,
+        pool_limit,
         dedup: args.dedup,
         cold_compressor,
         ..uzswap_cache::CacheConfig::default()
@@ -213,6 +246,14 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
     let _ = sampler.join();
     let ps = pager.stats();
     let cs = cache.stats();
+    drop(region);
+    drop(pager);
+    drop(cache);
+    drop(server);
+    note(&format!(
+        "uzswap: {:?} tier: {} pages written back, {} faults from it",
+        args.tier, cs.written_back_pages, ps.faults_backing
+    ));
     note(&format!(
         "uzswap: fill {:.0} KB/s, pass {:.0} KB/s, corrupt {}, faults seen by the program {} p50 {:.1} us p99 {:.1} us mean {:.1} us (in the handler: p50 {:.1} us p99 {:.1} us), pool {} B",
         report.fill_kbps,
@@ -239,6 +280,7 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
         "peak_rss_bytes": peak_rss.load(Ordering::Relaxed),
         "peak_memory_bytes": peak_own.load(Ordering::Relaxed),
         "pool_bytes": cs.pool_total_size,
+        "tier": format!("{:?}", args.tier).to_lowercase(),
         "pager": serde_json::to_value(&ps)?,
         "cache": serde_json::to_value(&cs)?,
     }))

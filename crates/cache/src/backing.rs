@@ -19,6 +19,28 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+/// What a tier says of its own traffic, for the statistics: a remote
+/// tier's round trips and bytes; all zero for a local file (its traffic is
+/// the cache's `backing_writes` and `loads_backing`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    /// Round trips to a server: one per command or pipeline sent.
+    pub round_trips: u64,
+    /// Bytes of keys and values sent.
+    pub bytes_sent: u64,
+    /// Bytes of values received.
+    pub bytes_received: u64,
+    /// Calls that failed (connection, timeout, error reply, missing key).
+    pub errors: u64,
+    /// Of those, loads whose key was gone (expired, evicted, flushed).
+    pub missing: u64,
+    /// Connections made (the first and every reconnection).
+    pub connects: u64,
+    /// Bytes the tier holds, freed slots' bytes it cannot yet release
+    /// included.
+    pub held_bytes: u64,
+}
+
 /// A tier of fixed-size (`PAGE_SIZE`) slots addressed by number.
 pub trait BackingStore: Send + Sync {
     /// Writes `pages` (each `PAGE_SIZE` bytes) to slots `first..first+n`.
@@ -37,6 +59,13 @@ pub trait BackingStore: Send + Sync {
     }
     /// For messages: where the slots live.
     fn describe(&self) -> String;
+    /// The tier's own traffic (none by default).
+    fn tier_stats(&self) -> TierStats {
+        TierStats::default()
+    }
+    /// Upkeep, called by the cache's writer thread about once a second
+    /// (no cache lock held): a remote tier renews its keys' time-to-live.
+    fn maintain(&self) {}
     /// In a forked child (see `Cache::fork_child`): parent and child share
     /// the store, and each will write slots the other may still read. The
     /// child makes the store its own: it copies slots `0..end` (the used
@@ -67,6 +96,12 @@ impl<S: BackingStore + ?Sized> BackingStore for std::sync::Arc<S> {
     }
     fn describe(&self) -> String {
         (**self).describe()
+    }
+    fn tier_stats(&self) -> TierStats {
+        (**self).tier_stats()
+    }
+    fn maintain(&self) {
+        (**self).maintain()
     }
     fn fork_private(&self, end: u64) -> io::Result<()> {
         (**self).fork_private(end)

@@ -33,7 +33,7 @@ mod seal;
 mod stats;
 
 pub use admission::IoLimits;
-pub use backing::{BackingStore, Fault, FaultInjector, FileBacking};
+pub use backing::{BackingStore, Fault, FaultInjector, FileBacking, TierStats};
 #[cfg(not(feature = "shuttle"))]
 pub use cache::ForkError;
 pub use cache::{same_filled_word, Cache, CacheUsage, LoadMode, Loaded, Stored, SHARDS};

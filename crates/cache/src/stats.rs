@@ -27,6 +27,22 @@ macro_rules! counters {
             /// Whether the pool is in its "full" state (refusing until it
             /// falls below the accept threshold).
             pub pool_full: u64,
+            /// A remote tier's round trips (0 for a file).
+            pub tier_round_trips: u64,
+            /// A remote tier's bytes sent (keys and values).
+            pub tier_bytes_sent: u64,
+            /// A remote tier's bytes received.
+            pub tier_bytes_received: u64,
+            /// A remote tier's failed calls (connection, timeout, error
+            /// reply, missing key).
+            pub tier_errors: u64,
+            /// Of those, loads whose key was gone.
+            pub tier_missing: u64,
+            /// A remote tier's connections made.
+            pub tier_connects: u64,
+            /// Bytes a remote tier holds for the cache: `backing_pages`
+            /// × 4096 and the freed pages it cannot release yet.
+            pub tier_held_bytes: u64,
         }
 
         impl Counters {
@@ -48,6 +64,13 @@ macro_rules! counters {
                     ("backing_slots_used", self.backing_slots_used),
                     ("pool_limit_bytes", self.pool_limit_bytes),
                     ("pool_full", self.pool_full),
+                    ("tier_round_trips", self.tier_round_trips),
+                    ("tier_bytes_sent", self.tier_bytes_sent),
+                    ("tier_bytes_received", self.tier_bytes_received),
+                    ("tier_errors", self.tier_errors),
+                    ("tier_missing", self.tier_missing),
+                    ("tier_connects", self.tier_connects),
+                    ("tier_held_bytes", self.tier_held_bytes),
                 ]
             }
         }

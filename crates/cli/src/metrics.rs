@@ -145,12 +145,12 @@ pub fn tree_prometheus(v: &TreeView, details: &[Snapshot]) -> String {
             ),
             (
                 "backing_bytes",
-                "What the process keeps in its backing file.",
+                "What the process keeps in its backing tier (file or remote).",
                 r.backing_bytes,
             ),
             (
                 "stored_pages",
-                "Pages the process has stored (pool and backing file).",
+                "Pages the process has stored (pool and backing tier).",
                 r.stored_pages,
             ),
         ];
@@ -293,6 +293,13 @@ const LEAVES: &[(&str, Kind)] = &[
     ("cache.backing_slots_used", Gauge),
     ("cache.pool_limit_bytes", Gauge),
     ("cache.pool_full", Gauge),
+    ("cache.tier_round_trips", Counter),
+    ("cache.tier_bytes_sent", Counter),
+    ("cache.tier_bytes_received", Counter),
+    ("cache.tier_errors", Counter),
+    ("cache.tier_missing", Counter),
+    ("cache.tier_connects", Counter),
+    ("cache.tier_held_bytes", Gauge),
     ("space.reserved_bytes", Gauge),
     ("space.mapped_bytes", Gauge),
     ("space.peak_mapped_bytes", Gauge),

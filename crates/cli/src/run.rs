@@ -347,6 +347,11 @@ fn run_config(a: &Args) -> Result<RunConfig> {
     Ok(config)
 }
 
+/// For messages: where pages are written back.
+fn tier_noun(a: &Args) -> &'static str {
+    backing_of(a).map_or("no backing tier", |t| t.noun())
+}
+
 /// The tier pages are written back to: the server of --backing, the file
 /// or directory named, none with --no-backing-file, else `$TMPDIR`.
 fn backing_of(a: &Args) -> Option<BackingTier> {
@@ -445,7 +450,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
         .with_context(|| format!("cannot start {}", path.display()))?;
     let pid = child.id() as i32;
     CHILD.store(pid, Ordering::Relaxed);
-    watch.start(pid as u32, a.quiet, recording)?;
+    watch.start(pid as u32, a.quiet, recording, config.backing.clone())?;
     let endpoint = match metrics {
         Some(server) => {
             if !a.quiet {
@@ -629,13 +634,14 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
     {
         let sum = |f: fn(&crate::tree::Process) -> u64| t.processes.values().map(f).sum::<u64>();
         s += &format!(
-            "uzswap: {} {} ({} at once at most): {} faults, {} pages evicted, {} written to the backing file at the end\n",
+            "uzswap: {} {} ({} at once at most): {} faults, {} pages evicted, {} in {} at the end\n",
             t.processes.len(),
             if t.processes.len() > 1 { "processes" } else { "process" },
             t.max_processes,
             sum(|p| p.faults),
             sum(|p| p.evictions),
             human(sum(|p| p.backing_bytes)),
+            tier_noun(a),
         );
     }
     if t.cpu_seconds > 0.0 {
@@ -668,15 +674,26 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
     let (pager, cache) = (&v.pager, &v.cache);
     s += &format!("uzswap: {}\n", crate::stats::faults_line(v));
     s += &format!(
-        "uzswap: evicted {} pages into the pool, {} of them written back to the backing file\n",
-        pager.evictions, cache.written_back_pages,
+        "uzswap: evicted {} pages into the pool, {} of them written back to {}\n",
+        pager.evictions,
+        cache.written_back_pages,
+        tier_noun(a),
     );
+    if cache.tier_round_trips > 0 {
+        s += &format!(
+            "uzswap: the remote tier: {}\n",
+            crate::stats::remote_line(cache)
+        );
+    }
     let over = pager.peak_resident_pages.saturating_sub(pager.budget_pages);
     if pager.store_full_episodes > 0 && over > 0 {
-        let remedy = if !a.no_backing_file {
-            "the backing file could not take them either (is its disk full?)"
-        } else {
-            "drop --no-backing-file or raise --memory-max"
+        let remedy = match backing_of(a) {
+            Some(t) => format!(
+                "{} could not take them either: {}",
+                t.noun(),
+                t.failing_remedy()
+            ),
+            None => "drop --no-backing-file or raise --memory-max".into(),
         };
         s += &format!(
             "uzswap: WARNING: the pool ({}) refused pages, so the program went over its budget \
@@ -696,10 +713,11 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
     if retried > 0 {
         s += &format!(
             "uzswap: WARNING: {retried} loads failed ({} unreadable, {} corrupt, {} undecodable) and were \
-             tried again; check the device under the backing file\n",
+             tried again; {}\n",
             cache.backing_read_fail,
             cache.backing_corrupt,
             cache.decompress_fail,
+            backing_of(a).map_or("check the machine's memory".into(), |t| t.failing_remedy()),
         );
     }
     s

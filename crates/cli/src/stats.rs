@@ -424,13 +424,31 @@ pub fn ask_all(v: &TreeView) -> Result<Vec<Snapshot>> {
 pub fn faults_line(s: &Snapshot) -> String {
     let p = &s.pager;
     format!(
-        "faults: {} from pool, {} from backing file, {} same-filled, {} zero; latency p50 {:.1} us p99 {:.1} us",
+        "faults: {} from pool, {} from {}, {} same-filled, {} zero; latency p50 {:.1} us p99 {:.1} us",
         p.faults_pool,
         p.faults_backing,
+        s.config.backing.as_ref().map_or("no backing tier", |t| t.noun()),
         p.faults_same_filled,
         p.faults_zero,
         p.fault_latency.p50_us,
         p.fault_latency.p99_us,
+    )
+}
+
+/// What a remote tier cost and holds, one line.
+pub fn remote_line(cache: &uzswap_cache::CacheStats) -> String {
+    use crate::human;
+    format!(
+        "{} round trips, {} sent, {} received, {} errors ({} keys missing), \
+         {} connections; it holds {} for {} of pages",
+        cache.tier_round_trips,
+        human(cache.tier_bytes_sent),
+        human(cache.tier_bytes_received),
+        cache.tier_errors,
+        cache.tier_missing,
+        cache.tier_connects,
+        human(cache.tier_held_bytes),
+        human(cache.backing_pages * 4096),
     )
 }
 
@@ -469,6 +487,19 @@ pub fn text(v: &Snapshot) -> String {
         cache.written_back_pages,
         pager.load_errors,
     );
+    s += &format!(
+        "pages now: {} in the pool ({} same-filled), {} in {}\n",
+        cache.stored_pages,
+        cache.same_filled_pages,
+        cache.backing_pages,
+        v.config
+            .backing
+            .as_ref()
+            .map_or("no backing tier", |t| t.noun()),
+    );
+    if let Some(uzswap_contract::BackingTier::Redis(url)) = &v.config.backing {
+        s += &format!("remote tier {url}: {}\n", remote_line(cache));
+    }
     s += &format!(
         "runtime heap: {} in use ({} index, {} allocator metadata), {} held\n",
         human(v.runtime_heap.in_use_bytes),

@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use uzswap_contract::BackingTier;
 use uzswap_ledger::{tree, Arbiter, Ledger, Usage};
 
 /// How often the budget is shared.
@@ -142,18 +143,20 @@ impl Watch {
     }
 
     /// Starts the arbiter for the tree under `root` (the program's pid),
-    /// recording to `recording` if given.
+    /// recording to `recording` if given; `tier` is where the tree writes
+    /// back (for the remedies it gives).
     pub fn start(
         &mut self,
         root: u32,
         quiet: bool,
         recording: Option<Recording>,
+        tier: Option<BackingTier>,
     ) -> anyhow::Result<()> {
         let ledger = Arc::clone(&self.ledger);
         let stop = Arc::clone(&self.stop);
         let t = std::thread::Builder::new()
             .name("uzswap-arbiter".into())
-            .spawn(move || arbitrate(ledger, root, quiet, recording, &stop))?;
+            .spawn(move || arbitrate(ledger, root, quiet, recording, tier, &stop))?;
         self.thread = Some(t);
         Ok(())
     }
@@ -174,6 +177,7 @@ fn arbitrate(
     root: u32,
     quiet: bool,
     mut recording: Option<Recording>,
+    tier: Option<BackingTier>,
     stop: &AtomicBool,
 ) -> TreeReport {
     let budget = ledger.budget();
@@ -254,6 +258,7 @@ fn arbitrate(
                     unmanaged,
                     &last_flags,
                     tick.members.len(),
+                    tier.as_ref(),
                 );
                 for r in &why {
                     if !rep.over_budget_reasons.contains(r) {
@@ -340,6 +345,7 @@ fn reasons(
     unmanaged: u64,
     flags: &BTreeMap<u32, (String, u64)>,
     processes: usize,
+    tier: Option<&BackingTier>,
 ) -> Vec<String> {
     let h = crate::human;
     let mut why = Vec::new();
@@ -362,11 +368,13 @@ fn reasons(
         ));
     }
     if flags.values().any(|(_, f)| f & Usage::BACKING_FAILING != 0) {
-        why.push(
-            "writing back to the backing file fails (is its disk full?): \
-             free space there or name another directory with --backing-file"
-                .into(),
-        );
+        if let Some(t) = tier {
+            why.push(format!(
+                "writing back to {} fails: {}",
+                t.noun(),
+                t.failing_remedy()
+            ));
+        }
     }
     if unmanaged > budget / 4 {
         why.push(format!(

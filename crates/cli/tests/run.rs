@@ -278,6 +278,28 @@ fn threads_fill_and_verify(extra: &[&str], stats_name: &str) {
         r.stderr
     );
     assert!(r.stderr.contains("exited with status 0"), "{}", r.stderr);
+    // Where pages went, by the tier's own name, and what a remote tier
+    // cost (a file's traffic is the cache's own counters).
+    let written = n("/cache/written_back_pages");
+    if extra.contains(&"--backing") {
+        assert!(
+            r.stderr.contains("written back to the remote tier")
+                && r.stderr.contains("uzswap: the remote tier: "),
+            "{}",
+            r.stderr
+        );
+        assert!(n("/cache/tier_round_trips") > 0, "{v}");
+        assert!(n("/cache/tier_bytes_sent") >= written * 4096, "{v}");
+        assert!(n("/cache/tier_connects") > 0, "{v}");
+        assert_eq!(n("/cache/tier_missing"), 0, "{v}");
+    } else {
+        assert!(
+            r.stderr.contains("written back to the backing file"),
+            "{}",
+            r.stderr
+        );
+        assert_eq!(n("/cache/tier_round_trips"), 0, "{v}");
+    }
 }
 
 #[test]

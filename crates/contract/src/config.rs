@@ -110,6 +110,28 @@ impl BackingTier {
             BackingTier::Redis(u) => u.into(),
         }
     }
+
+    /// For messages: "the backing file" or "the remote tier".
+    pub fn noun(&self) -> &'static str {
+        match self {
+            BackingTier::File(_) => "the backing file",
+            BackingTier::Redis(_) => "the remote tier",
+        }
+    }
+
+    /// What to check when writing to the tier or reading from it fails,
+    /// and the way out.
+    pub fn failing_remedy(&self) -> String {
+        match self {
+            BackingTier::File(_) => "is its disk full? free space there or name another \
+                                     directory with --backing-file; check the device under it"
+                .into(),
+            BackingTier::Redis(u) => format!(
+                "is the server at {u} up, reachable, and under its maxmemory \
+                 (a server that evicts keys loses pages)? fix it, or use --backing-file"
+            ),
+        }
+    }
 }
 
 impl std::fmt::Display for BackingTier {

@@ -1,23 +1,38 @@
 //! uzswap-remote: a backing tier on a Redis or Valkey server or cluster.
 //!
-//! [`RedisBacking`] implements the cache's [`BackingStore`]: a slot is one
-//! key, its value the slot's 4 KiB. The cache seals every page before it
-//! reaches a store (AES-256-GCM, tag kept in memory), so the server holds
-//! only ciphertext, and a value that was changed, lost or belongs to
-//! another slot fails to open: a store needs no integrity logic here.
+//! [`RedisBacking`] implements the cache's [`BackingStore`]. The cache
+//! seals every page before it reaches a store (AES-256-GCM, tag kept in
+//! memory), so the server holds only ciphertext, and a value that was
+//! changed, lost or belongs to another slot fails to open: a store needs
+//! no integrity logic here.
+//!
+//! # Extents
+//! A server spends about as long on a `SET` of 4 KiB as on one of 64 KiB:
+//! the command, not the bytes, is what costs. So a write of adjacent slots
+//! goes out as *extents* of up to [`EXTENT_PAGES`] pages, one key each, the
+//! pages end to end in its value; a load asks for its page's 4 KiB of the
+//! extent with `GETRANGE`. An extent's id is drawn from a counter and never
+//! reused, so its key is never written twice: a slot written again goes to
+//! a new extent, and an `UNLINK` sent late can only delete an extent that
+//! no slot refers to any more. The store keeps, in memory, each slot's
+//! extent and place in it, and each extent's count of slots still
+//! referring to it; an extent whose count falls to zero (its slots
+//! written again or discarded) is unlinked with the next write's pipeline.
+//! The server holds at most the extents some slot still refers to:
+//! [`RemoteStats::held_bytes`] against [`RemoteStats::live_bytes`] shows
+//! what that costs.
 //!
 //! # Keys
-//! `<prefix>:<namespace>:<slot>`: the prefix `uzswap` ([`RemoteConfig::prefix`];
-//! `uzswap run` gives each run its own, `uzswap:<run id>`), the namespace
-//! 128 random bits (hex) drawn per store from the OS, so several programs
-//! (and a forked child, which takes a namespace of its own) share a server
-//! without meeting. The key carries no hash tag: a cluster spreads a
-//! store's keys over all its hash slots, and so over all its masters.
-//! Every value is written with a time-to-live ([`RemoteConfig::ttl`]): the
-//! keys of a run that was killed expire. A freed slot's key stays until
-//! the slot is written again (`discard` sends nothing: see there);
-//! [`RedisBacking::clear`] (and `Drop`) closes the store and
-//! unlinks every key still stored; [`sweep`] deletes every key under a
+//! `<prefix>:<namespace>:<extent>`: the prefix `uzswap`
+//! ([`RemoteConfig::prefix`]; `uzswap run` gives each run its own,
+//! `uzswap:<run id>`), the namespace 128 random bits (hex) drawn per store
+//! from the OS, so several programs (and a forked child, which takes a
+//! namespace of its own) share a server without meeting. The key carries
+//! no hash tag: a cluster spreads a store's extents over all its hash
+//! slots, and so over all its masters. Every value is written with a
+//! time-to-live ([`RemoteConfig::ttl`]): the keys of a run that was killed
+//! expire. [`RedisBacking::clear`] (and `Drop`) closes the store and
+//! unlinks every extent still stored; [`sweep`] deletes every key under a
 //! prefix (what a run's processes that exec'd or were killed left).
 //!
 //! # Errors
@@ -36,38 +51,53 @@
 //!   connects without the lock), does its round trip without the lock, and
 //!   pushes it back. So the writer thread and fault handlers work at once,
 //!   each on its own connection.
-//! - `live`: which slots may hold a key (a bit per slot), marked before a
-//!   write goes out, cleared by `clear`, so that the store knows what to
-//!   delete at the end.
+//! - `index`: each slot's extent, each extent's count of slots, the
+//!   extents to unlink. A write takes its extent ids and records its
+//!   slots before it goes out (a write that fails half-way may have
+//!   stored some extents, and `clear` must find them); a load copies its
+//!   slot's place and reads without the lock. A load that races with the
+//!   slot being written again may read an extent that was just unlinked:
+//!   it fails as missing, and the cache, which checks that the entry did
+//!   not change while it read, retries; it never sees another slot's
+//!   bytes, because extent ids are never reused.
 //!
 //! The namespace is an atomic pair of words: written only by
 //! `fork_private`, in a forked child, before any other thread runs there.
 
+mod extents;
 pub mod testing;
 mod url;
 
+pub use extents::EXTENT_PAGES;
 pub use url::{BadUrl, RedisUrl, SCHEME, URL_FORM};
+
+use extents::{Extents, Place};
 
 use redis::{Cmd, ConnectionLike, RedisResult, Value};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
-use uzswap_cache::{BackingStore, PAGE_SIZE};
+use uzswap_cache::{BackingStore, TierStats, PAGE_SIZE};
 use uzswap_os::lock::Mutex;
 
 /// Counters are statistics: relaxed, each exact on its own.
 const RELAXED: Ordering = Ordering::Relaxed;
 
-/// Keys per pipeline when the store walks many slots (fork copy, clear).
-const CHUNK: u64 = 512;
+/// Keys per pipeline when the store walks many extents (clear).
+const CHUNK: usize = 512;
+
+/// Extents per pipeline when a forked child copies its parent's (16 of
+/// 64 KiB: 1 MiB a round trip).
+const COPY_CHUNK: usize = 16;
 
 /// How a [`RedisBacking`] talks to its server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemoteConfig {
     /// Every value's time-to-live: keys of a run that ended without
-    /// cleaning up expire after it. A run longer than this loses the pages
-    /// written back longest ago (their loads fail), so it must exceed the
-    /// longest run. At least one second. Default 24 hours.
+    /// cleaning up expire after it. A live store renews the keys still in
+    /// use once half of it has passed ([`RedisBacking::renew`], which the
+    /// cache's writer thread calls through `BackingStore::maintain`), so
+    /// a run may last longer. At least two seconds. Default 24 hours.
     pub ttl: Duration,
     /// How long connecting, and waiting for an answer, may take before the
     /// call fails. Default 2 s.
@@ -118,19 +148,16 @@ pub enum RemoteError {
 /// The store's counters (see [`RedisBacking::stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RemoteStats {
-    /// Round trips to the server: one per command or pipeline sent.
-    pub round_trips: u64,
-    /// Bytes of keys and values sent (protocol framing not counted).
-    pub bytes_sent: u64,
-    /// Bytes of values received.
-    pub bytes_received: u64,
-    /// Calls that failed (connection, timeout, error reply, missing key).
-    pub errors: u64,
-    /// Of those, loads whose key was not there (expired, evicted, lost in
-    /// a restart or flush).
-    pub missing: u64,
-    /// Connections made (the first ones and every reconnection).
-    pub connects: u64,
+    /// What the cache reports of any tier: round trips, bytes each way
+    /// (keys and values; protocol framing not counted), failed calls and
+    /// missing keys among them, connections made, and bytes held (see
+    /// `live_bytes`).
+    pub tier: TierStats,
+    /// Bytes of pages the store holds for slots in use; `tier.held_bytes`
+    /// adds the pages of freed slots that share an extent with one in use.
+    pub live_bytes: u64,
+    /// Extents unlinked because no slot referred to them any more.
+    pub extents_unlinked: u64,
 }
 
 #[derive(Default)]
@@ -141,6 +168,7 @@ struct Counters {
     errors: AtomicU64,
     missing: AtomicU64,
     connects: AtomicU64,
+    extents_unlinked: AtomicU64,
 }
 
 /// Where the keys live.
@@ -194,8 +222,8 @@ pub struct RedisBacking {
     ns: [AtomicU64; 2],
     /// Idle connections (lock order: a leaf).
     pool: Mutex<Vec<Conn>>,
-    /// Bit `s` set: slot `s` may hold a key (lock order: a leaf).
-    live: Mutex<Vec<u64>>,
+    /// Each slot's extent (lock order: a leaf).
+    index: Mutex<Extents>,
     /// Set by `clear`: writes fail from then on. With `writing` (writes
     /// in flight), a Dekker pair in SeqCst: a write counts itself, then
     /// checks `closed`; `clear` sets `closed`, then waits for `writing`
@@ -204,6 +232,11 @@ pub struct RedisBacking {
     closed: AtomicBool,
     writing: AtomicU64,
     counters: Counters,
+    /// The store's clock: extents' time-to-live is kept in whole seconds
+    /// since this.
+    born: std::time::Instant,
+    /// When `renew` is due next, in those seconds.
+    renew_at: AtomicU64,
 }
 
 fn io_err(e: redis::RedisError) -> io::Error {
@@ -238,9 +271,9 @@ impl RedisBacking {
     /// are the seeds of a cluster.
     pub fn connect_with(url: &str, cfg: RemoteConfig) -> Result<RedisBacking, RemoteError> {
         let parsed = RedisUrl::parse(url)?;
-        if cfg.ttl < Duration::from_secs(1) {
+        if cfg.ttl < Duration::from_secs(2) || cfg.ttl.as_secs() > u64::from(u32::MAX) {
             return Err(RemoteError::Config(format!(
-                "ttl {:?} is under one second: give the longest run's length or more",
+                "ttl {:?}: give 2 s to 136 years (keys in use are renewed at half of it)",
                 cfg.ttl
             )));
         }
@@ -289,10 +322,12 @@ impl RedisBacking {
             cfg,
             ns: [AtomicU64::new((ns >> 64) as u64), AtomicU64::new(ns as u64)],
             pool: Mutex::new(Vec::new()),
-            live: Mutex::new(Vec::new()),
+            index: Mutex::new(Extents::default()),
             closed: AtomicBool::new(false),
             writing: AtomicU64::new(0),
             counters: Counters::default(),
+            born: std::time::Instant::now(),
+            renew_at: AtomicU64::new(0),
         };
         // One round trip now: an unreachable server is refused here, not
         // at the first writeback.
@@ -305,13 +340,19 @@ impl RedisBacking {
     /// The store's counters.
     pub fn stats(&self) -> RemoteStats {
         let c = &self.counters;
+        let (live, held) = self.index.lock().pages();
         RemoteStats {
-            round_trips: c.round_trips.load(RELAXED),
-            bytes_sent: c.bytes_sent.load(RELAXED),
-            bytes_received: c.bytes_received.load(RELAXED),
-            errors: c.errors.load(RELAXED),
-            missing: c.missing.load(RELAXED),
-            connects: c.connects.load(RELAXED),
+            live_bytes: live * PAGE_SIZE as u64,
+            extents_unlinked: c.extents_unlinked.load(RELAXED),
+            tier: TierStats {
+                held_bytes: held * PAGE_SIZE as u64,
+                round_trips: c.round_trips.load(RELAXED),
+                bytes_sent: c.bytes_sent.load(RELAXED),
+                bytes_received: c.bytes_received.load(RELAXED),
+                errors: c.errors.load(RELAXED),
+                missing: c.missing.load(RELAXED),
+                connects: c.connects.load(RELAXED),
+            },
         }
     }
 
@@ -325,9 +366,58 @@ impl RedisBacking {
         format!("{:032x}", self.ns())
     }
 
-    /// The key of slot `slot` in the current namespace.
-    pub fn key(&self, slot: u64) -> String {
-        key_of(&self.cfg.prefix, self.ns(), slot)
+    /// The key of the extent that holds slot `slot`'s page, and the
+    /// page's byte offset in its value; `None` if the slot holds nothing.
+    pub fn key(&self, slot: u64) -> Option<(String, usize)> {
+        let p = self.index.lock().place(slot)?;
+        Some((self.extent_key(p.extent), p.index as usize * PAGE_SIZE))
+    }
+
+    fn extent_key(&self, extent: u64) -> String {
+        key_of(&self.cfg.prefix, self.ns(), extent)
+    }
+
+    /// Seconds since the store was made.
+    fn now(&self) -> u32 {
+        self.born.elapsed().as_secs() as u32
+    }
+
+    /// Renews the time-to-live of every extent in use whose time-to-live
+    /// was set half of it ago or more, if that was not done within the
+    /// last quarter of it: so a live store's pages never expire, while a
+    /// killed run's do. Returns the extents renewed.
+    pub fn renew(&self) -> io::Result<u64> {
+        let now = self.now();
+        let ttl = self.cfg.ttl.as_secs();
+        let due = self.renew_at.load(RELAXED);
+        if u64::from(now) < due
+            || self
+                .renew_at
+                .compare_exchange(due, u64::from(now) + ttl / 4, RELAXED, RELAXED)
+                .is_err()
+        {
+            return Ok(0);
+        }
+        let before = now.saturating_sub((ttl / 2) as u32);
+        let stale = self.index.lock().refresh(before, now);
+        let ns = self.ns();
+        for chunk in stale.chunks(CHUNK) {
+            let cmds = chunk
+                .iter()
+                .map(|&id| {
+                    let mut c = redis::cmd("EXPIRE");
+                    c.arg(key_of(&self.cfg.prefix, ns, id)).arg(ttl);
+                    c
+                })
+                .collect();
+            self.round_trip(|c| c.pipeline(cmds))?;
+        }
+        Ok(stale.len() as u64)
+    }
+
+    /// Bytes of the store's own map of slots to extents.
+    pub fn heap_bytes(&self) -> u64 {
+        self.index.lock().heap_bytes()
     }
 
     fn ns(&self) -> u128 {
@@ -345,19 +435,9 @@ impl RedisBacking {
         while self.writing.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < until {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let slots = {
-            let mut live = self.live.lock();
-            let slots = set_bits(&live, 0, u64::MAX);
-            live.clear();
-            slots
-        };
-        self.unlink(&slots)
-    }
-
-    /// Unlinks the keys of `slots`, a pipeline per chunk.
-    fn unlink(&self, slots: &[u64]) -> io::Result<()> {
+        let extents = self.index.lock().take_all();
         let ns = self.ns();
-        for chunk in slots.chunks(CHUNK as usize) {
+        for chunk in extents.chunks(CHUNK) {
             let cmds = key_cmds("UNLINK", &self.cfg.prefix, ns, chunk);
             self.round_trip(|c| c.pipeline(cmds))?;
         }
@@ -410,39 +490,40 @@ impl RedisBacking {
         self.counters.errors.fetch_add(1, RELAXED);
     }
 
-    /// `write_slots` on an open store.
+    /// `write_slots` on an open store: one pipeline of a `SET key value
+    /// EX ttl` per extent, and an `UNLINK` per extent that died since the
+    /// last write.
     fn write_open(&self, first: u64, pages: &[&[u8]]) -> io::Result<()> {
-        // Marked before the write goes out: a write that fails half-way
-        // may have stored some keys, and `clear` must find them.
-        self.mark_live(first, pages.len() as u64);
+        // Recorded before the write goes out: a write that fails half-way
+        // may have stored some extents, and `clear` must find them.
+        let (extents, dead) = {
+            let mut index = self.index.lock();
+            let extents = index.write(first, pages.len() as u64, self.now());
+            (extents, index.take_dead())
+        };
         let ns = self.ns();
         let ttl = self.cfg.ttl.as_secs();
         let mut sent = 0;
-        let cmds: Vec<Cmd> = pages
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let key = key_of(&self.cfg.prefix, ns, first + i as u64);
-                sent += key.len() + p.len();
-                let mut c = redis::cmd("SET");
-                c.arg(key).arg(*p).arg("EX").arg(ttl);
-                c
-            })
-            .collect();
+        let mut cmds: Vec<Cmd> = Vec::with_capacity(extents.len() + dead.len());
+        for e in &extents {
+            let at = (e.first - first) as usize;
+            let mut value = Vec::with_capacity(e.pages as usize * PAGE_SIZE);
+            for p in &pages[at..at + e.pages as usize] {
+                value.extend_from_slice(p);
+            }
+            let key = key_of(&self.cfg.prefix, ns, e.id);
+            sent += key.len() + value.len();
+            let mut c = redis::cmd("SET");
+            c.arg(key).arg(value).arg("EX").arg(ttl);
+            cmds.push(c);
+        }
+        cmds.extend(key_cmds("UNLINK", &self.cfg.prefix, ns, &dead));
         self.counters.bytes_sent.fetch_add(sent as u64, RELAXED);
-        self.round_trip(|c| c.pipeline(cmds)).map(drop)
-    }
-
-    /// Marks `first..first+n` as holding keys.
-    fn mark_live(&self, first: u64, n: u64) {
-        let mut live = self.live.lock();
-        let words = ((first + n).div_ceil(64)) as usize;
-        if live.len() < words {
-            live.resize(words, 0);
-        }
-        for s in first..first + n {
-            live[(s / 64) as usize] |= 1 << (s % 64);
-        }
+        self.round_trip(|c| c.pipeline(cmds))?;
+        self.counters
+            .extents_unlinked
+            .fetch_add(dead.len() as u64, RELAXED);
+        Ok(())
     }
 }
 
@@ -450,9 +531,9 @@ fn key_of(prefix: &str, ns: u128, slot: u64) -> String {
     format!("{prefix}:{ns:032x}:{slot}")
 }
 
-/// `VERB key` for the key of each of `slots` in namespace `ns`.
-fn key_cmds(verb: &str, prefix: &str, ns: u128, slots: &[u64]) -> Vec<Cmd> {
-    slots
+/// `VERB key` for the key of each of `extents` in namespace `ns`.
+fn key_cmds(verb: &str, prefix: &str, ns: u128, extents: &[u64]) -> Vec<Cmd> {
+    extents
         .iter()
         .map(|&s| {
             let mut c = redis::cmd(verb);
@@ -560,28 +641,8 @@ fn cluster_masters(nodes: &str) -> Vec<String> {
         .collect()
 }
 
-/// The set bits of `bits` in `from..to`.
-fn set_bits(bits: &[u64], from: u64, to: u64) -> Vec<u64> {
-    let mut out = Vec::new();
-    let end = to.min(bits.len() as u64 * 64);
-    let mut s = from;
-    while s < end {
-        let w = bits[(s / 64) as usize] >> (s % 64);
-        if w == 0 {
-            s = (s / 64 + 1) * 64;
-            continue;
-        }
-        s += u64::from(w.trailing_zeros());
-        if s < end {
-            out.push(s);
-        }
-        s += 1;
-    }
-    out
-}
-
 impl BackingStore for RedisBacking {
-    /// One pipeline of `SET key value EX ttl`, one per page.
+    /// One pipeline: the pages as extents (see `write_open`).
     fn write_slots(&self, first: u64, pages: &[&[u8]]) -> io::Result<()> {
         if pages.iter().any(|p| p.len() != PAGE_SIZE) {
             return Err(io::Error::new(
@@ -601,52 +662,84 @@ impl BackingStore for RedisBacking {
         r
     }
 
-    /// `GET key`: a missing key or a value of the wrong size is an error.
+    /// `GETRANGE` of the page's 4 KiB in its extent: a slot that holds
+    /// nothing, a missing key (an empty answer) or an answer of another
+    /// size is an error.
     fn read_slot(&self, slot: u64, page: &mut [u8]) -> io::Result<()> {
-        let key = self.key(slot);
+        let place = self.index.lock().place(slot);
+        let Some(Place { extent, index }) = place else {
+            self.failed();
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("remote tier: slot {slot} holds no page (never written, or freed)"),
+            ));
+        };
+        let key = self.extent_key(extent);
+        let from = index as usize * PAGE_SIZE;
         self.counters
             .bytes_sent
             .fetch_add(key.len() as u64, RELAXED);
-        let got: Option<Vec<u8>> =
-            self.round_trip(|c| redis::cmd("GET").arg(&key).query(c.like()))?;
-        let Some(v) = got else {
+        let got: Vec<u8> = self.round_trip(|c| {
+            redis::cmd("GETRANGE")
+                .arg(&key)
+                .arg(from)
+                .arg(from + page.len() - 1)
+                .query(c.like())
+        })?;
+        self.counters
+            .bytes_received
+            .fetch_add(got.len() as u64, RELAXED);
+        if got.is_empty() {
             self.failed();
             self.counters.missing.fetch_add(1, RELAXED);
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
                 format!("remote tier: key {key} is missing (expired, evicted by the server, or lost in a restart)"),
             ));
-        };
-        self.counters
-            .bytes_received
-            .fetch_add(v.len() as u64, RELAXED);
-        if v.len() != page.len() {
+        }
+        if got.len() != page.len() {
             self.failed();
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "remote tier: key {key} holds {} bytes, not a {}-byte slot",
-                    v.len(),
+                    "remote tier: key {key} holds {} bytes at {from}, not a {}-byte page",
+                    got.len(),
                     page.len()
                 ),
             ));
         }
-        page.copy_from_slice(&v);
+        page.copy_from_slice(&got);
         Ok(())
     }
 
-    // `discard` is the trait's no-op: a freed slot keeps its stale value
-    // until the slot is written again (a SET replaces it) or the store is
-    // cleared. The cache calls `discard` under its slot-map lock, and an
-    // UNLINK there would be a round trip under that lock; sent later, it
-    // could land after the slot's next write and erase it. So the server
-    // holds at most the peak of slots in use, as a file does without its
-    // hole punches.
+    /// The slots leave their extents; an extent left empty is unlinked
+    /// with the next write. No I/O here: the cache calls this under its
+    /// slot-map lock. A late `UNLINK` is harmless, because an extent's key
+    /// is never written again.
+    fn discard(&self, first: u64, count: u64) {
+        self.index.lock().forget(first, count);
+    }
+
+    fn tier_stats(&self) -> TierStats {
+        self.stats().tier
+    }
+
+    /// Renews keys' time-to-live when due ([`RedisBacking::renew`]); a
+    /// failure is counted and tried again at the next call.
+    fn maintain(&self) {
+        if self.renew().is_err() {
+            self.renew_at.store(0, RELAXED);
+        }
+    }
 
     fn describe(&self) -> String {
-        let s = self.stats();
+        let RemoteStats {
+            tier: s,
+            live_bytes,
+            ..
+        } = self.stats();
         format!(
-            "Redis {} {} (keys {}:{}:*; {} round trips, {} bytes sent, {} received, {} errors, {} missing, {} connects)",
+            "Redis {} {} (keys {}:{}:*; {} round trips, {} bytes sent, {} received, {} errors, {} missing, {} connects, {} KiB held for {} KiB in use)",
             if self.is_cluster() { "cluster" } else { "node" },
             self.url,
             self.cfg.prefix,
@@ -656,14 +749,17 @@ impl BackingStore for RedisBacking {
             s.bytes_received,
             s.errors,
             s.missing,
-            s.connects
+            s.connects,
+            s.held_bytes / 1024,
+            live_bytes / 1024
         )
     }
 
     /// In a forked child: drops the connections inherited from the parent
     /// (their sockets are the parent's), takes a fresh namespace and
-    /// copies the live keys of slots `0..end` into it, a pipeline of GETs
-    /// then one of SETs per chunk. A key already missing stays missing.
+    /// copies the extents that slots `0..end` refer to into it, a pipeline
+    /// of GETs then one of SETs per chunk. An extent already missing stays
+    /// missing (its loads fail as before).
     fn fork_private(&self, end: u64) -> io::Result<()> {
         // The child's only thread runs here. A lock a parent thread held
         // at the fork stays held in the child: then its data may be half
@@ -679,43 +775,38 @@ impl BackingStore for RedisBacking {
         }
         let old = self.ns();
         let new = random_ns()?;
-        let slots = {
-            let mut live = match self.live.try_lock() {
+        let extents = {
+            let mut index = match self.index.try_lock() {
                 Some(l) => l,
                 None => {
-                    // SAFETY: as above.
-                    unsafe { self.live.force_unlock() };
-                    self.live.lock()
+                    // SAFETY: as above. A write half recorded at the fork
+                    // leaves slots naming an extent that may not be on the
+                    // server: its loads fail as missing, never wrong.
+                    unsafe { self.index.force_unlock() };
+                    self.index.lock()
                 }
             };
-            let slots = set_bits(&live, 0, end);
-            live.clear();
-            slots
+            index.keep_below(end)
         };
         self.ns[0].store((new >> 64) as u64, RELAXED);
         self.ns[1].store(new as u64, RELAXED);
         let ttl = self.cfg.ttl.as_secs();
-        for chunk in slots.chunks(CHUNK as usize) {
+        for chunk in extents.chunks(COPY_CHUNK) {
             let gets = key_cmds("GET", &self.cfg.prefix, old, chunk);
             let values = self.round_trip(|c| c.pipeline(gets))?;
             let mut sets = Vec::new();
-            let mut copied = Vec::new();
-            for (&s, v) in chunk.iter().zip(values) {
+            for (&id, v) in chunk.iter().zip(values) {
                 if let Value::BulkString(bytes) = v {
                     self.counters
                         .bytes_received
                         .fetch_add(bytes.len() as u64, RELAXED);
                     let mut c = redis::cmd("SET");
-                    c.arg(key_of(&self.cfg.prefix, new, s))
+                    c.arg(key_of(&self.cfg.prefix, new, id))
                         .arg(bytes)
                         .arg("EX")
                         .arg(ttl);
                     sets.push(c);
-                    copied.push(s);
                 }
-            }
-            for &s in &copied {
-                self.mark_live(s, 1);
             }
             if !sets.is_empty() {
                 self.round_trip(|c| c.pipeline(sets))?;
@@ -736,17 +827,6 @@ impl Drop for RedisBacking {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn set_bits_walks_words() {
-        let mut b = vec![0u64; 3];
-        for s in [0, 5, 63, 64, 130] {
-            b[s / 64] |= 1 << (s % 64);
-        }
-        assert_eq!(set_bits(&b, 0, u64::MAX), [0, 5, 63, 64, 130]);
-        assert_eq!(set_bits(&b, 5, 64), [5, 63]);
-        assert_eq!(set_bits(&b, 131, 1000), Vec::<u64>::new());
-    }
 
     #[test]
     fn keys_are_namespaced_and_unhashed() {

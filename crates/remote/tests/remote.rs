@@ -8,7 +8,7 @@ use uzswap_cache::{
     Backing, BackingStore, Cache, CacheConfig, LoadError, LoadMode, PoolLimit, PAGE_SIZE,
 };
 use uzswap_remote::testing::{Cluster, Server};
-use uzswap_remote::{RedisBacking, RemoteConfig};
+use uzswap_remote::{RedisBacking, RemoteConfig, EXTENT_PAGES};
 
 /// A page of pseudo-random bytes from `seed` (incompressible: the pool
 /// fills fast and writeback has work).
@@ -29,6 +29,12 @@ fn quick() -> RemoteConfig {
         timeout: Duration::from_millis(500),
         ..RemoteConfig::default()
     }
+}
+
+/// Extents (keys) `round_trip` of `n` pages makes.
+fn extents_of(n: u64) -> u64 {
+    let per_run = |len: u64| len.div_ceil(EXTENT_PAGES as u64);
+    (n / 64) * per_run(64) + per_run(n % 64)
 }
 
 /// Writes `n` pages in runs of 64 adjacent slots, reads each back.
@@ -61,19 +67,39 @@ fn single_node_round_trip_ttl_and_nothing_left() {
     let store = RedisBacking::connect_with(&srv.url(), quick()).unwrap();
     assert!(!store.is_cluster());
     round_trip(&store, 1000);
-    assert_eq!(srv.dbsize(), 1000);
+    // Runs of 64 adjacent slots go out as extents of 16 pages, a key each.
+    assert_eq!(srv.dbsize(), extents_of(1000));
     let keys = srv.keys();
     assert!(keys
         .iter()
         .all(|k| k.starts_with(&format!("uzswap:{}:", store.namespace()))));
     ttls_set(&mut srv.conn(), &keys);
-    // discard sends nothing (see RedisBacking): a freed slot's key stays
-    // until it is written again or the store is dropped, and still reads.
-    store.discard(0, 32);
-    assert_eq!(srv.dbsize(), 1000);
     let s = store.stats();
-    assert!(s.round_trips >= 1000 / 64 + 1000 && s.bytes_sent >= 1000 * 4096);
-    assert!(s.bytes_received >= 1000 * 4096 && s.errors == 0);
+    assert_eq!(
+        (s.live_bytes, s.tier.held_bytes),
+        (1000 * 4096, 1000 * 4096)
+    );
+    // Discarding part of an extent holds it; discarding all of it (or
+    // writing its slots again) unlinks it with the next write.
+    store.discard(0, 8);
+    store.discard(16, 16);
+    let s = store.stats();
+    // The dead extent counts as held until the next write unlinks it.
+    assert_eq!((s.live_bytes, s.tier.held_bytes), (976 * 4096, 1000 * 4096));
+    let mut buf = vec![0u8; PAGE_SIZE];
+    assert!(store.read_slot(3, &mut buf).is_err(), "a discarded slot");
+    store.read_slot(8, &mut buf).unwrap();
+    assert!(buf == page(8), "its extent's other pages still read");
+    store.write_slots(8, &[&page(5000)]).unwrap();
+    store.read_slot(8, &mut buf).unwrap();
+    assert!(buf == page(5000));
+    assert_eq!(srv.dbsize(), extents_of(1000) - 1 + 1);
+    let s = store.stats();
+    assert_eq!(s.extents_unlinked, 1);
+    assert_eq!((s.live_bytes, s.tier.held_bytes), (976 * 4096, 985 * 4096));
+    let t = s.tier;
+    assert!(t.round_trips >= 1000 / 64 + 1000 && t.bytes_sent >= 1000 * 4096);
+    assert!(t.bytes_received >= 1000 * 4096 && t.errors == 1);
     assert!(store.describe().contains("round trips"));
     drop(store);
     assert_eq!(srv.dbsize(), 0, "the store's keys are gone after drop");
@@ -86,9 +112,9 @@ fn cluster_round_trip_spreads_keys_and_leaves_nothing() {
     assert!(store.is_cluster());
     round_trip(&store, 1500);
     let sizes = cl.dbsizes();
-    assert_eq!(sizes.iter().sum::<u64>(), 1500);
+    assert_eq!(sizes.iter().sum::<u64>(), extents_of(1500));
     assert!(
-        sizes.iter().all(|&n| n > 300),
+        sizes.iter().all(|&n| n > 10),
         "keys spread over every master: {sizes:?}"
     );
     for n in &cl.nodes {
@@ -206,7 +232,7 @@ fn server_killed_loads_fail_then_reconnect_after_restart() {
         c.load(0, i, &mut buf, LoadMode::Keep).unwrap();
         assert!(buf == page(i ^ 0x55));
     }
-    let s = store.stats();
+    let s = store.stats().tier;
     assert!(
         s.errors >= 40 && s.missing >= 20 && s.connects >= 2,
         "{s:?}"
@@ -220,39 +246,65 @@ fn deleted_key_is_missing_and_altered_value_is_refused() {
     let store = Arc::new(RedisBacking::connect_with(&srv.url(), quick()).unwrap());
     // Directly: a deleted key is an error, not zeros.
     store.write_slots(9000, &[&page(1)]).unwrap();
-    let _: () = redis::cmd("DEL")
-        .arg(store.key(9000))
-        .query(&mut srv.conn())
-        .unwrap();
+    let (key, _) = store.key(9000).unwrap();
+    let _: () = redis::cmd("DEL").arg(key).query(&mut srv.conn()).unwrap();
     let mut buf = vec![0u8; PAGE_SIZE];
     let e = store.read_slot(9000, &mut buf).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
-    // Through the cache: a value replaced with garbage of the right size,
-    // or with a short one, never comes back as a page.
+    // Through the cache: an extent whose pages were replaced with garbage,
+    // or cut short, never gives a page back.
     let c = cache_over(store.clone(), false);
     fill_and_write_back(&c, 50, 0);
     let mut conn = srv.conn();
-    let keys = srv.keys();
-    assert_eq!(keys.len(), 50);
-    for (i, k) in keys.iter().enumerate() {
-        let v = if i % 2 == 0 {
-            page(7777)
-        } else {
-            vec![0u8; 10]
-        };
-        let _: () = redis::cmd("SET").arg(k).arg(v).query(&mut conn).unwrap();
+    let places: Vec<(String, usize)> = (0..50).map(|i| c_key(&store, &c, i)).collect();
+    // Garbage over the even pages: their neighbours still open.
+    for (key, at) in places.iter().step_by(2) {
+        let _: () = redis::cmd("SETRANGE")
+            .arg(key)
+            .arg(*at)
+            .arg(page(7777))
+            .query(&mut conn)
+            .unwrap();
     }
-    let (mut corrupt, mut io) = (0, 0);
-    for i in 0..50 {
-        match c.load(0, i, &mut buf, LoadMode::Keep) {
-            Err(LoadError::Corrupt { where_: "backing" }) => corrupt += 1,
-            Err(LoadError::Io(_)) => io += 1,
-            other => panic!("load {i} of an altered value: {other:?}"),
+    // Then every extent cut short after its first 8 pages.
+    let half = 8 * PAGE_SIZE;
+    let mut keys: Vec<&String> = places.iter().map(|(k, _)| k).collect();
+    keys.dedup();
+    for key in keys {
+        let v: Vec<u8> = redis::cmd("GETRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(half - 1)
+            .query(&mut conn)
+            .unwrap();
+        let _: () = redis::cmd("SET").arg(key).arg(v).query(&mut conn).unwrap();
+    }
+    for (i, (_, at)) in places.iter().enumerate() {
+        let got = c.load(0, i as u64, &mut buf, LoadMode::Keep);
+        match got {
+            Err(LoadError::Io(_)) if *at >= half => {}
+            Err(LoadError::Corrupt { where_: "backing" }) if *at < half && i % 2 == 0 => {}
+            Ok(_) if *at < half && i % 2 == 1 => {
+                assert!(buf == page(i as u64), "page {i} came back different");
+                continue;
+            }
+            other => panic!("load {i} (at {at} in its extent): {other:?}"),
         }
-        assert!(buf.iter().all(|&b| b == 0));
+        assert!(buf.iter().all(|&b| b == 0), "a failed load gives zeros");
     }
-    assert_eq!((corrupt, io), (25, 25));
-    assert_eq!(c.stats().backing_corrupt, 25);
+    let altered = places
+        .iter()
+        .step_by(2)
+        .filter(|(_, at)| *at < half)
+        .count() as u64;
+    assert!(altered > 0 && places.iter().any(|(_, at)| *at >= half));
+    assert_eq!(c.stats().backing_corrupt, altered);
+}
+
+/// The extent key and byte offset of the slot behind cache key `i`.
+fn c_key(store: &RedisBacking, c: &Cache, i: u64) -> (String, usize) {
+    let slot = c.backing_slot(0, i).expect("written back");
+    store.key(slot).expect("a written slot has an extent")
 }
 
 #[test]
@@ -315,10 +367,10 @@ fn fork_private_copies_into_a_namespace_of_its_own() {
     let store = RedisBacking::connect_with(&srv.url(), quick()).unwrap();
     round_trip(&store, 96);
     let old = store.namespace();
-    let old_key = store.key(5);
+    let (old_key, at) = store.key(5).unwrap();
     store.fork_private(200).unwrap();
     assert_ne!(store.namespace(), old);
-    assert_eq!(srv.dbsize(), 96 + 96);
+    assert_eq!(srv.dbsize(), 2 * extents_of(96));
     // The copy reads as the original did, and writes to it leave the
     // original alone.
     let mut buf = vec![0u8; PAGE_SIZE];
@@ -331,15 +383,17 @@ fn fork_private_copies_into_a_namespace_of_its_own() {
     store.write_slots(5, &[&page(999)]).unwrap();
     store.read_slot(5, &mut buf).unwrap();
     assert!(buf == page(999));
-    let original: Vec<u8> = redis::cmd("GET")
+    let original: Vec<u8> = redis::cmd("GETRANGE")
         .arg(&old_key)
+        .arg(at)
+        .arg(at + PAGE_SIZE - 1)
         .query(&mut srv.conn())
         .unwrap();
     assert!(original == page(5), "the parent's namespace is untouched");
     ttls_set(&mut srv.conn(), &srv.keys());
     // The child's store cleans up its own namespace only.
     drop(store);
-    assert_eq!(srv.dbsize(), 96);
+    assert_eq!(srv.dbsize(), extents_of(96));
     assert!(srv.keys().iter().all(|k| k.contains(&old)));
 }
 
@@ -361,10 +415,10 @@ fn sweep_deletes_what_a_runs_stores_left_and_nothing_else() {
     let other = RedisBacking::connect_with(&cl.url(), quick()).unwrap();
     round_trip(&other, 100);
     let swept = uzswap_remote::sweep(&cl.url(), &run, Duration::from_secs(1)).unwrap();
-    assert_eq!(swept, 600);
+    assert_eq!(swept, 2 * extents_of(300));
     assert_eq!(
         cl.dbsizes().iter().sum::<u64>(),
-        100,
+        extents_of(100),
         "the other run's keys stay"
     );
     // A closed store (as at exit) stores nothing more.
@@ -376,4 +430,55 @@ fn sweep_deletes_what_a_runs_stores_left_and_nothing_else() {
         ..quick()
     };
     assert!(RedisBacking::connect_with(&cl.url(), bad).is_err());
+}
+
+/// Keys in use get their time-to-live renewed once half of it has
+/// passed; a store that never cleans up (a killed run) leaves keys that
+/// expire.
+#[test]
+fn keys_in_use_are_renewed_and_a_lost_stores_expire() {
+    let Some(srv) = Server::start() else { return };
+    let pttl = |key: &str| -> i64 { redis::cmd("PTTL").arg(key).query(&mut srv.conn()).unwrap() };
+    let store = RedisBacking::connect_with(
+        &srv.url(),
+        RemoteConfig {
+            ttl: Duration::from_secs(4),
+            ..quick()
+        },
+    )
+    .unwrap();
+    round_trip(&store, 32); // two extents
+    store.discard(16, 16); // the second is in use no more
+    let (used, _) = store.key(0).unwrap();
+    let lost = RedisBacking::connect_with(
+        &srv.url(),
+        RemoteConfig {
+            ttl: Duration::from_secs(2),
+            ..quick()
+        },
+    )
+    .unwrap();
+    round_trip(&lost, 16);
+    std::mem::forget(lost);
+    assert_eq!(srv.dbsize(), 3);
+    std::thread::sleep(Duration::from_millis(2100));
+    assert!(pttl(&used) < 2000, "{}", pttl(&used));
+    assert_eq!(store.renew().unwrap(), 1, "only the extent in use");
+    assert!(
+        pttl(&used) > 3000,
+        "renewed to the full 4 s: {}",
+        pttl(&used)
+    );
+    assert_eq!(store.renew().unwrap(), 0, "not due again yet");
+    std::thread::sleep(Duration::from_millis(500));
+    // The lost store's key has expired (2 s); the dead extent is still
+    // there until the next write unlinks it or it expires.
+    let keys = srv.keys();
+    assert!(
+        keys.iter().all(|k| k.contains(&store.namespace())),
+        "{keys:?}"
+    );
+    let mut buf = vec![0u8; PAGE_SIZE];
+    store.read_slot(3, &mut buf).unwrap();
+    assert!(buf == page(3));
 }

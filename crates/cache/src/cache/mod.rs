@@ -588,7 +588,33 @@ impl Cache {
         s.backing_slots_used = inner.slots.lock().used();
         s.pool_limit_bytes = inner.limit.load(RELAXED);
         s.pool_full = u64::from(inner.full.load(RELAXED));
+        if let Some(b) = &inner.backing {
+            let t = b.tier_stats();
+            s.tier_round_trips = t.round_trips;
+            s.tier_bytes_sent = t.bytes_sent;
+            s.tier_bytes_received = t.bytes_received;
+            s.tier_errors = t.errors;
+            s.tier_missing = t.missing;
+            s.tier_connects = t.connects;
+            s.tier_held_bytes = t.held_bytes;
+        }
         s
+    }
+
+    /// The backing slot that holds `(area, offset)`'s page, if it was
+    /// written back: for tests and tools that look at a tier directly.
+    pub fn backing_slot(&self, area: u32, offset: u64) -> Option<u64> {
+        match self
+            .inner
+            .shard((area, offset))
+            .lock()
+            .map
+            .get(&(area, offset))?
+            .place
+        {
+            Place::Backing { slot, .. } => Some(slot),
+            _ => None,
+        }
     }
 
     /// The few figures a host reads often (every few milliseconds): no

@@ -46,6 +46,9 @@ impl Inner {
                 break;
             }
             self.reclaim();
+            if let Some(b) = &self.backing {
+                b.maintain();
+            }
         }
     }
 
