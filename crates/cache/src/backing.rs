@@ -36,6 +36,9 @@ pub struct TierStats {
     pub missing: u64,
     /// Connections made (the first and every reconnection).
     pub connects: u64,
+    /// Loads served from pages read ahead with an earlier load (no round
+    /// trip).
+    pub read_ahead_hits: u64,
     /// Bytes the tier holds, freed slots' bytes it cannot yet release
     /// included.
     pub held_bytes: u64,

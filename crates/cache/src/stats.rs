@@ -40,6 +40,8 @@ macro_rules! counters {
             pub tier_missing: u64,
             /// A remote tier's connections made.
             pub tier_connects: u64,
+            /// Loads a remote tier served from pages it read ahead.
+            pub tier_read_ahead_hits: u64,
             /// Bytes a remote tier holds for the cache: `backing_pages`
             /// × 4096 and the freed pages it cannot release yet.
             pub tier_held_bytes: u64,
@@ -70,6 +72,7 @@ macro_rules! counters {
                     ("tier_errors", self.tier_errors),
                     ("tier_missing", self.tier_missing),
                     ("tier_connects", self.tier_connects),
+                    ("tier_read_ahead_hits", self.tier_read_ahead_hits),
                     ("tier_held_bytes", self.tier_held_bytes),
                 ]
             }

@@ -299,6 +299,7 @@ const LEAVES: &[(&str, Kind)] = &[
     ("cache.tier_errors", Counter),
     ("cache.tier_missing", Counter),
     ("cache.tier_connects", Counter),
+    ("cache.tier_read_ahead_hits", Counter),
     ("cache.tier_held_bytes", Gauge),
     ("space.reserved_bytes", Gauge),
     ("space.mapped_bytes", Gauge),

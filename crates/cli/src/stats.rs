@@ -439,9 +439,10 @@ pub fn faults_line(s: &Snapshot) -> String {
 pub fn remote_line(cache: &uzswap_cache::CacheStats) -> String {
     use crate::human;
     format!(
-        "{} round trips, {} sent, {} received, {} errors ({} keys missing), \
+        "{} round trips ({} loads read ahead), {} sent, {} received, {} errors ({} keys missing), \
          {} connections; it holds {} for {} of pages",
         cache.tier_round_trips,
+        cache.tier_read_ahead_hits,
         human(cache.tier_bytes_sent),
         human(cache.tier_bytes_received),
         cache.tier_errors,

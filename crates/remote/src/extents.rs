@@ -18,6 +18,8 @@ pub struct Place {
     pub extent: u64,
     /// The page's index in the extent's value.
     pub index: u32,
+    /// The extent's pages.
+    pub pages: u32,
 }
 
 /// One extent a write sends: `pages` pages for slots `first..`.
@@ -97,10 +99,14 @@ impl Extents {
     /// Where slot `slot`'s page is, if it was written and not discarded.
     pub fn place(&self, slot: u64) -> Option<Place> {
         match self.slots.get(slot as usize) {
-            Some(&v) if v != 0 => Some(Place {
-                extent: v >> INDEX_BITS,
-                index: (v & ((1 << INDEX_BITS) - 1)) as u32,
-            }),
+            Some(&v) if v != 0 => {
+                let extent = v >> INDEX_BITS;
+                Some(Place {
+                    extent,
+                    index: (v & ((1 << INDEX_BITS) - 1)) as u32,
+                    pages: self.refs.get(&extent).expect("a slot's extent is held").1,
+                })
+            }
             _ => None,
         }
     }
@@ -216,21 +222,24 @@ mod tests {
             x.place(10),
             Some(Place {
                 extent: 1,
-                index: 0
+                index: 0,
+                pages: 16
             })
         );
         assert_eq!(
             x.place(27),
             Some(Place {
                 extent: 2,
-                index: 1
+                index: 1,
+                pages: 16
             })
         );
         assert_eq!(
             x.place(49),
             Some(Place {
                 extent: 3,
-                index: 7
+                index: 7,
+                pages: 8
             })
         );
         assert_eq!(x.place(9), None);
@@ -253,7 +262,8 @@ mod tests {
             x.place(3),
             Some(Place {
                 extent: 2,
-                index: 0
+                index: 0,
+                pages: 1
             })
         );
         assert_eq!(x.take_dead(), Vec::<u64>::new());
@@ -302,7 +312,8 @@ mod tests {
             x.place(19),
             Some(Place {
                 extent: 2,
-                index: 3
+                index: 3,
+                pages: 16
             })
         );
         assert_eq!(x.place(20), None);

@@ -22,6 +22,16 @@
 //! [`RemoteStats::held_bytes`] against [`RemoteStats::live_bytes`] shows
 //! what that costs.
 //!
+//! # Reading ahead
+//! A load that follows the one before it in the same extent (the page
+//! after the last one read) asks for up to [`READ_AHEAD`] pages from its
+//! own to the extent's end in the same `GETRANGE`, and keeps the ones
+//! after its own for the loads that come next: the pager's readahead
+//! brings a faulting page's followers back one load at a time, and these
+//! then cost no round trip. Keeping them is safe because an extent's key
+//! is written once: its bytes for a page never change, and the seal still
+//! checks them when they are used.
+//!
 //! # Keys
 //! `<prefix>:<namespace>:<extent>`: the prefix `uzswap`
 //! ([`RemoteConfig::prefix`]; `uzswap run` gives each run its own,
@@ -82,6 +92,10 @@ use uzswap_os::lock::Mutex;
 
 /// Counters are statistics: relaxed, each exact on its own.
 const RELAXED: Ordering = Ordering::Relaxed;
+
+/// Pages one load may ask for (its own and those after it in its extent)
+/// when it follows the load before it.
+pub const READ_AHEAD: u32 = 8;
 
 /// Keys per pipeline when the store walks many extents (clear).
 const CHUNK: usize = 512;
@@ -160,6 +174,16 @@ pub struct RemoteStats {
     pub extents_unlinked: u64,
 }
 
+/// Pages read ahead: `bytes` holds pages `first..` of `extent`.
+#[derive(Default)]
+struct Ahead {
+    extent: u64,
+    first: u32,
+    bytes: Vec<u8>,
+    /// The last page a load asked for, `(extent, index)`.
+    last: (u64, u32),
+}
+
 #[derive(Default)]
 struct Counters {
     round_trips: AtomicU64,
@@ -169,6 +193,7 @@ struct Counters {
     missing: AtomicU64,
     connects: AtomicU64,
     extents_unlinked: AtomicU64,
+    read_ahead_hits: AtomicU64,
 }
 
 /// Where the keys live.
@@ -224,6 +249,8 @@ pub struct RedisBacking {
     pool: Mutex<Vec<Conn>>,
     /// Each slot's extent (lock order: a leaf).
     index: Mutex<Extents>,
+    /// Pages read ahead (lock order: a leaf; held for a page's copy).
+    ahead: Mutex<Ahead>,
     /// Set by `clear`: writes fail from then on. With `writing` (writes
     /// in flight), a Dekker pair in SeqCst: a write counts itself, then
     /// checks `closed`; `clear` sets `closed`, then waits for `writing`
@@ -323,6 +350,7 @@ impl RedisBacking {
             ns: [AtomicU64::new((ns >> 64) as u64), AtomicU64::new(ns as u64)],
             pool: Mutex::new(Vec::new()),
             index: Mutex::new(Extents::default()),
+            ahead: Mutex::new(Ahead::default()),
             closed: AtomicBool::new(false),
             writing: AtomicU64::new(0),
             counters: Counters::default(),
@@ -352,6 +380,7 @@ impl RedisBacking {
                 errors: c.errors.load(RELAXED),
                 missing: c.missing.load(RELAXED),
                 connects: c.connects.load(RELAXED),
+                read_ahead_hits: c.read_ahead_hits.load(RELAXED),
             },
         }
     }
@@ -667,23 +696,47 @@ impl BackingStore for RedisBacking {
     /// size is an error.
     fn read_slot(&self, slot: u64, page: &mut [u8]) -> io::Result<()> {
         let place = self.index.lock().place(slot);
-        let Some(Place { extent, index }) = place else {
+        let Some(Place {
+            extent,
+            index,
+            pages,
+        }) = place
+        else {
             self.failed();
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
                 format!("remote tier: slot {slot} holds no page (never written, or freed)"),
             ));
         };
+        // Read ahead already? Else how many pages to ask for.
+        let want = {
+            let mut a = self.ahead.lock();
+            let follows = a.last == (extent, index.wrapping_sub(1));
+            a.last = (extent, index);
+            let have = (a.bytes.len() / PAGE_SIZE) as u32;
+            if a.extent == extent && (a.first..a.first + have).contains(&index) {
+                let at = (index - a.first) as usize * PAGE_SIZE;
+                page.copy_from_slice(&a.bytes[at..at + PAGE_SIZE]);
+                drop(a);
+                self.counters.read_ahead_hits.fetch_add(1, RELAXED);
+                return Ok(());
+            }
+            if follows {
+                READ_AHEAD.min(pages - index)
+            } else {
+                1
+            }
+        };
         let key = self.extent_key(extent);
         let from = index as usize * PAGE_SIZE;
         self.counters
             .bytes_sent
             .fetch_add(key.len() as u64, RELAXED);
-        let got: Vec<u8> = self.round_trip(|c| {
+        let mut got: Vec<u8> = self.round_trip(|c| {
             redis::cmd("GETRANGE")
                 .arg(&key)
                 .arg(from)
-                .arg(from + page.len() - 1)
+                .arg(from + want as usize * PAGE_SIZE - 1)
                 .query(c.like())
         })?;
         self.counters
@@ -697,18 +750,26 @@ impl BackingStore for RedisBacking {
                 format!("remote tier: key {key} is missing (expired, evicted by the server, or lost in a restart)"),
             ));
         }
-        if got.len() != page.len() {
+        if got.len() < PAGE_SIZE || (want == 1 && got.len() != PAGE_SIZE) {
             self.failed();
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "remote tier: key {key} holds {} bytes at {from}, not a {}-byte page",
+                    "remote tier: key {key} holds {} bytes at {from}, not a {PAGE_SIZE}-byte page",
                     got.len(),
-                    page.len()
                 ),
             ));
         }
-        page.copy_from_slice(&got);
+        page.copy_from_slice(&got[..PAGE_SIZE]);
+        if got.len() >= 2 * PAGE_SIZE {
+            // Whole pages only: an extent cut short keeps its last part out.
+            got.truncate(got.len() / PAGE_SIZE * PAGE_SIZE);
+            got.drain(..PAGE_SIZE);
+            let mut a = self.ahead.lock();
+            a.extent = extent;
+            a.first = index + 1;
+            a.bytes = got;
+        }
         Ok(())
     }
 
@@ -773,6 +834,12 @@ impl BackingStore for RedisBacking {
                 std::mem::forget(std::mem::take(&mut *self.pool.lock()));
             }
         }
+        if self.ahead.try_lock().is_none() {
+            // SAFETY: as above; it guards only bytes read ahead, which are
+            // thrown away.
+            unsafe { self.ahead.force_unlock() };
+        }
+        *self.ahead.lock() = Ahead::default();
         let old = self.ns();
         let new = random_ns()?;
         let extents = {

@@ -596,6 +596,7 @@ impl Cache {
             s.tier_errors = t.errors;
             s.tier_missing = t.missing;
             s.tier_connects = t.connects;
+            s.tier_read_ahead_hits = t.read_ahead_hits;
             s.tier_held_bytes = t.held_bytes;
         }
         s
