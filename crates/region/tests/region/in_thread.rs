@@ -14,19 +14,6 @@ use uzswap_region::{PageState, Pager, PagerConfig, PagerError, PinError};
 /// Held by each test with an in-thread pager.
 static ONE: Mutex<()> = Mutex::new(());
 
-/// Whether the experimental mode's stress tests run: they failed 3 times
-/// in about 250 runs under load, cause not established (docs/
-/// ARCHITECTURE.md, in-thread faults), so the mode is hidden and they run
-/// only when asked: `UZSWAP_EXPERIMENTAL_TESTS=1 cargo test -p
-/// uzswap-region --test region in_thread`.
-fn experimental(name: &str) -> bool {
-    let on = std::env::var_os("UZSWAP_EXPERIMENTAL_TESTS").is_some_and(|v| v == "1");
-    if !on {
-        eprintln!("skipped: {name} (set UZSWAP_EXPERIMENTAL_TESTS=1; the mode is experimental)");
-    }
-    on
-}
-
 fn in_thread(budget: usize) -> PagerConfig {
     let mut cfg = PagerConfig::new(budget);
     cfg.in_thread_faults = true;
@@ -38,9 +25,6 @@ fn in_thread(budget: usize) -> PagerConfig {
 /// resolved in-thread.
 #[test]
 fn threads_on_a_region_with_in_thread_faults() {
-    if !experimental("threads_on_a_region_with_in_thread_faults") {
-        return;
-    }
     let _one = ONE.lock();
     let (pager, store) = pager_with(in_thread(BUDGET));
     hammer(&pager);
@@ -54,9 +38,6 @@ fn threads_on_a_region_with_in_thread_faults() {
 /// through the handler thread while faults are resolved in-thread).
 #[test]
 fn threads_on_a_region_with_in_thread_faults_without_moves() {
-    if !experimental("threads_on_a_region_with_in_thread_faults_without_moves") {
-        return;
-    }
     let _one = ONE.lock();
     let mut cfg = in_thread(BUDGET);
     cfg.evict_by_move = false;
@@ -69,9 +50,6 @@ fn threads_on_a_region_with_in_thread_faults_without_moves() {
 /// cache's load runs in the SIGBUS handler.
 #[test]
 fn threads_on_a_region_over_the_compressed_cache_in_thread() {
-    if !experimental("threads_on_a_region_over_the_compressed_cache_in_thread") {
-        return;
-    }
     let _one = ONE.lock();
     over_the_compressed_cache(in_thread(BUDGET));
 }
@@ -79,9 +57,6 @@ fn threads_on_a_region_over_the_compressed_cache_in_thread() {
 /// The same with dedup on (shared pool objects).
 #[test]
 fn threads_on_a_region_over_the_cache_with_dedup_in_thread() {
-    if !experimental("threads_on_a_region_over_the_cache_with_dedup_in_thread") {
-        return;
-    }
     let _one = ONE.lock();
     over_the_cache_with_dedup(in_thread(BUDGET));
 }
@@ -238,9 +213,6 @@ fn a_fault_on_a_page_being_loaded_waits_for_the_load() {
 /// waits for the drop and loads the page; no version is ever lost.
 #[test]
 fn faults_on_a_page_under_eviction() {
-    if !experimental("faults_on_a_page_under_eviction") {
-        return;
-    }
     let _one = ONE.lock();
     let (pager, _store) = pager_with(in_thread(32));
     let r = pager.region(16 * PAGE).unwrap();
