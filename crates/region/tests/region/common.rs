@@ -70,8 +70,14 @@ pub fn watchdog(what: &'static str, secs: u64) -> Watchdog {
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        eprintln!("{what}: still running after {secs} s (a fault loops or is never woken)");
-        eprintln!("{}", uzswap_os::threads::describe(None));
+        // Straight to the process's stderr: the test harness captures
+        // `eprintln!` (also on threads a test spawned) and prints it only
+        // when the test ends, which an abort prevents.
+        let msg = format!(
+            "{what}: still running after {secs} s (a fault loops or is never woken)\n{}\n",
+            uzswap_os::threads::describe(None)
+        );
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), msg.as_bytes());
         std::process::abort();
     });
     Watchdog(done)
