@@ -1,8 +1,10 @@
 //! `uzswap-bench remote`: the backing tiers side by side. The same real
 //! pages are stored in a cache, written back to the tier in the cache's
 //! batches (`Cache::writeback`, one write of adjacent slots per batch: a
-//! `pwritev` for the file, one pipeline of SETs for Redis), then loaded
-//! back one at a time (exclusive loads, each timed, every byte checked).
+//! `pwritev` for the file, one pipeline of extents for Redis), then loaded
+//! back one at a time (exclusive loads, each timed, every byte checked):
+//! the first half in order (where a tier's read-ahead helps), the second
+//! half in a shuffled order (where it cannot: every load a round trip).
 //! Tiers: the local file in `$TMPDIR`, one Redis node and a three-master
 //! Redis cluster on loopback, each started here and stopped after
 //! (`uzswap_remote::testing`); without `redis-server` the Redis rows are
@@ -19,8 +21,31 @@ use uzswap_remote::testing::{Cluster, Server};
 use uzswap_remote::RedisBacking;
 use uzswap_workload::corpus::{DataKind, Pages, PAGE};
 
-/// One round on one tier: (writeback pages/s, load latencies in ns).
-fn round(pages: &Pages, backing: Backing) -> Result<(f64, Vec<u64>)> {
+/// Load latencies of one round, in ns: in order, and shuffled.
+#[derive(Default)]
+struct Loads {
+    ordered: Vec<u64>,
+    shuffled: Vec<u64>,
+}
+
+/// `0..n` in a scattered order: steps of a stride coprime with `n`, about
+/// 0.38 n, so that no two loads in a row are neighbours.
+fn shuffled(n: usize) -> impl Iterator<Item = usize> {
+    let m = n.max(1);
+    let step = (m * 38 / 100 + 1..).find(|&s| gcd(s, m) == 1).unwrap_or(1);
+    (0..n).map(move |i| i * step % m)
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// One round on one tier: (writeback pages/s, load latencies).
+fn round(pages: &Pages, backing: Backing) -> Result<(f64, Loads)> {
     let cache = Cache::new(CacheConfig {
         pool_limit: PoolLimit::Unlimited,
         backing,
@@ -30,21 +55,27 @@ fn round(pages: &Pages, backing: Backing) -> Result<(f64, Vec<u64>)> {
     .context("making a cache over the tier")?;
     let (written, wb) = fill_and_write_back(&cache, pages)?;
     let n = pages.count();
+    let half = n / 2;
     let mut buf = vec![0u8; PAGE];
-    let mut lat = Vec::with_capacity(written);
-    for i in 0..n {
+    let mut lat = Loads::default();
+    let order = (0..half).chain(shuffled(n - half).map(|i| half + i));
+    for i in order {
         let t = Instant::now();
         let how = cache.load(0, i as u64, &mut buf, LoadMode::Exclusive)?;
         let ns = t.elapsed().as_nanos() as u64;
         ensure!(buf == pages.page(i), "page {i} came back wrong");
         if how == uzswap_cache::Loaded::Backing {
-            lat.push(ns);
+            if i < half {
+                lat.ordered.push(ns);
+            } else {
+                lat.shuffled.push(ns);
+            }
         }
     }
+    let loaded = lat.ordered.len() + lat.shuffled.len();
     ensure!(
-        lat.len() == written,
-        "{} loads from the tier, {written} written",
-        lat.len()
+        loaded == written,
+        "{loaded} loads from the tier, {written} written"
     );
     Ok((wb, lat))
 }
@@ -56,30 +87,38 @@ fn tier(
     rounds: usize,
     make: &dyn Fn() -> Result<Backing>,
 ) -> Result<Value> {
-    let (mut wbs, mut all) = (Vec::new(), Vec::new());
+    let (mut wbs, mut all) = (Vec::new(), Loads::default());
     for r in 0..rounds {
         let (wb, lat) = round(pages, make()?)?;
         note(&format!(
-            "{name} round {r}: writeback {wb:.0} pages/s, {} loads",
-            lat.len()
+            "{name} round {r}: writeback {wb:.0} pages/s, {} + {} loads",
+            lat.ordered.len(),
+            lat.shuffled.len()
         ));
         wbs.push(wb);
-        all.extend(lat);
+        all.ordered.extend(lat.ordered);
+        all.shuffled.extend(lat.shuffled);
     }
-    all.sort_unstable();
-    let pct = |p: f64| all[((all.len() - 1) as f64 * p) as usize] as f64 / 1000.0;
+    let pct = |v: &mut Vec<u64>, p: f64| {
+        v.sort_unstable();
+        v.get(((v.len().max(1) - 1) as f64 * p) as usize)
+            .map_or(0.0, |&x| x as f64 / 1000.0)
+    };
+    let (o50, o99) = (pct(&mut all.ordered, 0.5), pct(&mut all.ordered, 0.99));
+    let (s50, s99) = (pct(&mut all.shuffled, 0.5), pct(&mut all.shuffled, 0.99));
     let row = json!({
         "tier": name,
         "writeback_pages_per_s": median(wbs),
-        "load_p50_us": pct(0.5),
-        "load_p99_us": pct(0.99),
-        "loads": all.len(),
+        "load_p50_us": s50,
+        "load_p99_us": s99,
+        "loads": all.shuffled.len(),
+        "ordered_load_p50_us": o50,
+        "ordered_load_p99_us": o99,
+        "ordered_loads": all.ordered.len(),
     });
     note(&format!(
-        "{name}: writeback {:.0} pages/s, load p50 {:.1} us p99 {:.1} us",
+        "{name}: writeback {:.0} pages/s; loads shuffled p50 {s50:.1} us p99 {s99:.1} us, in order p50 {o50:.1} us p99 {o99:.1} us",
         row["writeback_pages_per_s"].as_f64().unwrap_or(0.0),
-        pct(0.5),
-        pct(0.99)
     ));
     Ok(row)
 }
@@ -115,4 +154,20 @@ pub fn run(data: DataKind, mib: usize, rounds: usize) -> Result<Value> {
         "rounds": rounds,
         "tiers": rows,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_shuffle_is_a_permutation_without_neighbours_in_a_row() {
+        for n in [0, 1, 2, 7, 100, 13926] {
+            let v: Vec<usize> = super::shuffled(n).collect();
+            let mut sorted = v.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "n = {n}");
+            if n > 4 {
+                assert!(v.windows(2).all(|w| w[0].abs_diff(w[1]) > 1), "n = {n}");
+            }
+        }
+    }
 }

@@ -110,16 +110,11 @@ pub struct PagerConfig {
     /// process may have it; x86-64 only; not with `cpu_handlers`; both
     /// readahead windows at most 63. Off by default.
     ///
-    /// Hidden from the documentation for now. Issue 31, 3 failures of its
-    /// stress tests in about 250 runs on a loaded machine, was the tests'
-    /// budget check: `mincore` walked the page tables while faults and
-    /// evictions went on, counting a page that left behind the walk and
-    /// one that came in ahead of it (129 for 128 then, 130 in one of 109
-    /// runs again; the two failures whose message was lost fit it, as a
-    /// failed check then hung the test until its watchdog). The walk now
-    /// runs under the state lock ([`crate::Region::mincore_resident`]);
-    /// 300 runs passed after that under load, and the stress tests run
-    /// with the others.
+    /// Hidden from the documentation for now. Its stress tests run with
+    /// the others; their earlier failures under load were the tests'
+    /// budget check, not the pager: `mincore` counted while pages moved
+    /// (see [`crate::Region::mincore_resident`], which now walks under
+    /// the state lock).
     #[doc(hidden)]
     pub in_thread_faults: bool,
     /// Test hook: pretend userfaultfd(2) failed with this errno and
