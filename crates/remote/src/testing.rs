@@ -252,4 +252,31 @@ impl Cluster {
     pub fn dbsizes(&self) -> Vec<u64> {
         self.nodes.iter().map(Server::dbsize).collect()
     }
+
+    /// Moves `slots` hash slots, with their keys, from node `from` to node
+    /// `to` (`redis-cli --cluster reshard`): a topology change under a
+    /// client that still has the old slot map.
+    pub fn move_slots(&self, from: usize, to: usize, slots: u32) {
+        let id = |n: &Server| -> String {
+            redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query(&mut n.conn())
+                .unwrap()
+        };
+        let out = Command::new(cli_binary().expect("a cluster implies the client"))
+            .args(["--cluster", "reshard"])
+            .arg(format!("127.0.0.1:{}", self.nodes[from].port()))
+            .args(["--cluster-from", &id(&self.nodes[from])])
+            .args(["--cluster-to", &id(&self.nodes[to])])
+            .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli runs");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster reshard failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
