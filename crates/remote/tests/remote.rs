@@ -124,6 +124,12 @@ fn cluster_round_trip_spreads_keys_and_leaves_nothing() {
     for n in &cl.nodes {
         ttls_set(&mut n.conn(), &n.keys());
     }
+    // A seed by name (resolved by the client) works as by address.
+    let named =
+        RedisBacking::connect_with(&cl.url().replace("127.0.0.1", "localhost"), quick()).unwrap();
+    assert!(named.is_cluster());
+    round_trip(&named, 64);
+    drop(named);
     // One seed of the cluster is enough: the store asks whether cluster
     // mode is on and follows the redirects.
     let one = RedisBacking::connect_with(&cl.nodes[1].url(), quick()).unwrap();
