@@ -146,10 +146,10 @@ static GLOBAL: LibcHeap = LibcHeap;
 /// eight per CPU, and every arena keeps its own free space and its own
 /// partly used top: with five runtime threads (handler, evictor, writer,
 /// compactor, statistics) each process held several arenas whose free
-/// space no other thread could reuse (issue 28: 2 to 3 MiB of a tree of
-/// five Python processes, most of it in the program's process). One arena
-/// pools that space. Its lock is taken only inside glibc's malloc and
-/// free, never across anything of ours; the runtime's threads allocate
+/// space no other thread could reuse (issue 28: 3.3 MiB of a tree of five
+/// Python processes, 0.7-0.9 MiB in each). One arena pools that space.
+/// Its lock is taken only inside glibc's malloc and free, never across
+/// anything of ours; the runtime's threads allocate
 /// little on their hot paths (buffers are per thread and reused), and
 /// glibc's per-thread cache serves most small blocks without the lock.
 ///
