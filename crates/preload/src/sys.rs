@@ -143,3 +143,11 @@ pub fn warn(msg: &str) {
     // SAFETY: writes a buffer we own to fd 2.
     unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
 }
+
+/// Makes glibc's malloc serve every thread from one arena (its main one,
+/// `M_ARENA_MAX` 1) from now on. A thread that already has an arena keeps
+/// it. Returns whether glibc took the setting.
+pub fn one_malloc_arena() -> bool {
+    // SAFETY: mallopt only changes the allocator's parameters.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) == 1 }
+}

@@ -239,17 +239,35 @@ impl Shard {
         self.next_gen
     }
 
-    /// Drops queue items of entries that left the pool, when they pile up.
+    /// Drops queue items of entries that left the pool, when they pile up
+    /// (more than twice the shard's entries, plus [`LRU_SLACK`]), and
+    /// gives back the room they took.
+    ///
+    /// Amortised: after a trim the queue holds at most the shard's
+    /// entries, so the next one comes at least `entries + LRU_SLACK`
+    /// inserts later and costs at most two lookups per insert.
     fn trim_lru(&mut self) {
-        if self.lru.len() > 2 * self.map.len() + 64 {
+        if self.lru.len() > 2 * self.map.len() + LRU_SLACK {
             let map = &self.map;
             self.lru.retain(|it| {
                 map.get(&it.key())
                     .is_some_and(|e| e.gen == it.gen && matches!(e.place, Place::Pool(_)))
             });
+            // A queue keeps the room of its largest length for good:
+            // sized for the items just dropped, it would hold them on.
+            if self.lru.capacity() > 2 * self.lru.len() + LRU_SLACK {
+                self.lru.shrink_to(self.lru.len() + LRU_SLACK);
+            }
         }
     }
 }
+
+/// Stale queue items a shard holds beyond twice its entries before
+/// [`Shard::trim_lru`] drops them. Small because there are [`SHARDS`]
+/// queues: with 64, each queue of a cache of 12 000 pages faulted back and
+/// stored again grew to 256 items, 1 MiB in all, mostly dead (issue 28: a
+/// Python worker's index at its peak, 1.6 MiB with 64, 1.1 with 8).
+const LRU_SLACK: usize = 8;
 
 /// The shard of a key: all keys of one index leaf (neighbouring offsets)
 /// share it.
@@ -712,5 +730,77 @@ impl Inner {
             })
             .sum();
         index as u64 + self.dedup.metadata_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool_entry(gen: u32) -> Entry {
+        Entry {
+            gen,
+            born: 0,
+            referenced: false,
+            writeback: false,
+            place: Place::Pool(Obj {
+                handle: Handle::from_raw(1).expect("a non-zero handle"),
+                size: 100,
+                codec: Codec::Lz4,
+                dedup: None,
+            }),
+        }
+    }
+
+    /// Stores one page of `key` into the shard as `Inner::insert` does.
+    fn store(s: &mut Shard, key: Key) {
+        let gen = s.bump();
+        s.lru.push_back(LruItem::new(key, gen));
+        s.map.insert(key, pool_entry(gen));
+        s.trim_lru();
+    }
+
+    #[test]
+    fn issue_28_a_shard_queue_gives_back_the_room_of_dropped_items() {
+        let mut s = Shard::default();
+        // 1000 pages stored, then each faulted back (removed) and stored
+        // again 20 times: every round leaves 1000 dead items behind.
+        for _ in 0..20 {
+            for off in 0..1000 {
+                s.map.remove(&(0, off));
+                store(&mut s, (0, off));
+            }
+        }
+        // Then all but 10 leave for good, and a few stores trigger a trim.
+        for off in 10..1000 {
+            s.map.remove(&(0, off));
+        }
+        for off in 2000..2000 + LRU_SLACK as u64 + 1 {
+            store(&mut s, (0, off));
+        }
+        let live = s.map.len();
+        assert!(
+            s.lru.len() <= 2 * live + LRU_SLACK,
+            "{} queue items for {live} entries",
+            s.lru.len()
+        );
+        assert!(
+            s.lru.capacity() <= 2 * s.lru.len() + LRU_SLACK,
+            "room for {} items kept for {} items",
+            s.lru.capacity(),
+            s.lru.len()
+        );
+        // Every live pool entry is still queued, once, with its gen.
+        for (off, e) in (0..10)
+            .chain(2000..2000 + LRU_SLACK as u64 + 1)
+            .map(|o| (o, s.map.get(&(0, o)).unwrap()))
+        {
+            let n = s
+                .lru
+                .iter()
+                .filter(|it| it.key() == (0, off) && it.gen == e.gen)
+                .count();
+            assert_eq!(n, 1, "page {off} queued {n} times");
+        }
     }
 }
