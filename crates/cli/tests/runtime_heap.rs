@@ -95,7 +95,7 @@ fn thread_names(pid: u32) -> Vec<String> {
 }
 
 #[test]
-fn issue_28_the_runtime_threads_share_one_malloc_arena() {
+fn the_runtime_threads_share_one_malloc_arena() {
     require_uffd!();
     if missing("python3", &["python3", "-c", "pass"]) {
         return;

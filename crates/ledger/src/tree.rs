@@ -6,13 +6,26 @@
 //! runtime's heap, both anonymous. This is the figure `--memory-max` is
 //! held against in tests and in the summary, apart from the reports in the
 //! ledger.
+//!
+//! A child that shares its parent's address space (one started with
+//! `vfork`, as CPython's `subprocess` and `posix_spawn` do, until it execs;
+//! or any `clone(CLONE_VM)` process) shows the parent's memory in its own
+//! `smaps_rollup`: it is counted as 0 (`kcmp(KCMP_VM)` tells).
 
 /// The pids of `root` and all its descendants (those alive now), root first.
 pub fn tree_pids(root: u32) -> Vec<u32> {
-    let mut out = vec![root];
+    tree_with_parents(root)
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect()
+}
+
+/// `(pid, its parent in the walk)` of `root` and its descendants.
+fn tree_with_parents(root: u32) -> Vec<(u32, u32)> {
+    let mut out = vec![(root, 0)];
     let mut i = 0;
     while i < out.len() {
-        let pid = out[i];
+        let pid = out[i].0;
         i += 1;
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
             continue;
@@ -22,13 +35,32 @@ pub fn tree_pids(root: u32) -> Vec<u32> {
                 continue;
             };
             for child in c.split_whitespace().filter_map(|s| s.parse().ok()) {
-                if !out.contains(&child) {
-                    out.push(child);
+                if !out.iter().any(|&(p, _)| p == child) {
+                    out.push((child, pid));
                 }
             }
         }
     }
     out
+}
+
+/// Whether `a` and `b` share one address space (`kcmp(2)`, `KCMP_VM`); no
+/// if the kernel cannot say (either is gone, or not ours to inspect).
+pub fn same_address_space(a: u32, b: u32) -> bool {
+    const KCMP_VM: libc::c_long = 1;
+    // SAFETY: kcmp only compares kernel objects of the two processes; no
+    // memory of ours is passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            libc::c_long::from(a as i32),
+            libc::c_long::from(b as i32),
+            KCMP_VM,
+            0 as libc::c_long,
+            0 as libc::c_long,
+        )
+    };
+    r == 0
 }
 
 /// The children of `pid` (of all its threads), those alive now.
@@ -64,11 +96,18 @@ pub struct TreeSample {
 
 /// Samples the tree below `root`, leaving out the pids in `skip` (the
 /// caller itself, when it is the root and is not to be counted).
+/// A process that shares its parent's address space counts 0 (see the
+/// module's docs).
 pub fn sample(root: u32, skip: &[u32]) -> TreeSample {
-    let processes: Vec<(u32, u64)> = tree_pids(root)
+    let processes: Vec<(u32, u64)> = tree_with_parents(root)
         .into_iter()
-        .filter(|p| !skip.contains(p))
-        .filter_map(|p| pss_anon(p).map(|b| (p, b)))
+        .filter(|(p, _)| !skip.contains(p))
+        .filter_map(|(p, parent)| {
+            if parent != 0 && same_address_space(p, parent) {
+                return Some((p, 0));
+            }
+            pss_anon(p).map(|b| (p, b))
+        })
         .collect();
     TreeSample {
         pss_anon: processes.iter().map(|&(_, b)| b).sum(),
@@ -105,5 +144,56 @@ mod tests {
         assert!(s.pss_anon >= 32 << 20, "{s:?}");
         assert!(tree_pids(me)[0] == me);
         assert_eq!(pss_anon(u32::MAX), None);
+    }
+
+    /// A child in this process's address space (as a vfork child is until
+    /// it execs) is counted as 0, not as a second copy of this process.
+    #[test]
+    fn a_child_sharing_the_address_space_counts_once() {
+        extern "C" fn wait_forever(_: *mut libc::c_void) -> libc::c_int {
+            loop {
+                // SAFETY: pause takes nothing; the child only sleeps here
+                // until it is killed.
+                unsafe { libc::pause() };
+            }
+        }
+        // 32 MiB of this process's own, so that a double count shows.
+        let mut b = vec![0u8; 32 << 20];
+        for i in (0..b.len()).step_by(4096) {
+            b[i] = 1;
+        }
+        let mut stack = vec![0u8; 64 << 10];
+        // SAFETY: the child runs `wait_forever` on `stack`, which outlives
+        // it (it is killed and reaped below), and touches nothing else.
+        let child = unsafe {
+            libc::clone(
+                wait_forever,
+                stack.as_mut_ptr().add(stack.len()).cast(),
+                libc::CLONE_VM | libc::SIGCHLD,
+                std::ptr::null_mut(),
+            )
+        };
+        assert!(
+            child > 0,
+            "clone failed: {}",
+            std::io::Error::last_os_error()
+        );
+        let child = child as u32;
+        let me = std::process::id();
+        let s = sample(me, &[]);
+        let own = pss_anon(me).unwrap();
+        // SAFETY: the child is ours; kill and reap it.
+        unsafe {
+            libc::kill(child as i32, libc::SIGKILL);
+            libc::waitpid(child as i32, std::ptr::null_mut(), 0);
+        }
+        assert!(same_address_space(me, me));
+        assert!(s.processes.contains(&(child, 0)), "{s:?}");
+        assert!(
+            s.pss_anon < own + (16 << 20),
+            "counted twice: {s:?}, own {own}"
+        );
+        assert!(b[4096] == 1);
+        drop(stack);
     }
 }

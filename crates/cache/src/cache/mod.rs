@@ -761,7 +761,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_28_a_shard_queue_gives_back_the_room_of_dropped_items() {
+    fn a_shard_queue_gives_back_the_room_of_dropped_items() {
         let mut s = Shard::default();
         // 1000 pages stored, then each faulted back (removed) and stored
         // again 20 times: every round leaves 1000 dead items behind.
