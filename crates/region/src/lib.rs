@@ -64,7 +64,11 @@
 //!   the price of compressing a page again when it is evicted unwritten.
 //! - **write-protect fault on a `Clean` page**: invalidate the store's
 //!   entry, clear the protection (`UFFDIO_WRITEPROTECT`, which wakes the
-//!   writer). → `Dirty`.
+//!   writer). → `Dirty`. The state lock is held from the look at the page
+//!   to the end of the ioctl (as for every unprotect of a fault): released
+//!   in between, the evictor could claim, protect, read and store the page
+//!   and then have its protection undone, the write going in unseen and
+//!   the page dropped with the copy from before it.
 //! - **any fault on a page mid-eviction**: park it (see below). A
 //!   write-protect fault on an `Evicting` page also aborts that eviction.
 //! - **any fault on a `Loading` page**: park it; the load wakes it when it
@@ -208,10 +212,12 @@
 //! each fault), which a user should choose.
 //!
 //! # In-thread faults (`PagerConfig::in_thread_faults`, off by default)
-//! Hidden from the API documentation and not for use yet: a write to a
-//! page under eviction can be lost in this mode (seen under
-//! AddressSanitizer, about 1 run in 40 of `faults_on_a_page_under_eviction`;
-//! `PagerConfig::in_thread_faults` says more).
+//! Hidden from the API documentation (experimental). A write to a page
+//! under eviction could be lost (seen under AddressSanitizer, about 1 run
+//! in 40 of `faults_on_a_page_under_eviction`): a write fault cleared the
+//! page's protection after dropping the state lock, undoing the evictor's
+//! protection of a page it had claimed meanwhile, in either mode; it now
+//! unprotects under the lock (`PagerConfig::in_thread_faults` says more).
 //!
 //! For programs that use regions through the library and know which
 //! memory they hand to system calls. The userfaultfd is negotiated with

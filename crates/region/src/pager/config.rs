@@ -110,20 +110,27 @@ pub struct PagerConfig {
     /// process may have it; x86-64 only; not with `cpu_handlers`; both
     /// readahead windows at most 63. Off by default.
     ///
-    /// Hidden from the documentation, and not for use: a write to a page
-    /// under eviction can be lost in this mode (`faults_on_a_page_under_
-    /// eviction` under AddressSanitizer, about 1 run in 40: a page read
-    /// back the version before the last one written); the same test in
-    /// the default mode has not failed. The stress tests' earlier failures
-    /// under load were their budget check, not the pager: `mincore`
-    /// counted while pages moved (see [`crate::Region::mincore_resident`],
-    /// which now walks under the state lock).
+    /// Hidden from the documentation (experimental). The write that
+    /// `faults_on_a_page_under_eviction` lost under AddressSanitizer
+    /// (about 1 run in 40: a page read back the version before the last
+    /// one written) was a write fault's unprotect racing an eviction, in
+    /// both modes (see `Shared::unprotect_once`; the test
+    /// `unprotect_against_eviction_*` makes that interleaving). The stress
+    /// tests' earlier failures under load were their budget check, not the
+    /// pager: `mincore` counted while pages moved (see
+    /// [`crate::Region::mincore_resident`], which now walks under the
+    /// state lock).
     #[doc(hidden)]
     pub in_thread_faults: bool,
     /// Test hook: pretend userfaultfd(2) failed with this errno and
     /// /dev/userfaultfd with EACCES.
     #[doc(hidden)]
     pub inject_open_errno: Option<i32>,
+    /// Test hook: called by a write fault on a write-protected page just
+    /// before it clears the protection (on the thread that resolves the
+    /// fault: in a signal handler with in-thread faults).
+    #[doc(hidden)]
+    pub test_before_unprotect: Option<fn()>,
 }
 
 impl PagerConfig {
@@ -152,6 +159,7 @@ impl PagerConfig {
             floor_pages: None,
             in_thread_faults: false,
             inject_open_errno: None,
+            test_before_unprotect: None,
         }
     }
 }

@@ -82,7 +82,8 @@ impl Shared {
                     mm.st = PageState::Dirty;
                     mm.referenced = true;
                     s.stats.faults_wp += 1;
-                    drop(g);
+                    // Under the state lock (as every unprotect of a fault):
+                    // see `unprotect_once`.
                     return self.unprotect_once(w, f.addr);
                 }
                 PageState::Evicting => {
@@ -95,7 +96,6 @@ impl Shared {
                     park(s, area, page, w);
                 }
                 PageState::Dirty => {
-                    drop(g);
                     return self.unprotect_once(w, f.addr);
                 }
                 PageState::Absent | PageState::Stored => {
@@ -103,8 +103,9 @@ impl Shared {
                     // present (it was discarded or evicted while protected):
                     // waking alone would fault again forever. Clearing the
                     // marker turns the retry into a missing-page fault,
-                    // served from the store (or as zeros).
-                    drop(g);
+                    // served from the store (or as zeros). Under the lock
+                    // too: a load that maps the page meanwhile maps it
+                    // protected and `Clean`, and must stay so.
                     return self.unprotect_once(w, f.addr);
                 }
             }
@@ -344,7 +345,22 @@ impl Shared {
     /// Clears write protection from a handler. EAGAIN (an event is
     /// pending, and only a handler can read it) defers the fault: the page
     /// is `Dirty` by then, so the retry unprotects again.
+    ///
+    /// Call with the state lock held, from the look at the page's state to
+    /// the end of the ioctl. Released in between, the evictor could claim
+    /// the page (`Dirty` → `Evicting`), protect it, read it and store it,
+    /// and then this unprotect would undo its protection: the write goes
+    /// in unseen (no fault to abort the eviction), and the page is dropped
+    /// with the copy from before it, the write lost. Holding the lock, the
+    /// claim comes before the look (the fault sees `Evicting` and parks)
+    /// or after the unprotect (the evictor's protection then stands, and
+    /// a write faults and aborts it). The lock is held across the ioctl
+    /// alone, as for the `UFFDIO_COPY` of a first-touch fault; it returns
+    /// EAGAIN rather than wait for an event to be read.
     pub(super) fn unprotect_once(&self, w: &mut Wakes, addr: usize) -> Outcome {
+        if let Some(hook) = self.cfg.test_before_unprotect {
+            hook();
+        }
         match self.unprotect(w, addr) {
             Err(e) if e.errno == libc::EAGAIN => Outcome::Again,
             _ => Outcome::Done,
