@@ -18,8 +18,11 @@
 //! memory still counts in the tree's sampled figure, as unreported); the
 //! runtime never starts half set up. That happens to:
 //! - a process that execs after `uzswap run` ended (a daemon the program
-//!   left behind); before, such a process loaded the file and then failed
-//!   to join the gone ledger, ending with status 125;
+//!   left behind). One that execs as the run ends can open the library
+//!   and then find the ledger gone, and one run with a `--preload-lib`
+//!   file always can: the runtime then says the run has ended and leaves
+//!   the process unmanaged before it sets anything up (`share::run_ended`
+//!   in the runtime);
 //! - a process that changed its user ids (a server started as root that
 //!   drops to another user, then execs): opening another process's
 //!   descriptor needs the right to ptrace-read it;

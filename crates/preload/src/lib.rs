@@ -649,20 +649,31 @@ fn start() -> Result<(), String> {
     let Some(config) = RunConfig::from_env().map_err(|e| e.to_string())? else {
         return Ok(()); // not asked to manage anything
     };
-    // Before the cache and the pager start their threads.
-    setup_runtime_heap();
-    let budget_pages = (config.memory_max / PAGE_SIZE as u64) as usize;
     // With a ledger the budget is the whole tree's and this process holds
-    // its allotment of it (share.rs).
+    // its allotment of it (share.rs). Joined first: nothing of the runtime
+    // is set up yet if the run has ended and the program runs unmanaged.
     let share = match &config.ledger {
-        Some(path) => Some(Arc::new(share::Share::join(
+        Some(path) => match share::Share::join(
             path,
             config.memory_max,
             config.pool_max,
             config.backing.is_some(),
-        )?)),
+        )? {
+            Some(sh) => Some(Arc::new(sh)),
+            None => {
+                sys::warn(&format!(
+                    "the `uzswap run` that started this program has ended (its ledger {} \
+                     is gone): this process runs unmanaged",
+                    path.display()
+                ));
+                return Ok(());
+            }
+        },
         None => None,
     };
+    // Before the cache and the pager start their threads.
+    setup_runtime_heap();
+    let budget_pages = (config.memory_max / PAGE_SIZE as u64) as usize;
 
     // An unreachable server stops the program before it starts (as a
     // backing directory that cannot take a file does).

@@ -60,16 +60,22 @@ pub(crate) struct Share {
 const CPU_PERIOD_MS: u64 = 500;
 
 impl Share {
-    /// Joins the ledger at `path` (a slot for this process).
+    /// Joins the ledger at `path` (a slot for this process). `Ok(None)`:
+    /// the `uzswap run` that holds the ledger has ended (see
+    /// [`run_ended`]), and the process is to run unmanaged.
     pub(crate) fn join(
         path: &std::path::Path,
         budget: u64,
         pool_max: Option<u64>,
         backing: bool,
-    ) -> Result<Share, String> {
-        let ledger = std::sync::Arc::new(Ledger::open(path).map_err(|e| e.to_string())?);
+    ) -> Result<Option<Share>, String> {
+        let ledger = match Ledger::open(path) {
+            Ok(l) => std::sync::Arc::new(l),
+            Err(e) if run_ended(path, &e) => return Ok(None),
+            Err(e) => return Err(e.to_string()),
+        };
         let member = claim(&ledger)?;
-        Ok(Share {
+        Ok(Some(Share {
             member: std::sync::Mutex::new(member),
             budget,
             pool_max,
@@ -81,7 +87,7 @@ impl Share {
             runtime_cpu_ms: AtomicU64::new(0),
             cpu_at_ms: AtomicU64::new(0),
             born: std::time::Instant::now(),
-        })
+        }))
     }
 
     fn member(&self) -> std::sync::MutexGuard<'_, Member> {
@@ -210,6 +216,30 @@ impl Share {
 }
 
 /// A slot for this process in `ledger`.
+/// Whether opening the ledger failed because the `uzswap run` that holds
+/// it has ended: the ledger is named by that process's descriptor
+/// (`/proc/RUN/fd/N`), which is gone with it. A process the program left
+/// behind can exec after that with the library still loaded: a
+/// `--preload-lib` file outlives the run, and the carried copy can be
+/// opened by the loader just before the run ends and the ledger just
+/// after. It runs unmanaged then, as it would where the loader could not
+/// open the library; any other failure stops it (the configuration is
+/// wrong, and running unmanaged would hide that).
+pub(crate) fn run_ended(path: &std::path::Path, e: &uzswap_ledger::Error) -> bool {
+    let uzswap_ledger::Error::Io { source, .. } = e else {
+        return false;
+    };
+    let mut parts = path.components().map(|c| c.as_os_str());
+    let under_proc_fd = parts.next() == Some("/".as_ref())
+        && parts.next() == Some("proc".as_ref())
+        && parts
+            .next()
+            .and_then(|p| p.to_str())
+            .is_some_and(|p| p.parse::<u32>().is_ok())
+        && parts.next() == Some("fd".as_ref());
+    under_proc_fd && source.kind() == std::io::ErrorKind::NotFound
+}
+
 fn claim(ledger: &std::sync::Arc<Ledger>) -> Result<Member, String> {
     let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
     ledger
@@ -219,4 +249,53 @@ fn claim(ledger: &std::sync::Arc<Ledger>) -> Result<Member, String> {
             comm.trim_end(),
         )
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_ended;
+    use std::path::Path;
+
+    fn io(kind: std::io::ErrorKind) -> uzswap_ledger::Error {
+        uzswap_ledger::Error::Io {
+            path: "x".into(),
+            source: kind.into(),
+        }
+    }
+
+    #[test]
+    fn only_a_missing_descriptor_of_a_run_means_the_run_ended() {
+        let gone = io(std::io::ErrorKind::NotFound);
+        assert!(run_ended(Path::new("/proc/4242/fd/4"), &gone));
+        // A file named otherwise is a configuration to fix, not a run that
+        // ended.
+        assert!(!run_ended(Path::new("/tmp/ledger"), &gone));
+        assert!(!run_ended(Path::new("/proc/self/fd/4"), &gone));
+        assert!(!run_ended(Path::new("proc/4242/fd/4"), &gone));
+        assert!(!run_ended(
+            Path::new("/proc/4242/fd/4"),
+            &io(std::io::ErrorKind::PermissionDenied)
+        ));
+        let other = uzswap_ledger::Error::NotALedger {
+            path: "/proc/4242/fd/4".into(),
+        };
+        assert!(!run_ended(Path::new("/proc/4242/fd/4"), &other));
+    }
+
+    #[test]
+    fn joining_the_ledger_of_an_ended_run_is_none() {
+        // A pid that has just ended and has no descriptors left.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let path = format!("/proc/{pid}/fd/4");
+        assert!(super::Share::join(Path::new(&path), 1 << 24, None, false)
+            .unwrap()
+            .is_none());
+        // A missing file elsewhere is an error, with the path in it.
+        let e = super::Share::join(Path::new("/nonexistent/ledger"), 1 << 24, None, false)
+            .err()
+            .unwrap();
+        assert!(e.contains("/nonexistent/ledger"), "{e}");
+    }
 }
