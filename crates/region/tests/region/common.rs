@@ -90,8 +90,9 @@ impl Drop for Watchdog {
 }
 
 /// A [`MemStore`] that counts plain and cold stores, can fail the loads of
-/// one offset (as a corrupt backing file would) and hold those of another
-/// (as a slow read would).
+/// one offset (as a corrupt backing file would), hold those of another
+/// (as a slow read would) and run a hook before each store (to hold an
+/// eviction at a chosen point).
 #[derive(Default)]
 pub struct TestStore {
     pub inner: uzswap_region::MemStore,
@@ -105,10 +106,15 @@ pub struct TestStore {
     pub cold: std::sync::atomic::AtomicU64,
     /// While set, every store is refused (a full pool, no backing file).
     pub refuse: std::sync::atomic::AtomicBool,
+    /// Called before every store, plain or cold.
+    pub before_store: Option<fn()>,
 }
 
 impl TestStore {
     fn refusing(&self) -> Result<(), StoreError> {
+        if let Some(hook) = self.before_store {
+            hook();
+        }
         if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(StoreError::Full);
         }

@@ -317,7 +317,6 @@ fn pipe() -> (i32, i32) {
 mod race {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::{Duration, Instant};
-    use uzswap_region::{LoadError, LoadMode, Loaded, PageStore, StoreError, StoreStats, Stored};
 
     /// The next write fault's unprotect lets the eviction run first.
     pub static ARMED: AtomicBool = AtomicBool::new(false);
@@ -357,48 +356,12 @@ mod race {
         }
     }
 
-    /// A store whose first store after `GO` waits for the write (at most
-    /// a second): the eviction holds its copy while the write happens.
-    #[derive(Default)]
-    pub struct HoldStore(pub uzswap_region::MemStore);
-
-    impl HoldStore {
-        fn hold(&self) {
-            if GO.load(Ordering::SeqCst) && !STORING.swap(true, Ordering::SeqCst) {
-                wait_for(&WRITTEN, 1000);
-            }
-        }
-    }
-
-    impl PageStore for HoldStore {
-        fn open_area(&self, area: u32) {
-            self.0.open_area(area)
-        }
-        fn store(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {
-            self.hold();
-            self.0.store(area, offset, page)
-        }
-        fn store_cold(&self, area: u32, offset: u64, page: &[u8]) -> Result<Stored, StoreError> {
-            self.hold();
-            self.0.store_cold(area, offset, page)
-        }
-        fn load(
-            &self,
-            area: u32,
-            offset: u64,
-            page: &mut [u8],
-            mode: LoadMode,
-        ) -> Result<Loaded, LoadError> {
-            self.0.load(area, offset, page, mode)
-        }
-        fn invalidate(&self, area: u32, offset: u64) {
-            self.0.invalidate(area, offset)
-        }
-        fn invalidate_area(&self, area: u32) {
-            self.0.invalidate_area(area)
-        }
-        fn stats(&self) -> StoreStats {
-            self.0.stats()
+    /// `TestStore::before_store`: the first store after `GO` waits for
+    /// the write (at most a second): the eviction holds its copy while
+    /// the write happens.
+    pub fn hold() {
+        if GO.load(Ordering::SeqCst) && !STORING.swap(true, Ordering::SeqCst) {
+            wait_for(&WRITTEN, 1000);
         }
     }
 }
@@ -419,7 +382,10 @@ fn unprotect_against_eviction(mut cfg: PagerConfig) {
     cfg.evict_by_move = false;
     cfg.test_before_unprotect = Some(race::before_unprotect);
     race::reset();
-    let store = Arc::new(race::HoldStore::default());
+    let store = Arc::new(TestStore {
+        before_store: Some(race::hold),
+        ..TestStore::default()
+    });
     let pager = Pager::new(store, cfg).expect("userfaultfd available (tests run as root)");
     let _w = watchdog("unprotect_against_eviction", 60);
     let r = pager.region(PAGE).unwrap();
