@@ -9,7 +9,11 @@
 //!    zswap (lzo) in each configuration of the zswap shrinker (on/off) ×
 //!    swap readahead (`vm.page-cluster` 3/0); the fastest that completed
 //!    without an OOM kill is "the kernel";
-//! 4. plain swap (zswap off) in the same cgroup.
+//! 4. plain swap (zswap off) in the same cgroup;
+//! 5. the fastest zswap configuration again with its pool inside B, as a
+//!    cgroup v2 charges it (`systemd-run -p MemoryMax=B` on a v2 machine):
+//!    the v1 controller leaves the pool outside its limit, so the limit is
+//!    steered at every sample to B less the pool's size then ([`steer`]).
 //!
 //! Memory is each side's own account of the tree: `Pss_Anon` summed over
 //! the processes for the unconstrained and uzswap sides (uzswap's includes
@@ -79,6 +83,11 @@ pub struct Sides {
     /// equal total memory.
     #[arg(long)]
     pub skip_equal_total: bool,
+    /// Without the run of the fastest kernel configuration with its pool
+    /// inside B (the v1 limit steered to B less the pool at every sample,
+    /// as a v2 cgroup's limit holds both).
+    #[arg(long)]
+    pub skip_pool_inside: bool,
     /// A run still going after this many seconds is killed and reported
     /// as timed out (a configuration that crawls). Default: 30 times the
     /// unconstrained run's wall time, at least 120 s.
@@ -544,7 +553,33 @@ fn uzswap_side(
     Ok(v)
 }
 
-/// One kernel configuration in a fresh cgroup of limit `budget`.
+/// The lowest limit [`steer`] sets: a quarter of B (a pool that grows past
+/// three quarters of B would otherwise take the program's last page).
+const STEER_FLOOR_SHARE: u64 = 4;
+
+/// Holds a v1 cgroup's usage plus the zswap pool within `budget`, as a v2
+/// cgroup charges the pool: sets the limit to `budget` less `pool` when
+/// that differs from the limit set last (`last`) by a MiB or more. A limit
+/// below the usage makes the kernel reclaim in this thread (it may refuse
+/// with EBUSY, and the next sample tries again). Returns the limit now.
+fn steer(cg: &Path, budget: u64, pool: u64, last: u64) -> u64 {
+    let want = budget
+        .saturating_sub(pool)
+        .max(budget / STEER_FLOOR_SHARE)
+        .div_ceil(4096)
+        * 4096;
+    if want.abs_diff(last) < MIB {
+        return last;
+    }
+    match std::fs::write(cg.join("memory.limit_in_bytes"), want.to_string()) {
+        Ok(()) => want,
+        Err(_) => last, // EBUSY: not reclaimed yet; the next sample retries
+    }
+}
+
+/// One kernel configuration in a fresh cgroup of limit `budget`; with
+/// `pool_inside`, the limit is steered to hold the pool too ([`steer`]).
+#[allow(clippy::too_many_arguments)]
 fn kernel_side(
     ks: &mut KernelSwap,
     cfg: KernelConfig,
@@ -553,7 +588,15 @@ fn kernel_side(
     budget: u64,
     deadline: Duration,
     reference: &Outputs,
+    pool_inside: bool,
 ) -> Result<Value> {
+    let name = if pool_inside {
+        format!("{}, pool inside B", cfg.name())
+    } else {
+        cfg.name()
+    };
+    let label = w.kind.label(jobs);
+    note(&format!("{label}: kernel, {name} ..."));
     ks.set(
         &format!("{ZSWAP_PARAMS}/enabled"),
         if cfg.zswap { "Y" } else { "N" },
@@ -575,9 +618,18 @@ fn kernel_side(
         .args(&argv);
     let start = ZswapSample::read()?;
     let probe_cg = cg.clone();
+    let limit = std::sync::atomic::AtomicU64::new(budget);
+    let lowest = Arc::new(std::sync::atomic::AtomicU64::new(budget));
+    let lowest_seen = Arc::clone(&lowest);
     let ran = run_sampled(cmd, w.dir(), deadline, move |_| {
         let cgroup = read_u64(&probe_cg.join("memory.usage_in_bytes"));
         let zswap_pool = ZswapSample::read().map(|z| z.pool_bytes).unwrap_or(0);
+        if pool_inside {
+            let last = limit.load(Ordering::Relaxed);
+            let now = steer(&probe_cg, budget, zswap_pool, last);
+            limit.store(now, Ordering::Relaxed);
+            lowest_seen.fetch_min(now, Ordering::Relaxed);
+        }
         Sample {
             memory: cgroup + zswap_pool,
             cgroup,
@@ -588,7 +640,12 @@ fn kernel_side(
     let ooms = oom_kills(&cg);
     let (mut v, _) = common(&ran, w, Some(reference))?;
     let oom = ooms > 0 || ran.status.code() == Some(137);
-    v["config"] = json!(cfg.name());
+    v["config"] = json!(name);
+    v["pool_inside"] = json!(pool_inside);
+    if pool_inside {
+        v["lowest_limit_bytes"] = json!(lowest.load(Ordering::Relaxed));
+        v["over_target_samples"] = json!(ran.over((budget as f64 * MEMORY_TARGET) as u64));
+    }
     v["zswap"] = json!(cfg.zswap);
     v["shrinker_enabled"] = json!(cfg.shrinker);
     v["page_cluster"] = json!(cfg.page_cluster);
@@ -608,10 +665,15 @@ fn kernel_side(
         // A failed configuration has no time.
         v["wall_seconds"] = Value::Null;
         note(&format!(
-            "kernel {}: failed ({}, {ooms} OOM kills{})",
-            cfg.name(),
+            "{label}: kernel {name}: failed ({}, {ooms} OOM kills{})",
             ran.status,
             if ran.timed_out { ", timed out" } else { "" }
+        ));
+    } else {
+        note(&format!(
+            "{label}: kernel {name} {:.1} s, peak {} MiB",
+            f(&v, "wall_seconds").unwrap_or(f64::NAN),
+            v["peak_memory_bytes"].as_u64().unwrap_or(0) / MIB
         ));
     }
     Ok(v)
@@ -742,9 +804,8 @@ fn case(
                 1 => ours.push(ours_at(budget, "")?),
                 2 => {
                     let Some(ks) = ks.as_mut() else { continue };
-                    note(&format!("{label}: kernel, plain swap ..."));
                     swap.push(kernel_side(
-                        ks, PLAIN_SWAP, w, jobs, budget, deadline, &reference,
+                        ks, PLAIN_SWAP, w, jobs, budget, deadline, &reference, false,
                     )?);
                 }
                 k => {
@@ -754,15 +815,7 @@ fn case(
                         continue;
                     }
                     let cfg = ZSWAP_CONFIGS[i];
-                    note(&format!("{label}: kernel, {} ...", cfg.name()));
-                    let v = kernel_side(ks, cfg, w, jobs, budget, deadline, &reference)?;
-                    if let Some(t) = f(&v, "wall_seconds") {
-                        note(&format!(
-                            "{label}: kernel {} {t:.1} s, peak {} MiB",
-                            cfg.name(),
-                            v["peak_memory_bytes"].as_u64().unwrap_or(0) / MIB
-                        ));
-                    }
+                    let v = kernel_side(ks, cfg, w, jobs, budget, deadline, &reference, false)?;
                     kernel[i].push(v);
                 }
             }
@@ -774,6 +827,16 @@ fn case(
                     .map(|r| combine(r.clone()))
                     .collect::<Vec<_>>(),
             );
+        }
+    }
+    // The fastest configuration again, its pool held inside B.
+    let mut inside = Vec::new();
+    if let (Some(ks), Some(b), false) = (ks.as_mut(), best, args.skip_pool_inside) {
+        let cfg = ZSWAP_CONFIGS[b];
+        for _ in 0..args.rounds {
+            inside.push(kernel_side(
+                ks, cfg, w, jobs, budget, deadline, &reference, true,
+            )?);
         }
     }
     drop(ks); // swap off, zswap and page-cluster back, cgroups removed
@@ -830,6 +893,15 @@ fn case(
                             / f(k, "wall_seconds").unwrap_or(f64::NAN)
                     );
                     out["uzswap_equal_total"] = e;
+                }
+                if !inside.is_empty() {
+                    let i = combine(inside);
+                    // None (JSON null) where the kernel failed (OOM) so held.
+                    let wall = f(&i, "wall_seconds")
+                        .map(|t| f(&ours, "wall_seconds").unwrap_or(f64::INFINITY) / t);
+                    out["wall_ratio_vs_kernel_pool_inside"] = json!(wall);
+                    targets["wall_at_most_kernel_pool_inside"] = json!(wall.map(|r| r <= 1.0));
+                    out["kernel_pool_inside"] = i;
                 }
                 // Where the time goes: faults against the kernel's (pages
                 // swapped in, from zswap or the disk).
@@ -1107,6 +1179,15 @@ pub fn table(v: &Value) -> String {
             let k = &c["swap"];
             row("plain swap", k, &k["pswpout"], &k["pswpin"]);
         }
+        if c.get("kernel_pool_inside").is_some() {
+            let k = &c["kernel_pool_inside"];
+            row(
+                "zswap, pool inside B",
+                k,
+                &json!(k["pswpout"].as_u64().unwrap_or(0) + k["zswpout"].as_u64().unwrap_or(0)),
+                &json!(k["pswpin"].as_u64().unwrap_or(0) + k["zswpin"].as_u64().unwrap_or(0)),
+            );
+        }
         if c.get("uzswap_equal_total").is_some() {
             let e = &c["uzswap_equal_total"];
             row(
@@ -1135,6 +1216,18 @@ pub fn table(v: &Value) -> String {
                     .map(|e| format!("; at the kernel's total memory, wall {e:.2}x"))
                     .unwrap_or_default()
             );
+            match c.get("wall_ratio_vs_kernel_pool_inside") {
+                Some(Value::Null) => {
+                    s += &format!("{label:<10} the kernel with its pool inside B failed\n");
+                }
+                Some(r) => {
+                    s += &format!(
+                        "{label:<10} uzswap/kernel with its pool inside B: wall {:.2}x\n",
+                        r.as_f64().unwrap_or(f64::NAN)
+                    );
+                }
+                None => {}
+            }
         }
     }
     s += "(out/in pages: uzswap, evictions/faults over the tree; kernel, swap + zswap out/in)\n";
@@ -1166,5 +1259,28 @@ mod tests {
         let fast_oom =
             json!({ "wall_seconds": 1.0, "outputs_identical": true, "oom_killed": true });
         assert_eq!(fastest(&[fast_oom, c, ok]), Some(2));
+    }
+
+    #[test]
+    fn the_steered_limit_is_the_budget_less_the_pool_above_a_floor() {
+        let dir = std::env::temp_dir().join(format!("uzswap-steer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("memory.limit_in_bytes");
+        let read = || std::fs::read_to_string(&file).unwrap();
+        let b = 100 * MIB;
+        assert_eq!(steer(&dir, b, 10 * MIB, b), 90 * MIB);
+        assert_eq!(read(), (90 * MIB).to_string());
+        // Less than a MiB of change: nothing written.
+        std::fs::write(&file, "untouched").unwrap();
+        assert_eq!(steer(&dir, b, 10 * MIB + 4096, 90 * MIB), 90 * MIB);
+        assert_eq!(read(), "untouched");
+        // The pool shrank: the limit rises again.
+        assert_eq!(steer(&dir, b, 0, 90 * MIB), b);
+        // A pool past three quarters of B: the floor.
+        assert_eq!(steer(&dir, b, 90 * MIB, b), b / STEER_FLOOR_SHARE);
+        // A refused write (EBUSY on a real cgroup) keeps the last limit.
+        let gone = dir.join("no-such-cgroup");
+        assert_eq!(steer(&gone, b, 10 * MIB, b), b);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
