@@ -19,7 +19,9 @@
 //! the processes for the unconstrained and uzswap sides (uzswap's includes
 //! `uzswap run` itself, as its budget does), sampled every 100 ms; the
 //! cgroup's usage plus the zswap pool for the kernel sides (the v1
-//! controller leaves the pool outside its limit), sampled at one instant.
+//! controller leaves the pool outside its limit), sampled at one instant;
+//! the kernel sides' tree `Pss_Anon` is read too (every side pays the same
+//! sampling).
 //! The first [`STARTUP_SAMPLES`] samples do not count for the peak, as in
 //! `uzswap run`'s own accounting.
 //!
@@ -231,6 +233,10 @@ struct Sample {
     /// Kernel sides: the cgroup's usage and the zswap pool, same instant.
     cgroup: u64,
     zswap_pool: u64,
+    /// Kernel sides: the tree's `Pss_Anon`, read as on the other sides (so
+    /// that every side pays the same sampling, and for the anonymous part
+    /// of the cgroup's usage).
+    tree_pss_anon: u64,
 }
 
 /// What one run of a program gave.
@@ -621,7 +627,8 @@ fn kernel_side(
     let limit = std::sync::atomic::AtomicU64::new(budget);
     let lowest = Arc::new(std::sync::atomic::AtomicU64::new(budget));
     let lowest_seen = Arc::clone(&lowest);
-    let ran = run_sampled(cmd, w.dir(), deadline, move |_| {
+    let ran = run_sampled(cmd, w.dir(), deadline, move |root| {
+        let tree_pss_anon = tree::sample(root, &[]).pss_anon;
         let cgroup = read_u64(&probe_cg.join("memory.usage_in_bytes"));
         let zswap_pool = ZswapSample::read().map(|z| z.pool_bytes).unwrap_or(0);
         if pool_inside {
@@ -634,6 +641,7 @@ fn kernel_side(
             memory: cgroup + zswap_pool,
             cgroup,
             zswap_pool,
+            tree_pss_anon,
         }
     })?;
     let end = ZswapSample::read()?;
@@ -655,6 +663,8 @@ fn kernel_side(
     v["completed"] = json!(ran.status.success() && !oom);
     v["peak_cgroup_bytes"] = json!(ran.counted().map(|s| s.cgroup).max().unwrap_or(0));
     v["peak_zswap_pool_bytes"] = json!(ran.counted().map(|s| s.zswap_pool).max().unwrap_or(0));
+    v["peak_tree_pss_anon_bytes"] =
+        json!(ran.counted().map(|s| s.tree_pss_anon).max().unwrap_or(0));
     v["cgroup_max_usage_bytes"] = json!(read_u64(&cg.join("memory.max_usage_in_bytes")));
     v["pswpout"] = json!(end.pswpout - start.pswpout);
     v["pswpin"] = json!(end.pswpin - start.pswpin);
