@@ -235,8 +235,13 @@
 //!   resident and keep it so for the call with [`Region::pin`] (a guard;
 //!   the evictor leaves pinned pages until it is dropped). The program's
 //!   allocator must not place its heap in such a region (the handler then
-//!   could interrupt it inside itself). One pager per process may have the
-//!   mode (`PagerError::InThreadTaken`); x86-64 only (the handler reads
+//!   could interrupt it inside itself). The program's own signal handlers
+//!   must not touch region memory that is not pinned: such a handler can
+//!   interrupt the thread inside a pager call that holds the state lock
+//!   (`evict`, `pin`, a region's drop), and the SIGBUS its access raises
+//!   would then wait for that lock on the same thread for ever. One pager
+//!   per process may have the mode (`PagerError::InThreadTaken`); x86-64
+//!   only (the handler reads
 //!   the page fault's error code to tell a write-protect fault from a
 //!   missing page); not with `cpu_handlers`; a kernel without the feature
 //!   is `PagerError::NoSigbus`.

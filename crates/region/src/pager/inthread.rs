@@ -13,8 +13,11 @@
 //! `process_vm_readv`, loads map it with `UFFDIO_COPY`, a moved page is
 //! read in the staging area, which is another userfaultfd without SIGBUS
 //! mode; pins touch their pages holding no lock): so the interrupted code
-//! holds no pager or store lock, and the handler may take them. The
-//! handler:
+//! holds no pager or store lock, and the handler may take them. The one
+//! way around this is the program's: its own signal handler, run on a
+//! thread inside a pager call, that touches unpinned region memory (the
+//! nested SIGBUS would wait for a lock its own thread holds). The crate
+//! documentation forbids it in the contract. The handler:
 //! - takes the pager's futex-word locks (`state`, and `dispatch` to map a
 //!   load) and the store's, never across a wait;
 //! - allocates nothing on its own path: page buffers come from a pool made
