@@ -13,7 +13,7 @@
 //! 5. the fastest zswap configuration again with its pool inside B, as a
 //!    cgroup v2 charges it (`systemd-run -p MemoryMax=B` on a v2 machine):
 //!    the v1 controller leaves the pool outside its limit, so the limit is
-//!    steered at every sample to B less the pool's size then ([`steer`]).
+//!    steered every 10 ms to B less the pool's size then ([`steer`]).
 //!
 //! Memory is each side's own account of the tree: `Pss_Anon` summed over
 //! the processes for the unconstrained and uzswap sides (uzswap's includes
@@ -86,8 +86,8 @@ pub struct Sides {
     #[arg(long)]
     pub skip_equal_total: bool,
     /// Without the run of the fastest kernel configuration with its pool
-    /// inside B (the v1 limit steered to B less the pool at every sample,
-    /// as a v2 cgroup's limit holds both).
+    /// inside B (the v1 limit steered to B less the pool every 10 ms, as a
+    /// v2 cgroup's limit holds both).
     #[arg(long)]
     pub skip_pool_inside: bool,
     /// A run still going after this many seconds is killed and reported
@@ -583,6 +583,50 @@ fn steer(cg: &Path, budget: u64, pool: u64, last: u64) -> u64 {
     }
 }
 
+/// How often [`Steering`] follows the pool: a tenth of [`SAMPLE`], as a
+/// program filling its memory grows the pool by tens of MiB in a sample.
+const STEER_EVERY: Duration = Duration::from_millis(10);
+
+/// A thread that [`steer`]s a cgroup's limit every [`STEER_EVERY`] until
+/// stopped or dropped (an error on the way out stops it too).
+struct Steering {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Drop for Steering {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Steering {
+    fn start(cg: PathBuf, budget: u64) -> Steering {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let (mut limit, mut lowest) = (budget, budget);
+            while !flag.load(Ordering::Relaxed) {
+                let pool = ZswapSample::read().map(|z| z.pool_bytes).unwrap_or(0);
+                limit = steer(&cg, budget, pool, limit);
+                lowest = lowest.min(limit);
+                std::thread::sleep(STEER_EVERY);
+            }
+            lowest
+        });
+        Steering {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops the thread; the lowest limit it set.
+    fn stop(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().map_or(0, |t| t.join().unwrap_or(0))
+    }
+}
+
 /// One kernel configuration in a fresh cgroup of limit `budget`; with
 /// `pool_inside`, the limit is steered to hold the pool too ([`steer`]).
 #[allow(clippy::too_many_arguments)]
@@ -624,19 +668,11 @@ fn kernel_side(
         .args(&argv);
     let start = ZswapSample::read()?;
     let probe_cg = cg.clone();
-    let limit = std::sync::atomic::AtomicU64::new(budget);
-    let lowest = Arc::new(std::sync::atomic::AtomicU64::new(budget));
-    let lowest_seen = Arc::clone(&lowest);
+    let steering = pool_inside.then(|| Steering::start(cg.clone(), budget));
     let ran = run_sampled(cmd, w.dir(), deadline, move |root| {
         let tree_pss_anon = tree::sample(root, &[]).pss_anon;
         let cgroup = read_u64(&probe_cg.join("memory.usage_in_bytes"));
         let zswap_pool = ZswapSample::read().map(|z| z.pool_bytes).unwrap_or(0);
-        if pool_inside {
-            let last = limit.load(Ordering::Relaxed);
-            let now = steer(&probe_cg, budget, zswap_pool, last);
-            limit.store(now, Ordering::Relaxed);
-            lowest_seen.fetch_min(now, Ordering::Relaxed);
-        }
         Sample {
             memory: cgroup + zswap_pool,
             cgroup,
@@ -650,8 +686,8 @@ fn kernel_side(
     let oom = ooms > 0 || ran.status.code() == Some(137);
     v["config"] = json!(name);
     v["pool_inside"] = json!(pool_inside);
-    if pool_inside {
-        v["lowest_limit_bytes"] = json!(lowest.load(Ordering::Relaxed));
+    if let Some(st) = steering {
+        v["lowest_limit_bytes"] = json!(st.stop());
         v["over_target_samples"] = json!(ran.over((budget as f64 * MEMORY_TARGET) as u64));
     }
     v["zswap"] = json!(cfg.zswap);
