@@ -13,7 +13,11 @@
 //! 5. the fastest zswap configuration again with its pool inside B, as a
 //!    cgroup v2 charges it (`systemd-run -p MemoryMax=B` on a v2 machine):
 //!    the v1 controller leaves the pool outside its limit, so the limit is
-//!    steered every 10 ms to B less the pool's size then ([`steer`]).
+//!    steered every 10 ms to B less the pool's size then ([`steer`]). An
+//!    emulation, not a v2 cgroup: one burst of reclaim can grow the pool
+//!    by tens of MiB between two steps, and the tree then holds more than
+//!    B until the limit has come down (its over-target samples say how
+//!    long).
 //!
 //! Memory is each side's own account of the tree: `Pss_Anon` summed over
 //! the processes for the unconstrained and uzswap sides (uzswap's includes
@@ -563,23 +567,31 @@ fn uzswap_side(
 /// three quarters of B would otherwise take the program's last page).
 const STEER_FLOOR_SHARE: u64 = 4;
 
+/// The most a lowered limit lies below the cgroup's usage: the write makes
+/// the kernel reclaim that much in the steering thread before it returns.
+const STEER_STEP: u64 = 4 * MIB;
+
 /// Holds a v1 cgroup's usage plus the zswap pool within `budget`, as a v2
-/// cgroup charges the pool: sets the limit to `budget` less `pool` when
-/// that differs from the limit set last (`last`) by a MiB or more. A limit
-/// below the usage makes the kernel reclaim in this thread (it may refuse
-/// with EBUSY, and the next sample tries again). Returns the limit now.
-fn steer(cg: &Path, budget: u64, pool: u64, last: u64) -> u64 {
-    let want = budget
-        .saturating_sub(pool)
-        .max(budget / STEER_FLOOR_SHARE)
-        .div_ceil(4096)
-        * 4096;
-    if want.abs_diff(last) < MIB {
+/// cgroup charges the pool: moves the limit towards `budget` less `pool`
+/// when that differs from the limit set last (`last`) by a MiB or more.
+/// Raised at once; lowered at most [`STEER_STEP`] below `usage` a call (a
+/// write of a limit far below the usage reclaims all the difference before
+/// it returns, while the program goes on growing against the old limit;
+/// or fails with EBUSY). Returns the limit now.
+fn steer(cg: &Path, budget: u64, pool: u64, usage: u64, last: u64) -> u64 {
+    let page = |b: u64| b.div_ceil(4096) * 4096;
+    let want = page(budget.saturating_sub(pool).max(budget / STEER_FLOOR_SHARE));
+    let next = if want >= last {
+        want
+    } else {
+        want.max(page(usage.saturating_sub(STEER_STEP))).min(last)
+    };
+    if next.abs_diff(last) < MIB {
         return last;
     }
-    match std::fs::write(cg.join("memory.limit_in_bytes"), want.to_string()) {
-        Ok(()) => want,
-        Err(_) => last, // EBUSY: not reclaimed yet; the next sample retries
+    match std::fs::write(cg.join("memory.limit_in_bytes"), next.to_string()) {
+        Ok(()) => next,
+        Err(_) => last, // EBUSY: nothing reclaimable now; the next call retries
     }
 }
 
@@ -608,7 +620,8 @@ impl Steering {
             let (mut limit, mut lowest) = (budget, budget);
             while !flag.load(Ordering::Relaxed) {
                 let pool = ZswapSample::read().map(|z| z.pool_bytes).unwrap_or(0);
-                limit = steer(&cg, budget, pool, limit);
+                let usage = read_u64(&cg.join("memory.usage_in_bytes"));
+                limit = steer(&cg, budget, pool, usage, limit);
                 lowest = lowest.min(limit);
                 std::thread::sleep(STEER_EVERY);
             }
@@ -1314,19 +1327,31 @@ mod tests {
         let file = dir.join("memory.limit_in_bytes");
         let read = || std::fs::read_to_string(&file).unwrap();
         let b = 100 * MIB;
-        assert_eq!(steer(&dir, b, 10 * MIB, b), 90 * MIB);
+        // The usage already below the target: straight there.
+        assert_eq!(steer(&dir, b, 10 * MIB, 50 * MIB, b), 90 * MIB);
         assert_eq!(read(), (90 * MIB).to_string());
         // Less than a MiB of change: nothing written.
         std::fs::write(&file, "untouched").unwrap();
-        assert_eq!(steer(&dir, b, 10 * MIB + 4096, 90 * MIB), 90 * MIB);
+        assert_eq!(
+            steer(&dir, b, 10 * MIB + 4096, 50 * MIB, 90 * MIB),
+            90 * MIB
+        );
         assert_eq!(read(), "untouched");
-        // The pool shrank: the limit rises again.
-        assert_eq!(steer(&dir, b, 0, 90 * MIB), b);
+        // The usage at the limit: one step below it a call.
+        assert_eq!(
+            steer(&dir, b, 40 * MIB, 90 * MIB, 90 * MIB),
+            90 * MIB - STEER_STEP
+        );
+        assert_eq!(read(), (90 * MIB - STEER_STEP).to_string());
+        // ... never below the target.
+        assert_eq!(steer(&dir, b, 40 * MIB, 62 * MIB, 70 * MIB), 60 * MIB);
+        // The pool shrank: the limit rises again at once.
+        assert_eq!(steer(&dir, b, 0, 60 * MIB, 60 * MIB), b);
         // A pool past three quarters of B: the floor.
-        assert_eq!(steer(&dir, b, 90 * MIB, b), b / STEER_FLOOR_SHARE);
+        assert_eq!(steer(&dir, b, 90 * MIB, 0, b), b / STEER_FLOOR_SHARE);
         // A refused write (EBUSY on a real cgroup) keeps the last limit.
         let gone = dir.join("no-such-cgroup");
-        assert_eq!(steer(&gone, b, 10 * MIB, b), b);
+        assert_eq!(steer(&gone, b, 10 * MIB, 0, b), b);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
