@@ -955,7 +955,9 @@ fn case(
                 }
                 if !inside.is_empty() {
                     let i = combine(inside);
-                    // None (JSON null) where the kernel failed (OOM) so held.
+                    // None where the kernel has no time (OOM, killed at the
+                    // deadline); infinite, written as JSON null, where
+                    // uzswap has none.
                     let wall = f(&i, "wall_seconds")
                         .map(|t| f(&ours, "wall_seconds").unwrap_or(f64::INFINITY) / t);
                     out["wall_ratio_vs_kernel_pool_inside"] = json!(wall);
@@ -1277,7 +1279,9 @@ pub fn table(v: &Value) -> String {
             );
             match c.get("wall_ratio_vs_kernel_pool_inside") {
                 Some(Value::Null) => {
-                    s += &format!("{label:<10} the kernel with its pool inside B failed\n");
+                    s += &format!(
+                        "{label:<10} uzswap/kernel with its pool inside B: no ratio (a side failed or timed out)\n"
+                    );
                 }
                 Some(r) => {
                     s += &format!(

@@ -215,7 +215,6 @@ impl Share {
     }
 }
 
-/// A slot for this process in `ledger`.
 /// Whether opening the ledger failed because the `uzswap run` that holds
 /// it has ended: the ledger is named by that process's descriptor
 /// (`/proc/RUN/fd/N`), which is gone with it. A process the program left
@@ -240,6 +239,7 @@ pub(crate) fn run_ended(path: &std::path::Path, e: &uzswap_ledger::Error) -> boo
     under_proc_fd && source.kind() == std::io::ErrorKind::NotFound
 }
 
+/// A slot for this process in `ledger`.
 fn claim(ledger: &std::sync::Arc<Ledger>) -> Result<Member, String> {
     let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
     ledger
