@@ -215,6 +215,7 @@ const LEAVES: &[(&str, Kind)] = &[
     ("config.pool_max", Bytes),
     ("config.keep_clean", Gauge),
     ("config.cpu_handlers", Gauge),
+    ("config.cosched", Gauge),
     ("config.dedup", Gauge),
     ("pager.faults_zero", Counter),
     ("pager.faults_pool", Counter),

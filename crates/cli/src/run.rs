@@ -79,6 +79,16 @@ pub struct Args {
     /// thread on another CPU is expensive (docs/BENCHMARKS.md).
     #[arg(long)]
     pub cpu_handlers: bool,
+    /// Turn co-scheduling off. By default a process of the program that has
+    /// one thread of its own and has been evicting for a second runs on one
+    /// CPU together with uzswap's threads for it, which run there at idle
+    /// priority, only while it waits for a page: no CPU is woken or
+    /// interrupted for its faults and evictions (measured faster and
+    /// cheaper on a VM: docs/BENCHMARKS.md). It is let go again when it
+    /// starts a thread or waits for its CPU. Needs the right to leave idle
+    /// priority (root, CAP_SYS_NICE or RLIMIT_NICE); without it, off.
+    #[arg(long)]
+    pub no_cosched: bool,
     /// Serve the whole program's metrics for Prometheus over HTTP at
     /// HOST:PORT/metrics while it runs (as `uzswap stats --serve`).
     #[arg(long, value_name = "HOST:PORT")]
@@ -337,6 +347,7 @@ fn run_config(a: &Args) -> Result<RunConfig> {
         backing: backing_of(a),
         keep_clean: a.keep_clean,
         cpu_handlers: a.cpu_handlers,
+        cosched: !a.no_cosched,
         dedup: a.dedup,
         final_stats: None, // set once its directory exists
         reserve: RunConfig::reserve_from_lookup(|n: &str| std::env::var_os(n))?,

@@ -54,6 +54,12 @@ pub struct RunConfig {
     pub keep_clean: bool,
     /// A fault handler on every CPU (`--cpu-handlers`).
     pub cpu_handlers: bool,
+    /// Co-scheduling (on unless `--no-cosched`): a process with one thread
+    /// of its own that is under memory pressure runs on one CPU with the
+    /// runtime's threads, which run there only while it waits (see the
+    /// preload crate's `cosched` module).
+    #[serde(default = "yes")]
+    pub cosched: bool,
     /// Store identical pages once (`--dedup`).
     pub dedup: bool,
     /// The base path of the final statistics file (the runtime appends
@@ -220,6 +226,7 @@ impl RunConfig {
             backing: None,
             keep_clean: false,
             cpu_handlers: false,
+            cosched: true,
             dedup: false,
             final_stats: None,
             reserve: DEFAULT_RESERVE,
@@ -272,6 +279,7 @@ impl RunConfig {
             (names::DEDUP, switch(self.dedup)),
             (names::KEEP_CLEAN, switch(self.keep_clean)),
             (names::CPU_HANDLERS, switch(self.cpu_handlers)),
+            (names::COSCHED, switch(self.cosched)),
             (names::RESERVE, self.reserve.to_string().into()),
         ];
         if let Some(p) = self.pool_max {
@@ -310,8 +318,8 @@ impl RunConfig {
         let Some(memory_max) = get(names::MEMORY_MAX) else {
             return Ok(None);
         };
-        let switch = |name: &'static str| match get(name) {
-            None => Ok(false),
+        let switch_or = |name: &'static str, unset: bool| match get(name) {
+            None => Ok(unset),
             Some(v) => match utf8(name, v)?.as_str() {
                 "1" => Ok(true),
                 "0" => Ok(false),
@@ -321,6 +329,7 @@ impl RunConfig {
                 }),
             },
         };
+        let switch = |name: &'static str| switch_or(name, false);
         let codec = |name: &'static str, v: OsString| {
             utf8(name, v)?
                 .parse::<Compressor>()
@@ -343,6 +352,7 @@ impl RunConfig {
             backing: nonempty(names::BACKING).map(BackingTier::parse),
             keep_clean: switch(names::KEEP_CLEAN)?,
             cpu_handlers: switch(names::CPU_HANDLERS)?,
+            cosched: switch_or(names::COSCHED, true)?,
             dedup: switch(names::DEDUP)?,
             final_stats: nonempty(names::FINAL_STATS).map(PathBuf::from),
             ledger: nonempty(names::LEDGER).map(PathBuf::from),
@@ -437,6 +447,11 @@ mod backing_tier {
     }
 }
 
+/// Serde's default for a switch that is on unless turned off.
+fn yes() -> bool {
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,6 +474,7 @@ mod tests {
             backing: Some("/var/tmp".into()),
             keep_clean: true,
             cpu_handlers: true,
+            cosched: false,
             dedup: true,
             final_stats: Some("/tmp/uzswap-run.1.0/stats.json".into()),
             reserve: 1 << 36,
@@ -528,7 +544,12 @@ mod tests {
             lookup(&[mm, (names::RESERVE, "1T")]),
             not_bytes(names::RESERVE, "1T")
         );
-        for name in [names::DEDUP, names::KEEP_CLEAN, names::CPU_HANDLERS] {
+        for name in [
+            names::DEDUP,
+            names::KEEP_CLEAN,
+            names::CPU_HANDLERS,
+            names::COSCHED,
+        ] {
             assert_eq!(
                 lookup(&[mm, (name, "yes")]),
                 Err(ConfigError::NotSwitch {

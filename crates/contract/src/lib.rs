@@ -24,6 +24,7 @@
 //! | `UZSWAP_BACKING` | backing directory or file, or `redis://HOST:PORT[,HOST:PORT...]` | none (empty: none) |
 //! | `UZSWAP_REMOTE_PREFIX` | what a remote tier's keys start with (`uzswap run` gives each run its own) | `uzswap` (empty: `uzswap`) |
 //! | `UZSWAP_DEDUP`, `UZSWAP_KEEP_CLEAN`, `UZSWAP_CPU_HANDLERS` | `1` or `0` | `0` |
+//! | `UZSWAP_COSCHED` | `1` or `0` | `1` |
 //! | `UZSWAP_FINAL_STATS` | base path of the final statistics (`.PID` appended) | none written (empty: none) |
 //! | `UZSWAP_RESERVE` | address space reserved for managed mappings, bytes | 1 TiB |
 //!

@@ -27,6 +27,9 @@ pub const KEEP_CLEAN: &str = "UZSWAP_KEEP_CLEAN";
 /// `1` or `0`: a fault handler on every CPU
 /// ([`crate::RunConfig::cpu_handlers`]).
 pub const CPU_HANDLERS: &str = "UZSWAP_CPU_HANDLERS";
+/// `1` or `0` (unset: `1`): co-scheduling
+/// ([`crate::RunConfig::cosched`]).
+pub const COSCHED: &str = "UZSWAP_COSCHED";
 /// Where the final statistics go, before the pid is appended
 /// ([`crate::RunConfig::final_stats`], [`final_stats_path`]; unset or
 /// empty: nowhere).
@@ -47,7 +50,7 @@ pub const REMOTE_PREFIX: &str = "UZSWAP_REMOTE_PREFIX";
 /// environment it passes on before it sets its own
 /// ([`crate::RunConfig::to_env`]), so a value inherited from its own
 /// environment never reaches the runtime as if asked for.
-pub const ALL: [&str; 12] = [
+pub const ALL: [&str; 13] = [
     MEMORY_MAX,
     POOL_MAX,
     COMPRESSOR,
@@ -56,6 +59,7 @@ pub const ALL: [&str; 12] = [
     DEDUP,
     KEEP_CLEAN,
     CPU_HANDLERS,
+    COSCHED,
     FINAL_STATS,
     RESERVE,
     LEDGER,

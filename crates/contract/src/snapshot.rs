@@ -404,6 +404,7 @@ mod tests {
                 "backing",
                 "cold_compressor",
                 "compressor",
+                "cosched",
                 "cpu_handlers",
                 "dedup",
                 "keep_clean",

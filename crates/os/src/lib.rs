@@ -17,7 +17,9 @@
 //!   that a forked child can release what the parent's prepare hook held;
 //! - [`fork`]: releasing after `fork()` the locks a prepare hook kept;
 //! - [`threads`]: what each thread of a process is doing, for the reports
-//!   of tests that hang.
+//!   of tests that hang;
+//! - [`sched`]: CPU affinity and the `SCHED_IDLE` policy of a thread (the
+//!   pager's CPU handlers, the runtime's co-scheduling).
 //!
 //! This crate depends on no other crate of the project, and nothing here
 //! knows about pools, caches or faults. The allocator's own `mmap` and
@@ -27,6 +29,7 @@
 pub mod cpu;
 pub mod fork;
 pub mod lock;
+pub mod sched;
 pub mod sync;
 pub mod threads;
 

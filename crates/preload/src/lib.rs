@@ -49,6 +49,7 @@
 //! mimalloc's. `vfork` and `posix_spawn` share the parent's memory, whose
 //! faults the parent's handler keeps serving.
 
+mod cosched;
 mod ranges;
 mod share;
 mod space;
@@ -642,6 +643,56 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) 
     unsafe { sys::madvise(addr, len, advice) }
 }
 
+/// # Safety
+/// The C `sched_getaffinity` contract. While co-scheduling pins the main
+/// thread, it answers that thread's affinity from before the pin
+/// (cosched.rs); otherwise the kernel's, as libc's does.
+#[no_mangle]
+pub unsafe extern "C" fn sched_getaffinity(
+    pid: libc::pid_t,
+    size: size_t,
+    mask: *mut libc::cpu_set_t,
+) -> c_int {
+    if mask.is_null() {
+        sys::set_errno(libc::EFAULT);
+        return -1;
+    }
+    let copied = match cosched::answer_for(pid) {
+        Some(set) => {
+            let bytes = set.as_bytes();
+            let n = size.min(bytes.len());
+            if bytes[n..].iter().any(|&b| b != 0) {
+                // The kernel's answer to a mask too small for its CPUs.
+                sys::set_errno(libc::EINVAL);
+                return -1;
+            }
+            // SAFETY: the caller gave `size` writable bytes at `mask`; `n`
+            // is at most that and at most the set's size.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), mask.cast::<u8>(), n) };
+            n
+        }
+        None => {
+            // SAFETY: the kernel writes at most `size` bytes at `mask`.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_sched_getaffinity,
+                    libc::c_long::from(pid),
+                    size.min(i32::MAX as usize),
+                    mask,
+                )
+            };
+            if r < 0 {
+                return -1; // errno is the kernel's
+            }
+            r as usize
+        }
+    };
+    // As libc's: the bytes past what was written are cleared.
+    // SAFETY: `copied <= size`, inside the caller's buffer.
+    unsafe { std::ptr::write_bytes(mask.cast::<u8>().add(copied), 0, size - copied) };
+    0
+}
+
 // ---- start-up -----------------------------------------------------------------
 
 fn start() -> Result<(), String> {
@@ -649,6 +700,13 @@ fn start() -> Result<(), String> {
     let Some(config) = RunConfig::from_env().map_err(|e| e.to_string())? else {
         return Ok(()); // not asked to manage anything
     };
+    if config.cosched {
+        // Started with `vfork`/`posix_spawn` by a thread co-scheduling
+        // pinned: the tree's affinity back (cosched.rs).
+        if let Some(run) = config.ledger.as_deref().and_then(share::run_pid) {
+            cosched::release_inherited(run);
+        }
+    }
     // With a ledger the budget is the whole tree's and this process holds
     // its allotment of it (share.rs). Joined first: nothing of the runtime
     // is set up yet if the run has ended and the program runs unmanaged.
@@ -767,11 +825,32 @@ fn start() -> Result<(), String> {
     }
     stats::serve(mark_thread_internal)
         .map_err(|e| format!("cannot open the statistics socket: {e}"))?;
+    start_cosched();
     // SAFETY: registers an extern "C" function that lives for the program.
     unsafe { libc::atexit(at_exit) };
     READY.store(true, Ordering::Release);
     Ok(())
 }
+
+/// Co-scheduling's watcher, where it is asked for and can work
+/// (cosched.rs): not with CPU handlers, which are bound per CPU.
+fn start_cosched() {
+    let Some(rt) = RUNTIME.get() else {
+        return;
+    };
+    if !rt.config.cosched || rt.config.cpu_handlers || !cosched::possible() {
+        return;
+    }
+    if let Err(e) = cosched::start(mark_thread_internal) {
+        sys::warn(&format!(
+            "co-scheduling is off: cannot start its thread: {e}"
+        ));
+    }
+}
+
+/// Whether the forking thread was pinned by co-scheduling (set by the
+/// prepare hook for the parent's).
+static FORK_WAS_PINNED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn init() {
     enter_internal();
@@ -813,6 +892,7 @@ extern "C" fn at_exit() {
 extern "C" fn fork_prepare() {
     enter_internal();
     FORKING.store(true, Ordering::Release);
+    FORK_WAS_PINNED.store(cosched::before_fork(), Ordering::Relaxed);
     if let Some(rt) = runtime() {
         rt.space.lock_for_fork();
     }
@@ -822,6 +902,7 @@ extern "C" fn fork_parent() {
     if let Some(rt) = runtime() {
         rt.space.unlock_after_fork();
     }
+    cosched::after_fork_parent(FORK_WAS_PINNED.load(Ordering::Relaxed));
     FORKING.store(false, Ordering::Release);
     leave_internal();
 }
@@ -832,6 +913,7 @@ extern "C" fn fork_parent() {
 /// so the child is managed like any process of the tree: it takes a slot
 /// of its own in the ledger and answers `uzswap stats` on its own socket.
 extern "C" fn fork_child() {
+    cosched::after_fork_child();
     if let Some(rt) = runtime() {
         rt.space.unlock_after_fork();
         if !uzswap_region::fork_child_managed() {
@@ -857,6 +939,7 @@ extern "C" fn fork_child() {
                 std::process::id()
             ));
         }
+        start_cosched();
     }
     FORKING.store(false, Ordering::Release);
     leave_internal();

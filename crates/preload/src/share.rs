@@ -228,15 +228,18 @@ pub(crate) fn run_ended(path: &std::path::Path, e: &uzswap_ledger::Error) -> boo
     let uzswap_ledger::Error::Io { source, .. } = e else {
         return false;
     };
+    run_pid(path).is_some() && source.kind() == std::io::ErrorKind::NotFound
+}
+
+/// The pid of the `uzswap run` whose ledger is `path`, when the path names
+/// the descriptor it holds: `/proc/PID/fd/N`.
+pub(crate) fn run_pid(path: &std::path::Path) -> Option<u32> {
     let mut parts = path.components().map(|c| c.as_os_str());
-    let under_proc_fd = parts.next() == Some("/".as_ref())
-        && parts.next() == Some("proc".as_ref())
-        && parts
-            .next()
-            .and_then(|p| p.to_str())
-            .is_some_and(|p| p.parse::<u32>().is_ok())
-        && parts.next() == Some("fd".as_ref());
-    under_proc_fd && source.kind() == std::io::ErrorKind::NotFound
+    if parts.next() != Some("/".as_ref()) || parts.next() != Some("proc".as_ref()) {
+        return None;
+    }
+    let pid = parts.next()?.to_str()?.parse::<u32>().ok()?;
+    (parts.next() == Some("fd".as_ref())).then_some(pid)
 }
 
 /// A slot for this process in `ledger`.

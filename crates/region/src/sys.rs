@@ -1154,76 +1154,27 @@ pub fn mincore_count(addr: usize, len: usize) -> io::Result<usize> {
 
 /// The CPUs this thread may run on (its affinity mask), in order.
 pub fn allowed_cpus() -> io::Result<Vec<usize>> {
-    // SAFETY: an all-zero cpu_set_t is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is this
-    // thread.
-    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `c` is below CPU_SETSIZE, inside the set.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect())
+    Ok(uzswap_os::sched::affinity(0)?.cpus())
 }
 
 /// Binds the calling thread to `cpu` and gives it the `SCHED_IDLE` policy:
 /// it then runs only when its CPU has nothing else to run, and any other
 /// thread woken there preempts it at once.
 pub fn pin_idle(cpu: usize) -> io::Result<()> {
-    // SAFETY: an all-zero cpu_set_t is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid cpu_set_t; CPU_SET ignores CPUs past its size.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is a valid cpu_set_t of the size passed; 0 is this thread.
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    uzswap_os::sched::set_affinity(0, &uzswap_os::sched::CpuSet::one(cpu))?;
     set_idle(true)
 }
 
 /// Whether a thread of this process that took `SCHED_IDLE` may go back to
-/// the normal policy: the kernel allows it only with `CAP_SYS_NICE` or an
-/// `RLIMIT_NICE` that permits the thread's nice value (the default limit,
-/// 0, does not), so an unprivileged thread that tried would stay idle.
+/// the normal policy (see [`uzswap_os::sched::may_leave_idle`]).
 pub fn may_leave_idle() -> bool {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid rlimit to write into.
-    let have_rlimit = unsafe { libc::getrlimit(libc::RLIMIT_NICE, &mut lim) } == 0;
-    // SAFETY: getpriority has no memory arguments; 0 is this thread.
-    let nice = i64::from(unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) });
-    if have_rlimit && lim.rlim_cur as i64 >= 20 - nice {
-        return true;
-    }
-    // CAP_SYS_NICE is bit 23 of the effective set.
-    std::fs::read_to_string("/proc/thread-self/status")
-        .ok()
-        .and_then(|s| {
-            let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
-            u64::from_str_radix(hex.trim(), 16).ok()
-        })
-        .is_some_and(|caps| caps & (1 << 23) != 0)
+    uzswap_os::sched::may_leave_idle()
 }
 
 /// Switches the calling thread between `SCHED_IDLE` (`idle`) and the
 /// normal policy (leaving `SCHED_IDLE` needs [`may_leave_idle`]).
 pub fn set_idle(idle: bool) -> io::Result<()> {
-    let param = libc::sched_param { sched_priority: 0 };
-    let policy = if idle {
-        libc::SCHED_IDLE
-    } else {
-        libc::SCHED_OTHER
-    };
-    // SAFETY: `param` is a valid sched_param; both policies take priority
-    // 0; 0 is this thread.
-    if unsafe { libc::sched_setscheduler(0, policy, &param) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    uzswap_os::sched::set_idle(0, idle)
 }
 
 /// This process's id.

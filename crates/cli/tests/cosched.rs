@@ -1,0 +1,85 @@
+//! Co-scheduling (crates/preload/src/cosched.rs) on a real program: a
+//! single-threaded Python process that evicts is pinned to one CPU with
+//! uzswap's threads, is told its own affinity all the same, and its
+//! children (by `fork`, and by `subprocess`'s vfork + exec) start with the
+//! tree's CPUs; once it starts a thread of its own it is let go. With
+//! `--no-cosched` it is never pinned. Every record is checked.
+//!
+//! Skipped, with a note, where the machine cannot run it (no userfaultfd,
+//! no python3, one CPU). Where the runtime may not leave idle priority
+//! (not root, no CAP_SYS_NICE or RLIMIT_NICE) co-scheduling is off, and
+//! the test checks that nothing is pinned.
+
+mod common;
+
+use common::*;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// One run at a time: two programs on two CPUs would crowd each other's,
+/// and a crowded thread is let go (as it should be).
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The program's report: its `name value` lines.
+fn report(r: &Ran) -> HashMap<String, String> {
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("cosched: ok\n"), "{}", r.stdout);
+    r.stdout
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn run_program(name: &str, extra: &[&str]) -> Option<HashMap<String, String>> {
+    if missing("python3", &["python3", "-c", "pass"]) {
+        return None;
+    }
+    if uzswap_os::sched::affinity(0).unwrap().count() < 2 {
+        eprintln!("SKIP: one CPU: nothing to pin to");
+        return None;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let script = programs().join("cosched.py");
+    let mut args = vec!["--memory-max", "48M"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "python3", script.to_str().unwrap(), "96", "3"]);
+    Some(report(&run(&scratch(name), &args)))
+}
+
+fn one_cpu(list: &str) -> bool {
+    list.parse::<usize>().is_ok()
+}
+
+#[test]
+fn a_single_threaded_program_that_evicts_runs_on_one_cpu_and_its_children_do_not() {
+    require_uffd!();
+    let Some(r) = run_program("cosched-on", &[]) else {
+        return;
+    };
+    let before = &r["real-before"];
+    assert!(!one_cpu(before), "started on one CPU: {r:?}");
+    // What the program and its children are told, pinned or not.
+    assert_eq!(r["seen"], r["seen-before"], "{r:?}");
+    let n = r["seen-before"].split(',').count();
+    assert_eq!(r["nproc"], n.to_string(), "{r:?}");
+    assert_eq!(&r["child"], before, "{r:?}");
+    // Let go once it has a second thread.
+    assert_eq!(&r["real-after"], before, "{r:?}");
+    if uzswap_os::sched::may_leave_idle() {
+        assert!(one_cpu(&r["real-pinned"]), "not pinned: {r:?}");
+    } else {
+        eprintln!("co-scheduling is off here (may not leave idle priority)");
+        assert_eq!(&r["real-pinned"], before, "{r:?}");
+    }
+}
+
+#[test]
+fn with_no_cosched_nothing_is_pinned() {
+    require_uffd!();
+    let Some(r) = run_program("cosched-off", &["--no-cosched"]) else {
+        return;
+    };
+    assert_eq!(r["real-pinned"], r["real-before"], "{r:?}");
+    assert_eq!(r["seen"], r["seen-before"], "{r:?}");
+}

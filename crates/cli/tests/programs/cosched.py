@@ -1,0 +1,65 @@
+"""Co-scheduling as a program sees it (crates/cli/tests/cosched.rs).
+
+Fills MIB MiB of distinct records and reads them back for SECONDS, one
+thread of its own, then reports, one line each:
+  real-before / real-pinned / real-after: Cpus_allowed_list of this
+      thread in /proc (the kernel's truth) at start, after the reads, and
+      after it started a thread of its own;
+  seen: os.sched_getaffinity(0) after the reads (what the program is told);
+  nproc: what `nproc` started by subprocess (vfork + exec) counts;
+  child: Cpus_allowed_list of a child made by os.fork();
+and `cosched: ok` once every record read back right.
+"""
+import hashlib
+import os
+import subprocess
+import sys
+import threading
+import time
+
+
+def real():
+    with open("/proc/thread-self/status") as f:
+        for line in f:
+            if line.startswith("Cpus_allowed_list:"):
+                return line.split(":", 1)[1].strip()
+    raise SystemExit("no Cpus_allowed_list")
+
+
+mib, seconds = int(sys.argv[1]), float(sys.argv[2])
+print("real-before", real(), flush=True)
+print("seen-before", ",".join(map(str, sorted(os.sched_getaffinity(0)))), flush=True)
+blocks = []
+digests = []
+for k in range(mib):
+    line = ("record %d of cosched.py, " % k).encode() * 40
+    b = bytearray((line * (1 + (1 << 20) // len(line)))[: 1 << 20])
+    blocks.append(b)
+    digests.append(hashlib.sha256(b).digest())
+end = time.monotonic() + seconds
+step = 0
+while time.monotonic() < end:
+    for b in blocks[step % 7 :: 7]:
+        for off in range(0, len(b), 4096):
+            b[off] ^= 0  # read, and write the same byte back
+    step += 1
+print("real-pinned", real(), flush=True)
+print("seen", ",".join(map(str, sorted(os.sched_getaffinity(0)))), flush=True)
+print("nproc", subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(), flush=True)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(w, real().encode())
+    os._exit(0)
+os.close(w)
+print("child", os.read(r, 100).decode(), flush=True)
+os.waitpid(pid, 0)
+t = threading.Thread(target=time.sleep, args=(2,))
+t.start()
+time.sleep(0.5)
+print("real-after", real(), flush=True)
+t.join()
+for b, d in zip(blocks, digests):
+    if hashlib.sha256(b).digest() != d:
+        raise SystemExit("cosched: a record read back wrong")
+print("cosched: ok", flush=True)

@@ -1,0 +1,238 @@
+//! Where and how threads run: CPU affinity and the `SCHED_IDLE` policy, of
+//! the calling thread (tid 0) or of another thread of this process (its
+//! tid), and whether a thread may leave `SCHED_IDLE` again.
+
+use std::io;
+
+/// A set of CPUs (`cpu_set_t`: up to 1024 CPUs).
+#[derive(Clone, Copy)]
+pub struct CpuSet(libc::cpu_set_t);
+
+impl CpuSet {
+    /// The set holding `cpu` alone.
+    pub fn one(cpu: usize) -> CpuSet {
+        // SAFETY: an all-zero cpu_set_t is a valid empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid cpu_set_t; CPU_SET ignores CPUs past its
+        // size.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+        CpuSet(set)
+    }
+
+    /// The set whose bytes (as [`CpuSet::as_bytes`] gives them) start with
+    /// `bytes`; the rest are empty.
+    pub fn from_bytes(bytes: &[u8]) -> CpuSet {
+        // SAFETY: an all-zero cpu_set_t is a valid empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let n = bytes.len().min(std::mem::size_of::<libc::cpu_set_t>());
+        // SAFETY: cpu_set_t is plain bytes; `n` is within both.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                (&mut set as *mut libc::cpu_set_t).cast::<u8>(),
+                n,
+            );
+        }
+        CpuSet(set)
+    }
+
+    /// How many CPUs the set holds.
+    pub fn count(&self) -> usize {
+        // SAFETY: `self.0` is a valid cpu_set_t.
+        unsafe { libc::CPU_COUNT(&self.0) as usize }
+    }
+
+    /// The CPUs of the set, in order.
+    pub fn cpus(&self) -> Vec<usize> {
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| self.has(c))
+            .collect()
+    }
+
+    /// Whether the set holds `cpu`.
+    pub fn has(&self, cpu: usize) -> bool {
+        // SAFETY: `self.0` is a valid cpu_set_t; CPU_ISSET answers false
+        // past its size.
+        cpu < libc::CPU_SETSIZE as usize && unsafe { libc::CPU_ISSET(cpu, &self.0) }
+    }
+
+    /// The set's bytes, as `sched_getaffinity(2)` hands them out.
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: cpu_set_t is plain bytes; the slice borrows `self`.
+        unsafe {
+            std::slice::from_raw_parts(
+                (&self.0 as *const libc::cpu_set_t).cast::<u8>(),
+                std::mem::size_of::<libc::cpu_set_t>(),
+            )
+        }
+    }
+}
+
+impl PartialEq for CpuSet {
+    fn eq(&self, other: &CpuSet) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl std::fmt::Debug for CpuSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CpuSet{:?}", self.cpus())
+    }
+}
+
+/// The CPUs thread (or process) `tid` may run on; 0 is the calling thread.
+/// By the system call itself, not libc's wrapper: a preloaded runtime may
+/// answer the wrapper for the program (uzswap's co-scheduling does).
+pub fn affinity(tid: i32) -> io::Result<CpuSet> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; the kernel
+    // writes at most that many bytes (the rest stays zero).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getaffinity,
+            libc::c_long::from(tid),
+            std::mem::size_of_val(&set),
+            &mut set as *mut libc::cpu_set_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(CpuSet(set))
+}
+
+/// Lets thread `tid` (0: the calling thread) run only on `set`.
+pub fn set_affinity(tid: i32, set: &CpuSet) -> io::Result<()> {
+    // SAFETY: `set.0` is a valid cpu_set_t of the size passed.
+    if unsafe { libc::sched_setaffinity(tid, std::mem::size_of_val(&set.0), &set.0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Switches thread `tid` (0: the calling thread) between `SCHED_IDLE`
+/// (`idle`: it runs only when its CPU has nothing else to run, and any
+/// other thread woken there preempts it at once) and the normal policy
+/// (leaving `SCHED_IDLE` needs [`may_leave_idle`]).
+pub fn set_idle(tid: i32, idle: bool) -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    let policy = if idle {
+        libc::SCHED_IDLE
+    } else {
+        libc::SCHED_OTHER
+    };
+    // SAFETY: `param` is a valid sched_param; both policies take priority 0.
+    if unsafe { libc::sched_setscheduler(tid, policy, &param) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether a thread of this process that took `SCHED_IDLE` may go back to
+/// the normal policy: the kernel allows it only with `CAP_SYS_NICE` or an
+/// `RLIMIT_NICE` that permits the thread's nice value (the default limit,
+/// 0, does not), so an unprivileged thread that tried would stay idle.
+pub fn may_leave_idle() -> bool {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid rlimit to write into.
+    let have_rlimit = unsafe { libc::getrlimit(libc::RLIMIT_NICE, &mut lim) } == 0;
+    // SAFETY: getpriority has no memory arguments; 0 is this thread.
+    let nice = i64::from(unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) });
+    if have_rlimit && lim.rlim_cur as i64 >= 20 - nice {
+        return true;
+    }
+    // CAP_SYS_NICE is bit 23 of the effective set.
+    std::fs::read_to_string("/proc/thread-self/status")
+        .ok()
+        .and_then(|s| {
+            let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << 23) != 0)
+}
+
+/// The CPU thread `tid` of this process last ran on (field 39 of
+/// `/proc/self/task/TID/stat`).
+pub fn last_cpu(tid: i32) -> Option<usize> {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    stat_cpu(&stat)
+}
+
+/// The `processor` field of a `stat` line. The command name (field 2) may
+/// hold spaces and parentheses: fields are counted after its last `)`.
+fn stat_cpu(stat: &str) -> Option<usize> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    // `rest` starts with field 3 (the state).
+    rest.split_whitespace().nth(39 - 3)?.parse().ok()
+}
+
+/// How long thread `tid` of this process has waited, runnable, for a CPU
+/// (the second field of `/proc/self/task/TID/schedstat`), in nanoseconds.
+pub fn run_delay_ns(tid: i32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    s.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The number of threads of this process (`Threads:` of
+/// `/proc/self/status`).
+pub fn thread_count() -> Option<usize> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("Threads:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_processor_field_is_counted_after_the_command_name() {
+        let mut fields: Vec<String> = (3..=52).map(|f| f.to_string()).collect();
+        fields[39 - 3] = "7".into();
+        let line = format!("1234 (a (b) c) {}", fields.join(" "));
+        assert_eq!(stat_cpu(&line), Some(7));
+        assert_eq!(stat_cpu("1234 (cut short) S 1 2"), None);
+    }
+
+    #[test]
+    fn this_thread_has_a_cpu_an_affinity_and_a_thread_count() {
+        let me = affinity(0).unwrap();
+        assert!(me.count() >= 1);
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let cpu = last_cpu(tid).unwrap();
+        assert!(me.has(cpu), "{me:?} lacks {cpu}");
+        assert!(thread_count().unwrap() >= 1);
+        assert!(run_delay_ns(tid).is_some());
+    }
+
+    #[test]
+    fn a_thread_pinned_to_one_cpu_runs_there_and_can_be_let_go() {
+        std::thread::spawn(|| {
+            let all = affinity(0).unwrap();
+            let cpu = (0..1024).find(|&c| all.has(c)).unwrap();
+            set_affinity(0, &CpuSet::one(cpu)).unwrap();
+            assert_eq!(affinity(0).unwrap(), CpuSet::one(cpu));
+            assert_eq!(
+                CpuSet::from_bytes(CpuSet::one(cpu).as_bytes()),
+                CpuSet::one(cpu)
+            );
+            assert_eq!(affinity(0).unwrap().count(), 1);
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            std::thread::yield_now();
+            assert_eq!(last_cpu(tid), Some(cpu));
+            set_affinity(0, &all).unwrap();
+            assert_eq!(affinity(0).unwrap(), all);
+        })
+        .join()
+        .unwrap();
+    }
+}
