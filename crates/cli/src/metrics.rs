@@ -314,6 +314,11 @@ const LEAVES: &[(&str, Kind)] = &[
     ("space.retired_bytes", Gauge),
     ("runtime_heap.in_use_bytes", Gauge),
     ("runtime_heap.held_bytes", Gauge),
+    ("cosched.active", Gauge),
+    ("cosched.pinned_cpu", Gauge),
+    ("cosched.pins", Counter),
+    ("cosched.releases", Counter),
+    ("cosched.crowded", Counter),
     ("pool.pages_held", Gauge),
     ("pool.pool_bytes", Gauge),
     ("pool.objects", Gauge),
@@ -377,6 +382,7 @@ fn leaves(s: &Snapshot) -> Vec<(String, Value)> {
         "cache": value(serde_json::to_value(&s.cache)),
         "space": value(serde_json::to_value(s.space)),
         "runtime_heap": value(serde_json::to_value(s.runtime_heap)),
+        "cosched": value(serde_json::to_value(s.cosched)),
         "pool": value(serde_json::to_value(pool_totals)),
     });
     let mut out = Vec::new();
@@ -464,6 +470,7 @@ mod tests {
         let mut s = Snapshot::default();
         s.config.pool_max = Some(1 << 20);
         s.pool.limit_bytes = Some(1 << 20);
+        s.cosched.pinned_cpu = Some(0);
         s
     }
 

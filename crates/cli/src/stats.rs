@@ -508,9 +508,25 @@ pub fn text(v: &Snapshot) -> String {
         human(v.pool.metadata_bytes),
         human(v.runtime_heap.held_bytes),
     );
+    s += &cosched_line(&v.cosched);
     s += &v.pool_table;
     if !v.pool_table.ends_with('\n') {
         s.push('\n');
     }
     s
+}
+
+/// What co-scheduling is doing, in a line.
+fn cosched_line(c: &uzswap_contract::CoschedStats) -> String {
+    if !c.active {
+        return "co-scheduling: off\n".into();
+    }
+    let now = match c.pinned_cpu {
+        Some(cpu) => format!("pinned to CPU {cpu} with uzswap's threads"),
+        None => "not pinned".into(),
+    };
+    format!(
+        "co-scheduling: {now}; pinned {} times, let go {} ({} for a crowded CPU)\n",
+        c.pins, c.releases, c.crowded
+    )
 }

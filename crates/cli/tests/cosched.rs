@@ -31,7 +31,8 @@ fn report(r: &Ran) -> HashMap<String, String> {
         .collect()
 }
 
-fn run_program(name: &str, extra: &[&str]) -> Option<HashMap<String, String>> {
+/// The program's report and its final statistics (`--stats-json`).
+fn run_program(name: &str, extra: &[&str]) -> Option<(HashMap<String, String>, serde_json::Value)> {
     if missing("python3", &["python3", "-c", "pass"]) {
         return None;
     }
@@ -41,10 +42,22 @@ fn run_program(name: &str, extra: &[&str]) -> Option<HashMap<String, String>> {
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let script = programs().join("cosched.py");
-    let mut args = vec!["--memory-max", "48M"];
+    let dir = scratch(name);
+    let stats = dir.join("stats.json");
+    let mut args = vec![
+        "--memory-max",
+        "48M",
+        "--stats-json",
+        stats.to_str().unwrap(),
+    ];
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--", "python3", script.to_str().unwrap(), "96", "3"]);
-    Some(report(&run(&scratch(name), &args)))
+    let r = report(&run(&dir, &args));
+    Some((r, final_stats(&stats)))
+}
+
+fn number(v: &serde_json::Value, p: &str) -> u64 {
+    v.pointer(p).and_then(|x| x.as_u64()).unwrap_or(0)
 }
 
 fn one_cpu(list: &str) -> bool {
@@ -54,7 +67,7 @@ fn one_cpu(list: &str) -> bool {
 #[test]
 fn a_single_threaded_program_that_evicts_runs_on_one_cpu_and_its_children_do_not() {
     require_uffd!();
-    let Some(r) = run_program("cosched-on", &[]) else {
+    let Some((r, v)) = run_program("cosched-on", &[]) else {
         return;
     };
     let before = &r["real-before"];
@@ -66,20 +79,34 @@ fn a_single_threaded_program_that_evicts_runs_on_one_cpu_and_its_children_do_not
     assert_eq!(&r["child"], before, "{r:?}");
     // Let go once it has a second thread.
     assert_eq!(&r["real-after"], before, "{r:?}");
+    assert!(
+        number(&v, "/pager/evictions") > 0,
+        "nothing was evicted: {v}"
+    );
+    let cosched = &v["cosched"];
     if uzswap_os::sched::may_leave_idle() {
         assert!(one_cpu(&r["real-pinned"]), "not pinned: {r:?}");
+        // Counted: pinned, then let go for the thread (at exit, not pinned).
+        assert_eq!(cosched["active"], true, "{cosched}");
+        assert!(number(&v, "/cosched/pins") >= 1, "{cosched}");
+        assert!(number(&v, "/cosched/releases") >= 1, "{cosched}");
+        assert!(cosched["pinned_cpu"].is_null(), "{cosched}");
     } else {
         eprintln!("co-scheduling is off here (may not leave idle priority)");
         assert_eq!(&r["real-pinned"], before, "{r:?}");
+        assert_eq!(cosched["active"], false, "{cosched}");
     }
 }
 
 #[test]
 fn with_no_cosched_nothing_is_pinned() {
     require_uffd!();
-    let Some(r) = run_program("cosched-off", &["--no-cosched"]) else {
+    let Some((r, v)) = run_program("cosched-off", &["--no-cosched"]) else {
         return;
     };
     assert_eq!(r["real-pinned"], r["real-before"], "{r:?}");
     assert_eq!(r["seen"], r["seen-before"], "{r:?}");
+    assert_eq!(v["cosched"]["active"], false, "{v}");
+    assert_eq!(number(&v, "/cosched/pins"), 0, "{v}");
+    assert_eq!(v["config"]["cosched"], false, "{v}");
 }

@@ -58,7 +58,6 @@ pub struct RunConfig {
     /// of its own that is under memory pressure runs on one CPU with the
     /// runtime's threads, which run there only while it waits (see the
     /// preload crate's `cosched` module).
-    #[serde(default = "yes")]
     pub cosched: bool,
     /// Store identical pages once (`--dedup`).
     pub dedup: bool,
@@ -445,11 +444,6 @@ mod backing_tier {
     ) -> Result<Option<BackingTier>, D::Error> {
         Ok(Option::<String>::deserialize(d)?.map(|s| BackingTier::parse(s.into())))
     }
-}
-
-/// Serde's default for a switch that is on unless turned off.
-fn yes() -> bool {
-    true
 }
 
 #[cfg(test)]

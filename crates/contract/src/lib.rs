@@ -48,4 +48,6 @@ pub mod snapshot;
 
 pub use config::{BackingTier, ConfigError, RunConfig, DEFAULT_RESERVE, MIN_MEMORY_MAX};
 pub use names::{final_stats_path, socket_name};
-pub use snapshot::{PoolSection, RuntimeHeap, Snapshot, SnapshotError, SpaceStats, SCHEMA_VERSION};
+pub use snapshot::{
+    CoschedStats, PoolSection, RuntimeHeap, Snapshot, SnapshotError, SpaceStats, SCHEMA_VERSION,
+};

@@ -8,14 +8,15 @@
 //! `cache` (the cache's counters, [`CacheStats`]), `config` (the
 //! [`RunConfig`]), `pager` ([`PagerStats`] without its `store` object: the
 //! cache's counters are there in full), `pid`, `pool` ([`PoolSection`]),
-//! `pool_table` (the pool's class table as text), `runtime_heap`
+//! `pool_table` (the pool's class table as text), `cosched`
+//! ([`CoschedStats`]), `runtime_heap`
 //! ([`RuntimeHeap`]), `space` ([`SpaceStats`]), `uptime_s`, `version`
 //! ([`SCHEMA_VERSION`]).
 //!
 //! [`Snapshot::from_json`] is strict where a mismatch would otherwise
 //! read as zeros: a missing field is an error (a renamed one is missing),
 //! and so is an unknown field at the top level, in `config`, `pager`,
-//! `cache`, `space`, `runtime_heap` and `pool`.
+//! `cache`, `space`, `runtime_heap`, `cosched` and `pool`.
 
 use crate::RunConfig;
 use serde::de::DeserializeOwned;
@@ -53,6 +54,8 @@ pub struct Snapshot {
     pub space: SpaceStats,
     /// The runtime's own heap.
     pub runtime_heap: RuntimeHeap,
+    /// Co-scheduling.
+    pub cosched: CoschedStats,
     /// The compressed pool.
     pub pool: PoolSection,
     /// The pool's class table, as text (`PoolStats::table`).
@@ -72,6 +75,7 @@ impl Default for Snapshot {
             cache: CacheStats::default(),
             space: SpaceStats::default(),
             runtime_heap: RuntimeHeap::default(),
+            cosched: CoschedStats::default(),
             pool: PoolSection::default(),
             pool_table: String::new(),
         }
@@ -119,6 +123,26 @@ pub struct RuntimeHeap {
     pub in_use_bytes: u64,
     /// Bytes glibc holds from the OS for it: what the budget pays for.
     pub held_bytes: u64,
+}
+
+/// Co-scheduling (the preload runtime's `cosched` module): whether it
+/// runs, where the program's thread is pinned now, how often it was pinned
+/// and let go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoschedStats {
+    /// The watcher runs: asked for (`--no-cosched` not given), possible
+    /// here (more than one CPU, the right to leave idle priority) and not
+    /// with CPU handlers.
+    pub active: bool,
+    /// The CPU the program's thread is pinned to now.
+    pub pinned_cpu: Option<u32>,
+    /// Times it was pinned.
+    pub pins: u64,
+    /// Times it was let go (a thread of its own started, or crowded).
+    pub releases: u64,
+    /// Of those, because it waited for its CPU.
+    pub crowded: u64,
 }
 
 /// The pool: [`PoolStats`] (each field as there; `allocator` owned, to be
@@ -351,6 +375,13 @@ mod tests {
                 in_use_bytes: 1000,
                 held_bytes: 2000,
             },
+            cosched: CoschedStats {
+                active: true,
+                pinned_cpu: Some(1),
+                pins: 2,
+                releases: 1,
+                crowded: 0,
+            },
             pool: PoolSection::from(&pool),
             pool_table: pool.table(),
         }
@@ -387,6 +418,7 @@ mod tests {
             [
                 "cache",
                 "config",
+                "cosched",
                 "pager",
                 "pid",
                 "pool",
@@ -445,6 +477,7 @@ mod tests {
             (Some("config"), "memory_max"),
             (Some("space"), "mapped_bytes"),
             (Some("runtime_heap"), "held_bytes"),
+            (Some("cosched"), "pins"),
             (Some("pool"), "overhead"),
         ] {
             let mut v = good.clone();

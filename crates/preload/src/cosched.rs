@@ -40,7 +40,7 @@
 //! (`uzswap_os::sched::may_leave_idle`: root, `CAP_SYS_NICE` or
 //! `RLIMIT_NICE`), and not with CPU handlers (they are bound per CPU).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use uzswap_os::sched::{self, CpuSet};
 
@@ -54,6 +54,24 @@ pub const BACKOFF: Duration = Duration::from_secs(10);
 
 /// The main thread is pinned by us (read by `sched_getaffinity`).
 static PINNED: AtomicBool = AtomicBool::new(false);
+/// The statistics ([`stats`]): the watcher runs; the CPU pinned to (-1:
+/// none); pins, releases, releases for crowding.
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+static PINNED_CPU: AtomicI64 = AtomicI64::new(-1);
+static PINS: AtomicU64 = AtomicU64::new(0);
+static RELEASES: AtomicU64 = AtomicU64::new(0);
+static CROWDED: AtomicU64 = AtomicU64::new(0);
+
+/// What co-scheduling has done in this process.
+pub fn stats() -> uzswap_contract::CoschedStats {
+    uzswap_contract::CoschedStats {
+        active: ACTIVE.load(Ordering::Relaxed),
+        pinned_cpu: u32::try_from(PINNED_CPU.load(Ordering::Relaxed)).ok(),
+        pins: PINS.load(Ordering::Relaxed),
+        releases: RELEASES.load(Ordering::Relaxed),
+        crowded: CROWDED.load(Ordering::Relaxed),
+    }
+}
 /// Its affinity before the pin, written before [`PINNED`] is set and read
 /// after it is seen set. Atomics, not a lock: the fork hooks and the
 /// program's `sched_getaffinity` read it, and a lock a helper held at a
@@ -167,6 +185,7 @@ pub fn possible() -> bool {
 /// Starts the watcher thread.
 pub fn start(thread_start: fn()) -> std::io::Result<()> {
     uzswap_os::spawn_helper("uzswap-cosched", Some(thread_start), watch)?;
+    ACTIVE.store(true, Ordering::Relaxed);
     Ok(())
 }
 
@@ -199,12 +218,17 @@ fn watch() {
                 Ok(()) => {
                     w.pinned();
                     helpers_pinned = helpers;
+                    PINS.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(_) => w.released(now, true),
             },
             Step::Release { crowded } => {
                 release(main);
                 w.released(now, crowded);
+                RELEASES.fetch_add(1, Ordering::Relaxed);
+                if crowded {
+                    CROWDED.fetch_add(1, Ordering::Relaxed);
+                }
             }
             Step::Nothing if PINNED.load(Ordering::Relaxed) && helpers != helpers_pinned => {
                 // A helper started since (a writer, a forked child's
@@ -238,6 +262,7 @@ fn pin(main: i32) -> std::io::Result<()> {
         return Err(e);
     }
     pin_helpers(&one);
+    PINNED_CPU.store(cpu as i64, Ordering::Relaxed);
     Ok(())
 }
 
@@ -270,6 +295,7 @@ fn release(main: i32) {
         let _ = sched::set_affinity(main, &original);
     }
     PINNED.store(false, Ordering::Release);
+    PINNED_CPU.store(-1, Ordering::Relaxed);
 }
 
 /// `fork()` prepare: the forking thread gets its own affinity back for the
@@ -289,7 +315,11 @@ pub fn after_fork_parent(was_pinned: bool) {
         return;
     }
     let main = own_pid();
-    let cpu = sched::last_cpu(main).unwrap_or(0);
+    // Where the helpers are (the thread may have moved during the fork).
+    let cpu = usize::try_from(PINNED_CPU.load(Ordering::Relaxed))
+        .ok()
+        .or_else(|| sched::last_cpu(main))
+        .unwrap_or(0);
     if sched::set_affinity(0, &CpuSet::one(cpu)).is_err() {
         release(main);
     }
@@ -299,6 +329,11 @@ pub fn after_fork_parent(was_pinned: bool) {
 /// afresh; [`start`]).
 pub fn after_fork_child() {
     PINNED.store(false, Ordering::Release);
+    ACTIVE.store(false, Ordering::Relaxed);
+    PINNED_CPU.store(-1, Ordering::Relaxed);
+    for n in [&PINS, &RELEASES, &CROWDED] {
+        n.store(0, Ordering::Relaxed);
+    }
 }
 
 /// At start-up: a process started by a pinned thread with `vfork` or

@@ -35,6 +35,7 @@ pub fn snapshot(rt: &Runtime) -> Snapshot {
         cache: rt.cache.stats(),
         space: rt.space.stats(),
         runtime_heap: runtime_heap(),
+        cosched: crate::cosched::stats(),
         pool: PoolSection::from(&pool),
         pool_table: pool.table(),
     }
