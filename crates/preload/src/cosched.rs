@@ -16,7 +16,8 @@
 //! 35 s, with a third less CPU (docs/benchmarks/notes/2026-11-26-cosched.md).
 //!
 //! When: the process has had exactly one thread of its own (the rest are
-//! the runtime's helpers) for [`SETTLE`] and its pager evicted meanwhile.
+//! the runtime's helpers) for [`SETTLE`] and its pager evicted meanwhile
+//! (the watcher reads /proc only while its pager evicts, or while pinned).
 //! Programs that start threads at once (JVMs, node, Go) are never pinned,
 //! and never see a one-CPU affinity while they size their thread pools.
 //!
@@ -33,8 +34,9 @@
 //! forking thread for the fork, so the child starts with the affinity it
 //! would have had; a child started with `vfork` or `posix_spawn` inherits
 //! the pin, and its runtime (`release_inherited`) gives it the affinity of
-//! `uzswap run` back when it starts with one CPU where the run has more. A
-//! static binary started that way has no runtime and keeps the one CPU.
+//! `uzswap run` back when it starts with one CPU where the run has more and
+//! its parent runs on that CPU alone. A static binary started that way has
+//! no runtime and keeps the one CPU.
 //!
 //! Only where the helpers may leave idle priority again
 //! (`uzswap_os::sched::may_leave_idle`: root, `CAP_SYS_NICE` or
@@ -157,6 +159,11 @@ impl Watch {
         }
     }
 
+    /// Whether the thread is pinned now.
+    pub fn is_pinned(&self) -> bool {
+        self.pinned
+    }
+
     /// The pin was carried out.
     pub fn pinned(&mut self) {
         self.pinned = true;
@@ -194,11 +201,20 @@ fn watch() {
     let mut w = Watch::default();
     let mut waited = sched::run_delay_ns(main).unwrap_or(0);
     let mut helpers_pinned = 0;
+    let mut last_evictions = 0;
     loop {
         std::thread::sleep(PERIOD);
         let Some(rt) = crate::RUNTIME.get() else {
             continue;
         };
+        // Unpinned and not evicting, there is nothing to decide: no /proc
+        // reads (every process of a tree has a watcher; an idle shell's
+        // costs a clock wake-up and a counter).
+        let evictions = rt.space.pager().stats().evictions;
+        if !w.is_pinned() && evictions == last_evictions {
+            continue;
+        }
+        last_evictions = evictions;
         let helpers = uzswap_os::fork::helper_tids().count();
         let Some(threads) = sched::thread_count() else {
             continue;
@@ -208,7 +224,7 @@ fn watch() {
         };
         let look = Look {
             own_threads: threads.saturating_sub(helpers),
-            evictions: rt.space.pager().stats().evictions,
+            evictions,
             waited_ns: now_waited.saturating_sub(waited),
         };
         waited = now_waited;
@@ -339,17 +355,32 @@ pub fn after_fork_child() {
 /// At start-up: a process started by a pinned thread with `vfork` or
 /// `posix_spawn` (which run no fork handlers) inherited its one CPU; it
 /// gets the affinity of the `uzswap run` that started the tree back
-/// (`run` is its pid) if that has more CPUs.
+/// (`run` is its pid) if that has more CPUs and its parent runs on that
+/// one CPU alone too. A process the user started on one CPU from a parent
+/// that is not (`taskset -c N prog` in a script) keeps it.
 pub fn release_inherited(run: u32) {
-    let (Ok(mine), Ok(tree)) = (
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    let (Ok(mine), Ok(tree), Ok(theirs)) = (
         sched::affinity(0),
         sched::affinity(i32::try_from(run).unwrap_or(0)),
+        sched::affinity(parent),
     ) else {
         return;
     };
-    if mine.count() == 1 && tree.count() > 1 && mine.cpus().iter().all(|&c| tree.has(c)) {
+    if inherited_pin(&mine, &tree, &theirs) {
         let _ = sched::set_affinity(0, &tree);
     }
+}
+
+/// Whether `mine` looks like a pin inherited from a parent that
+/// co-scheduling pinned: one CPU of the tree's, which has more, and the
+/// parent's affinity the same one CPU.
+fn inherited_pin(mine: &CpuSet, tree: &CpuSet, parent: &CpuSet) -> bool {
+    mine.count() == 1
+        && tree.count() > 1
+        && mine.cpus().iter().all(|&c| tree.has(c))
+        && parent == mine
 }
 
 /// What `sched_getaffinity(pid)` answers the program while its main thread
@@ -375,6 +406,21 @@ mod tests {
             evictions,
             waited_ns,
         }
+    }
+
+    #[test]
+    fn only_a_pin_shared_with_the_parent_counts_as_inherited() {
+        let all = CpuSet::from_bytes(&[0b11]);
+        let (zero, one) = (CpuSet::one(0), CpuSet::one(1));
+        assert!(inherited_pin(&one, &all, &one));
+        // The user's `taskset -c 1` from an unpinned parent.
+        assert!(!inherited_pin(&one, &all, &all));
+        assert!(!inherited_pin(&one, &all, &zero));
+        // Nothing to give back: the tree has one CPU, or this has more.
+        assert!(!inherited_pin(&one, &one, &one));
+        assert!(!inherited_pin(&all, &all, &all));
+        // Not the tree's CPU.
+        assert!(!inherited_pin(&CpuSet::one(5), &all, &CpuSet::one(5)));
     }
 
     #[test]
