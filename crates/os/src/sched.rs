@@ -84,22 +84,29 @@ impl std::fmt::Debug for CpuSet {
 /// By the system call itself, not libc's wrapper: a preloaded runtime may
 /// answer the wrapper for the program (uzswap's co-scheduling does).
 pub fn affinity(tid: i32) -> io::Result<CpuSet> {
-    // SAFETY: an all-zero cpu_set_t is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid cpu_set_t of the size passed; the kernel
-    // writes at most that many bytes (the rest stays zero).
+    let mut bytes = [0u8; std::mem::size_of::<libc::cpu_set_t>()];
+    affinity_into(tid, &mut bytes)?;
+    Ok(CpuSet::from_bytes(&bytes))
+}
+
+/// The kernel's `sched_getaffinity(2)` of `tid` into `mask` (its length is
+/// the size passed): how many bytes it wrote; the rest are left as they
+/// were.
+pub fn affinity_into(tid: i32, mask: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `mask` is writable for the length passed (capped as libc
+    // caps it); the kernel writes at most that many bytes.
     let r = unsafe {
         libc::syscall(
             libc::SYS_sched_getaffinity,
             libc::c_long::from(tid),
-            std::mem::size_of_val(&set),
-            &mut set as *mut libc::cpu_set_t,
+            mask.len().min(i32::MAX as usize),
+            mask.as_mut_ptr(),
         )
     };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(CpuSet(set))
+    Ok(r as usize)
 }
 
 /// Lets thread `tid` (0: the calling thread) run only on `set`.
@@ -211,6 +218,20 @@ mod tests {
         assert!(me.has(cpu), "{me:?} lacks {cpu}");
         assert!(thread_count().unwrap() >= 1);
         assert!(run_delay_ns(tid).is_some());
+    }
+
+    /// `may_leave_idle` says what the kernel then does: a thread that took
+    /// `SCHED_IDLE` can go back to the normal policy exactly when it is true.
+    #[test]
+    fn may_leave_idle_predicts_the_kernel() {
+        let predicted = may_leave_idle();
+        let left = std::thread::spawn(|| {
+            set_idle(0, true).expect("any thread may take SCHED_IDLE");
+            set_idle(0, false).is_ok()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(predicted, left);
     }
 
     #[test]

@@ -54,12 +54,13 @@ pub const SETTLE: Duration = Duration::from_secs(1);
 /// How long after a release for crowding before the thread is pinned again.
 pub const BACKOFF: Duration = Duration::from_secs(10);
 
-/// The main thread is pinned by us (read by `sched_getaffinity`).
-static PINNED: AtomicBool = AtomicBool::new(false);
-/// The statistics ([`stats`]): the watcher runs; the CPU pinned to (-1:
-/// none); pins, releases, releases for crowding.
-static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// The CPU the main thread is pinned to by us, -1 if none: set before the
+/// pin is made and cleared after it is undone (read by
+/// `sched_getaffinity`, the fork hooks and the statistics).
 static PINNED_CPU: AtomicI64 = AtomicI64::new(-1);
+/// The statistics ([`stats`]) besides [`PINNED_CPU`]: the watcher runs;
+/// pins, releases, releases for crowding.
+static ACTIVE: AtomicBool = AtomicBool::new(false);
 static PINS: AtomicU64 = AtomicU64::new(0);
 static RELEASES: AtomicU64 = AtomicU64::new(0);
 static CROWDED: AtomicU64 = AtomicU64::new(0);
@@ -68,14 +69,19 @@ static CROWDED: AtomicU64 = AtomicU64::new(0);
 pub fn stats() -> uzswap_contract::CoschedStats {
     uzswap_contract::CoschedStats {
         active: ACTIVE.load(Ordering::Relaxed),
-        pinned_cpu: u32::try_from(PINNED_CPU.load(Ordering::Relaxed)).ok(),
+        pinned_cpu: pinned_cpu().and_then(|c| u32::try_from(c).ok()),
         pins: PINS.load(Ordering::Relaxed),
         releases: RELEASES.load(Ordering::Relaxed),
         crowded: CROWDED.load(Ordering::Relaxed),
     }
 }
-/// Its affinity before the pin, written before [`PINNED`] is set and read
-/// after it is seen set. Atomics, not a lock: the fork hooks and the
+/// The CPU the main thread is pinned to by us.
+fn pinned_cpu() -> Option<usize> {
+    usize::try_from(PINNED_CPU.load(Ordering::Acquire)).ok()
+}
+
+/// Its affinity before the pin, written before [`PINNED_CPU`] is set and
+/// read after it is seen set. Atomics, not a lock: the fork hooks and the
 /// program's `sched_getaffinity` read it, and a lock a helper held at a
 /// fork would stay held in the child.
 static ORIGINAL: [AtomicU64; 16] = [const { AtomicU64::new(0) }; 16];
@@ -210,7 +216,7 @@ fn watch() {
         // Unpinned and not evicting, there is nothing to decide: no /proc
         // reads (every process of a tree has a watcher; an idle shell's
         // costs a clock wake-up and a counter).
-        let evictions = rt.space.pager().stats().evictions;
+        let evictions = rt.space.pager().usage().evictions;
         if !w.is_pinned() && evictions == last_evictions {
             continue;
         }
@@ -246,13 +252,10 @@ fn watch() {
                     CROWDED.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Step::Nothing if PINNED.load(Ordering::Relaxed) && helpers != helpers_pinned => {
+            Step::Nothing if w.is_pinned() && helpers != helpers_pinned => {
                 // A helper started since (a writer, a forked child's
                 // threads): it joins the others.
-                if let Some(cpu) = sched::affinity(main)
-                    .ok()
-                    .and_then(|s| s.cpus().first().copied())
-                {
+                if let Some(cpu) = pinned_cpu() {
                     pin_helpers(&CpuSet::one(cpu));
                 }
                 helpers_pinned = helpers;
@@ -272,13 +275,12 @@ fn pin(main: i32) -> std::io::Result<()> {
     let one = CpuSet::one(cpu);
     // The answer `sched_getaffinity` gives is right before the pin is.
     save_original(&original);
-    PINNED.store(true, Ordering::Release);
+    PINNED_CPU.store(cpu as i64, Ordering::Release);
     if let Err(e) = sched::set_affinity(main, &one) {
-        PINNED.store(false, Ordering::Release);
+        PINNED_CPU.store(-1, Ordering::Release);
         return Err(e);
     }
     pin_helpers(&one);
-    PINNED_CPU.store(cpu as i64, Ordering::Relaxed);
     Ok(())
 }
 
@@ -292,15 +294,15 @@ fn pin_helpers(one: &CpuSet) {
 /// Gives every thread of the process its affinity from before the pin, and
 /// the helpers their normal policy.
 fn release(main: i32) {
-    if !PINNED.load(Ordering::Acquire) {
+    if pinned_cpu().is_none() {
         return;
     }
     let original = original();
-    let helpers: Vec<i32> = uzswap_os::fork::helper_tids().collect();
-    for tid in helpers.iter().copied() {
+    for tid in uzswap_os::fork::helper_tids() {
         let _ = sched::set_idle(tid, false);
     }
-    // The program's threads: a thread it started inherited the pin.
+    // Every thread: the helpers, and any the program started (it inherited
+    // the pin).
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
         for t in tasks.flatten() {
             if let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) {
@@ -310,43 +312,33 @@ fn release(main: i32) {
     } else {
         let _ = sched::set_affinity(main, &original);
     }
-    PINNED.store(false, Ordering::Release);
-    PINNED_CPU.store(-1, Ordering::Relaxed);
+    PINNED_CPU.store(-1, Ordering::Release);
 }
 
-/// `fork()` prepare: the forking thread gets its own affinity back for the
-/// fork, so that the child starts with it. Returns whether it was pinned.
-pub fn before_fork() -> bool {
-    if !PINNED.load(Ordering::Acquire) {
-        return false;
+/// `fork()` prepare: a pinned forking thread gets its own affinity back for
+/// the fork, so that the child starts with it.
+pub fn before_fork() {
+    if pinned_cpu().is_some() {
+        let _ = sched::set_affinity(0, &original());
     }
-    let _ = sched::set_affinity(0, &original());
-    true
 }
 
-/// `fork()` in the parent, after [`before_fork`] said it was pinned: pinned
-/// again where it runs.
-pub fn after_fork_parent(was_pinned: bool) {
-    if !was_pinned {
-        return;
-    }
-    let main = own_pid();
-    // Where the helpers are (the thread may have moved during the fork).
-    let cpu = usize::try_from(PINNED_CPU.load(Ordering::Relaxed))
-        .ok()
-        .or_else(|| sched::last_cpu(main))
-        .unwrap_or(0);
-    if sched::set_affinity(0, &CpuSet::one(cpu)).is_err() {
-        release(main);
+/// `fork()` in the parent: a pinned thread goes back to the CPU of its
+/// helpers (it may have moved during the fork). If the watcher let it go
+/// meanwhile, nothing is pinned and nothing is done.
+pub fn after_fork_parent() {
+    if let Some(cpu) = pinned_cpu() {
+        if sched::set_affinity(0, &CpuSet::one(cpu)).is_err() {
+            release(own_pid());
+        }
     }
 }
 
 /// `fork()` in the child: nothing is pinned there (its watcher starts
 /// afresh; [`start`]).
 pub fn after_fork_child() {
-    PINNED.store(false, Ordering::Release);
+    PINNED_CPU.store(-1, Ordering::Release);
     ACTIVE.store(false, Ordering::Relaxed);
-    PINNED_CPU.store(-1, Ordering::Relaxed);
     for n in [&PINS, &RELEASES, &CROWDED] {
         n.store(0, Ordering::Relaxed);
     }
@@ -387,9 +379,7 @@ fn inherited_pin(mine: &CpuSet, tree: &CpuSet, parent: &CpuSet) -> bool {
 /// is pinned: the affinity from before the pin, for the main thread (`pid`
 /// 0 on it, or the process's pid). `None`: ask the kernel.
 pub fn answer_for(pid: i32) -> Option<CpuSet> {
-    if !PINNED.load(Ordering::Acquire) {
-        return None;
-    }
+    pinned_cpu()?;
     let me = own_pid();
     // SAFETY: gettid has no preconditions.
     let on_main = unsafe { libc::gettid() } == me;

@@ -657,6 +657,8 @@ pub unsafe extern "C" fn sched_getaffinity(
         sys::set_errno(libc::EFAULT);
         return -1;
     }
+    // SAFETY: the caller gave `size` writable bytes at `mask`.
+    let buf = unsafe { std::slice::from_raw_parts_mut(mask.cast::<u8>(), size) };
     let copied = match cosched::answer_for(pid) {
         Some(set) => {
             let bytes = set.as_bytes();
@@ -666,30 +668,19 @@ pub unsafe extern "C" fn sched_getaffinity(
                 sys::set_errno(libc::EINVAL);
                 return -1;
             }
-            // SAFETY: the caller gave `size` writable bytes at `mask`; `n`
-            // is at most that and at most the set's size.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), mask.cast::<u8>(), n) };
+            buf[..n].copy_from_slice(&bytes[..n]);
             n
         }
-        None => {
-            // SAFETY: the kernel writes at most `size` bytes at `mask`.
-            let r = unsafe {
-                libc::syscall(
-                    libc::SYS_sched_getaffinity,
-                    libc::c_long::from(pid),
-                    size.min(i32::MAX as usize),
-                    mask,
-                )
-            };
-            if r < 0 {
-                return -1; // errno is the kernel's
+        None => match uzswap_os::sched::affinity_into(pid, buf) {
+            Ok(n) => n,
+            Err(e) => {
+                sys::set_errno(e.raw_os_error().unwrap_or(libc::EINVAL));
+                return -1;
             }
-            r as usize
-        }
+        },
     };
     // As libc's: the bytes past what was written are cleared.
-    // SAFETY: `copied <= size`, inside the caller's buffer.
-    unsafe { std::ptr::write_bytes(mask.cast::<u8>().add(copied), 0, size - copied) };
+    buf[copied..].fill(0);
     0
 }
 
@@ -848,10 +839,6 @@ fn start_cosched() {
     }
 }
 
-/// Whether the forking thread was pinned by co-scheduling (set by the
-/// prepare hook for the parent's).
-static FORK_WAS_PINNED: AtomicBool = AtomicBool::new(false);
-
 extern "C" fn init() {
     enter_internal();
     let r = start();
@@ -892,7 +879,7 @@ extern "C" fn at_exit() {
 extern "C" fn fork_prepare() {
     enter_internal();
     FORKING.store(true, Ordering::Release);
-    FORK_WAS_PINNED.store(cosched::before_fork(), Ordering::Relaxed);
+    cosched::before_fork();
     if let Some(rt) = runtime() {
         rt.space.lock_for_fork();
     }
@@ -902,7 +889,7 @@ extern "C" fn fork_parent() {
     if let Some(rt) = runtime() {
         rt.space.unlock_after_fork();
     }
-    cosched::after_fork_parent(FORK_WAS_PINNED.load(Ordering::Relaxed));
+    cosched::after_fork_parent();
     FORKING.store(false, Ordering::Release);
     leave_internal();
 }

@@ -1162,19 +1162,7 @@ pub fn allowed_cpus() -> io::Result<Vec<usize>> {
 /// thread woken there preempts it at once.
 pub fn pin_idle(cpu: usize) -> io::Result<()> {
     uzswap_os::sched::set_affinity(0, &uzswap_os::sched::CpuSet::one(cpu))?;
-    set_idle(true)
-}
-
-/// Whether a thread of this process that took `SCHED_IDLE` may go back to
-/// the normal policy (see [`uzswap_os::sched::may_leave_idle`]).
-pub fn may_leave_idle() -> bool {
-    uzswap_os::sched::may_leave_idle()
-}
-
-/// Switches the calling thread between `SCHED_IDLE` (`idle`) and the
-/// normal policy (leaving `SCHED_IDLE` needs [`may_leave_idle`]).
-pub fn set_idle(idle: bool) -> io::Result<()> {
-    uzswap_os::sched::set_idle(0, idle)
+    uzswap_os::sched::set_idle(0, true)
 }
 
 /// This process's id.
@@ -1207,21 +1195,4 @@ pub fn atfork(
         return Err(io::Error::from_raw_os_error(r));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    /// `may_leave_idle` says what the kernel then does: a thread that took
-    /// `SCHED_IDLE` can go back to the normal policy exactly when it is true.
-    #[test]
-    fn may_leave_idle_predicts_the_kernel() {
-        let predicted = super::may_leave_idle();
-        let left = std::thread::spawn(|| {
-            super::set_idle(true).expect("any thread may take SCHED_IDLE");
-            super::set_idle(false).is_ok()
-        })
-        .join()
-        .unwrap();
-        assert_eq!(predicted, left);
-    }
 }

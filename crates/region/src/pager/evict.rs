@@ -463,7 +463,7 @@ impl Shared {
         for &Span { lo, hi, .. } in &discards {
             let idle = self.idle_discards
                 && self.cpu_handlers.load(Ordering::Relaxed) > 0
-                && sys::set_idle(true).is_ok();
+                && uzswap_os::sched::set_idle(0, true).is_ok();
             // SAFETY: every victim of the span is held by the store and
             // `Discarding` (or clean), and no page between them is
             // resident: faults there wait until the call returned. The
@@ -471,7 +471,7 @@ impl Shared {
             // (see the crate docs on remaps).
             let _ = unsafe { sys::dontneed(lo, hi - lo) };
             if idle {
-                let _ = sys::set_idle(false);
+                let _ = uzswap_os::sched::set_idle(0, false);
             }
             // The call returned, so every event it raised was read, and a
             // batch with an event is handled by whoever read it before the

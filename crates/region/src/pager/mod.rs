@@ -109,7 +109,7 @@ pub(crate) struct Shared {
     /// CPU handlers running.
     cpu_handlers: AtomicUsize,
     /// The evictor discards at the idle policy while CPU handlers run (see
-    /// `evict`); only where it may go back (`sys::may_leave_idle`).
+    /// `evict`); only where it may go back (`uzswap_os::sched::may_leave_idle`).
     idle_discards: bool,
     /// Where victims of short spans are moved to leave without a remove
     /// event (see `evict`); None without `UFFDIO_MOVE` or with
@@ -228,7 +228,7 @@ impl Pager {
         }
         let wake = sys::EventFd::new().map_err(PagerError::Start)?;
         let stop = sys::EventFd::new().map_err(PagerError::Start)?;
-        let idle_discards = cfg.cpu_handlers && sys::may_leave_idle();
+        let idle_discards = cfg.cpu_handlers && uzswap_os::sched::may_leave_idle();
         let staging = if cfg.evict_by_move {
             sys::Staging::new(cfg.evict_batch)
         } else {
