@@ -193,6 +193,7 @@ fn arbitrate(
     let mut said_over = false;
     let mut said_excess = SaidExcess::default();
     let mut last_flags: BTreeMap<u32, (String, u64)> = BTreeMap::new();
+    let mut sampler = tree::Sampler::new();
     loop {
         let now = Instant::now();
         let tick = arb.tick(now);
@@ -222,7 +223,7 @@ fn arbitrate(
         }
         if now >= next_sample {
             next_sample = now + SAMPLE;
-            let s = tree::sample(root, &[me]);
+            let s = sampler.sample(root, &[me]);
             let own = tree::pss_anon(me).unwrap_or(0);
             let total = s.pss_anon + own;
             // What the tree holds that no process reported: reserved out
