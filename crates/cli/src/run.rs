@@ -79,14 +79,16 @@ pub struct Args {
     /// thread on another CPU is expensive (docs/BENCHMARKS.md).
     #[arg(long)]
     pub cpu_handlers: bool,
-    /// Turn co-scheduling off. By default a process of the program that has
-    /// one thread of its own and has been evicting for a second runs on one
-    /// CPU together with uzswap's threads for it, which run there at idle
-    /// priority, only while it waits for a page: no CPU is woken or
-    /// interrupted for its faults and evictions (measured faster and
-    /// cheaper on a VM: docs/BENCHMARKS.md). It is let go again when it
-    /// starts a thread or waits for its CPU. Needs the right to leave idle
-    /// priority (root, CAP_SYS_NICE or RLIMIT_NICE); without it, off.
+    /// Turn co-scheduling off. By default the thread that does a process's
+    /// work (its only one, or one busy beside threads that wait), once the
+    /// process has been evicting for a second, runs on one CPU together
+    /// with uzswap's threads for it, which run there at idle priority, only
+    /// while it waits for a page: no CPU is woken or interrupted for its
+    /// faults and evictions (measured faster and cheaper on a VM:
+    /// docs/BENCHMARKS.md). It is let go again when the process starts or
+    /// ends a thread, when it waits for its CPU, or when another thread's
+    /// fault waits behind it. Needs the right to leave idle priority (root,
+    /// CAP_SYS_NICE or RLIMIT_NICE); without it, off.
     #[arg(long)]
     pub no_cosched: bool,
     /// Serve the whole program's metrics for Prometheus over HTTP at

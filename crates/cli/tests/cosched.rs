@@ -2,8 +2,10 @@
 //! single-threaded Python process that evicts is pinned to one CPU with
 //! uzswap's threads, is told its own affinity all the same, and its
 //! children (by `fork`, and by `subprocess`'s vfork + exec) start with the
-//! tree's CPUs; once it starts a thread of its own it is let go. With
-//! `--no-cosched` it is never pinned. Every record is checked.
+//! tree's CPUs; once it starts a thread of its own it is let go. The same
+//! with a second thread that waits all the while (as a runtime's JIT, GC
+//! and I/O threads do): the busy thread is pinned, the waiting one is not.
+//! With `--no-cosched` it is never pinned. Every record is checked.
 //!
 //! Skipped, with a note, where the machine cannot run it (no userfaultfd,
 //! no python3, one CPU). Where the runtime may not leave idle priority
@@ -32,7 +34,11 @@ fn report(r: &Ran) -> HashMap<String, String> {
 }
 
 /// The program's report and its final statistics (`--stats-json`).
-fn run_program(name: &str, extra: &[&str]) -> Option<(HashMap<String, String>, serde_json::Value)> {
+fn run_program(
+    name: &str,
+    extra: &[&str],
+    mode: Option<&str>,
+) -> Option<(HashMap<String, String>, serde_json::Value)> {
     if missing("python3", &["python3", "-c", "pass"]) {
         return None;
     }
@@ -52,6 +58,7 @@ fn run_program(name: &str, extra: &[&str]) -> Option<(HashMap<String, String>, s
     ];
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--", "python3", script.to_str().unwrap(), "96", "3"]);
+    args.extend(mode);
     let r = report(&run(&dir, &args));
     Some((r, final_stats(&stats)))
 }
@@ -67,7 +74,7 @@ fn one_cpu(list: &str) -> bool {
 #[test]
 fn a_single_threaded_program_that_evicts_runs_on_one_cpu_and_its_children_do_not() {
     require_uffd!();
-    let Some((r, v)) = run_program("cosched-on", &[]) else {
+    let Some((r, v)) = run_program("cosched-on", &[], None) else {
         return;
     };
     let before = &r["real-before"];
@@ -99,9 +106,32 @@ fn a_single_threaded_program_that_evicts_runs_on_one_cpu_and_its_children_do_not
 }
 
 #[test]
+fn the_busy_thread_is_pinned_beside_a_waiting_one_and_let_go_when_it_ends() {
+    require_uffd!();
+    let Some((r, v)) = run_program("cosched-idle-thread", &[], Some("idle-thread")) else {
+        return;
+    };
+    let before = &r["real-before"];
+    assert!(!one_cpu(before), "started on one CPU: {r:?}");
+    assert_eq!(r["seen"], r["seen-before"], "{r:?}");
+    // The waiting thread keeps its CPUs, pinned or not.
+    assert_eq!(&r["idle-real"], before, "{r:?}");
+    // Let go when the waiting thread ended (and after the next thread).
+    assert_eq!(&r["real-after"], before, "{r:?}");
+    assert_eq!(&r["child"], before, "{r:?}");
+    if uzswap_os::sched::may_leave_idle() {
+        assert!(one_cpu(&r["real-pinned"]), "not pinned: {r:?}");
+        assert!(number(&v, "/cosched/pins") >= 1, "{}", v["cosched"]);
+        assert!(number(&v, "/cosched/releases") >= 1, "{}", v["cosched"]);
+    } else {
+        assert_eq!(&r["real-pinned"], before, "{r:?}");
+    }
+}
+
+#[test]
 fn with_no_cosched_nothing_is_pinned() {
     require_uffd!();
-    let Some((r, v)) = run_program("cosched-off", &["--no-cosched"]) else {
+    let Some((r, v)) = run_program("cosched-off", &["--no-cosched"], None) else {
         return;
     };
     assert_eq!(r["real-pinned"], r["real-before"], "{r:?}");

@@ -177,11 +177,48 @@ fn stat_cpu(stat: &str) -> Option<usize> {
     rest.split_whitespace().nth(39 - 3)?.parse().ok()
 }
 
+/// Whether thread `tid` of this process is running or waiting for a CPU
+/// (state `R` of `/proc/self/task/TID/stat`), not asleep.
+pub fn runnable(tid: i32) -> Option<bool> {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().next()? == "R")
+}
+
 /// How long thread `tid` of this process has waited, runnable, for a CPU
 /// (the second field of `/proc/self/task/TID/schedstat`), in nanoseconds.
 pub fn run_delay_ns(tid: i32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
     s.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The threads of this process and the CPU time each has used so far
+/// (the first field of `/proc/self/task/TID/schedstat`), in nanoseconds,
+/// sorted by tid. A thread that ends while it is read is left out.
+pub fn threads_cpu_ns() -> Vec<(i32, u64)> {
+    let mut out: Vec<(i32, u64)> = std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| {
+            let tid: i32 = t.file_name().to_str()?.parse().ok()?;
+            let s = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+            Some((tid, s.split_whitespace().next()?.parse().ok()?))
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// The affinity of every thread of process `pid` (any process; those that
+/// end while they are read are left out).
+pub fn thread_affinities(pid: i32) -> Vec<CpuSet> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| affinity(t.file_name().to_str()?.parse().ok()?).ok())
+        .collect()
 }
 
 /// The number of threads of this process (`Threads:` of
@@ -198,6 +235,42 @@ pub fn thread_count() -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_busy_thread_shows_its_cpu_time_and_every_thread_its_affinity() {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s2 = std::sync::Arc::clone(&stop);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let busy = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() }).unwrap();
+            let mut x = 0u64;
+            while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        });
+        let tid = rx.recv().unwrap();
+        let cpu = |tid| {
+            threads_cpu_ns()
+                .into_iter()
+                .find(|&(t, _)| t == tid)
+                .map(|(_, c)| c)
+        };
+        let before = cpu(tid).expect("the thread is listed");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let after = cpu(tid).expect("the thread is listed");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        busy.join().unwrap();
+        assert!(after >= before + 1_000_000, "{before} -> {after}");
+        assert!(cpu(tid).is_none(), "an ended thread is not listed");
+        // SAFETY: gettid has no preconditions.
+        assert_eq!(runnable(unsafe { libc::gettid() }), Some(true));
+        assert_eq!(runnable(-1), None);
+        let mine = thread_affinities(std::process::id() as i32);
+        assert!(!mine.is_empty());
+        assert!(mine.contains(&affinity(0).unwrap()));
+        assert!(thread_affinities(-1).is_empty());
+    }
 
     #[test]
     fn the_processor_field_is_counted_after_the_command_name() {

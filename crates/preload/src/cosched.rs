@@ -1,6 +1,6 @@
-//! Co-scheduling: a process with one thread of its own that is evicting
-//! runs on one CPU, and the runtime's threads for it run on that CPU at
-//! idle priority.
+//! Co-scheduling: a process whose work is done by one thread, and that is
+//! evicting, runs that thread on one CPU, and the runtime's threads for it
+//! run on that CPU at idle priority.
 //!
 //! Why: on the 2-vCPU VM of docs/BENCHMARKS.md a fault served by the
 //! handler thread on the other CPU costs an inter-processor interrupt to
@@ -15,18 +15,24 @@
 //! `xz -9` under the same budget 52.8 s → 38.0 s, a Python dict 43 s →
 //! 35 s, with a third less CPU (docs/benchmarks/notes/2026-11-26-cosched.md).
 //!
-//! When: the process has had exactly one thread of its own (the rest are
-//! the runtime's helpers) for [`SETTLE`] and its pager evicted meanwhile
-//! (the watcher reads /proc only while its pager evicts, or while pinned).
-//! Programs that start threads at once (JVMs, node, Go) are never pinned,
-//! and never see a one-CPU affinity while they size their thread pools.
+//! When: for [`SETTLE`] the process has had the same threads of its own
+//! (the rest are the runtime's helpers), its pager evicted, and one thread
+//! did the work: the only one, or one that used at least 5 % of a CPU
+//! while the others together used less than a tenth of what it did (node's
+//! main thread beside V8's and libuv's waiting threads; a JVM's main
+//! thread beside its compiler and GC threads). The watcher reads /proc
+//! only while its pager evicts, or while a thread is pinned. Only the busy
+//! thread is pinned: the others keep their affinity, and a runtime sizing
+//! a thread pool at start-up has not evicted for a settle time yet.
 //!
-//! Let go (the thread's own affinity back, the helpers' too and their
-//! normal policy) when the process starts a second thread of its own (its
-//! threads all get the affinity back), or when the pinned thread waits for
-//! its CPU for more than a quarter of [`PERIOD`] (something else runs there:
-//! the scheduler may then place it elsewhere); after that, not again for
-//! [`BACKOFF`].
+//! Let go (the threads' own affinity back, the helpers' too and their
+//! normal policy) when the process starts or ends a thread (a thread the
+//! pinned one starts inherits the pin: all get the affinity back); when the
+//! pinned thread waits for its CPU for more than a quarter of [`PERIOD`]
+//! (something else runs there: the scheduler may then place it
+//! elsewhere); or when a fault has waited unread for [`STUCK`] (another
+//! thread faulted, and the helpers at idle priority wait for the busy one
+//! to block). After the last two, not again for [`BACKOFF`].
 //!
 //! What the program sees: `sched_getaffinity` (libc's, which this library
 //! replaces) answers the affinity the thread had before it was pinned, so
@@ -35,7 +41,7 @@
 //! would have had; a child started with `vfork` or `posix_spawn` inherits
 //! the pin, and its runtime (`release_inherited`) gives it the affinity of
 //! `uzswap run` back when it starts with one CPU where the run has more and
-//! its parent runs on that CPU alone. A static binary started that way has
+//! a thread of its parent runs on that CPU alone. A static binary started that way has
 //! no runtime and keeps the one CPU.
 //!
 //! Only where the helpers may leave idle priority again
@@ -53,11 +59,17 @@ pub const PERIOD: Duration = Duration::from_millis(10);
 pub const SETTLE: Duration = Duration::from_secs(1);
 /// How long after a release for crowding before the thread is pinned again.
 pub const BACKOFF: Duration = Duration::from_secs(10);
+/// A fault unread this long while a thread is pinned waits behind it: the
+/// helpers at idle priority run only when the pinned thread waits.
+pub const STUCK: Duration = Duration::from_millis(5);
 
-/// The CPU the main thread is pinned to by us, -1 if none: set before the
+/// The CPU the busy thread is pinned to by us, -1 if none: set before the
 /// pin is made and cleared after it is undone (read by
 /// `sched_getaffinity`, the fork hooks and the statistics).
 static PINNED_CPU: AtomicI64 = AtomicI64::new(-1);
+/// The thread pinned: written before [`PINNED_CPU`] is set (and left
+/// after it is cleared; read only while it is set).
+static PINNED_TID: AtomicI64 = AtomicI64::new(-1);
 /// The statistics ([`stats`]) besides [`PINNED_CPU`]: the watcher runs;
 /// pins, releases, releases for crowding.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -75,9 +87,16 @@ pub fn stats() -> uzswap_contract::CoschedStats {
         crowded: CROWDED.load(Ordering::Relaxed),
     }
 }
-/// The CPU the main thread is pinned to by us.
+/// The CPU the busy thread is pinned to by us.
 fn pinned_cpu() -> Option<usize> {
     usize::try_from(PINNED_CPU.load(Ordering::Acquire)).ok()
+}
+
+/// The thread pinned, while one is ([`PINNED_TID`] is read after
+/// [`PINNED_CPU`] is seen set).
+fn pinned_tid() -> Option<i32> {
+    pinned_cpu()?;
+    i32::try_from(PINNED_TID.load(Ordering::Relaxed)).ok()
 }
 
 /// Its affinity before the pin, written before [`PINNED_CPU`] is set and
@@ -103,91 +122,128 @@ fn original() -> CpuSet {
 }
 
 /// What the watcher saw in one period.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Look {
-    /// Threads of the program (not the runtime's).
-    pub own_threads: usize,
+    /// The program's own threads (not the runtime's), with the CPU time
+    /// each has used so far (ns), sorted by tid.
+    pub threads: Vec<(i32, u64)>,
     /// The pager's evictions so far.
     pub evictions: u64,
-    /// How long the main thread waited for its CPU this period, ns.
+    /// How long the pinned thread waited for its CPU this period, ns.
     pub waited_ns: u64,
+    /// A fault has waited unread for at least [`STUCK`] while the pinned
+    /// thread runs: another thread faulted, and the helpers wait for the
+    /// pinned one to block.
+    pub fault_stuck: bool,
 }
 
 /// What to do after a look.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
     Nothing,
-    Pin,
-    /// Let go; `crowded`: because the thread waited for its CPU.
+    /// Pin this thread.
+    Pin(i32),
+    /// Let go; `crowded`: because the thread waited for its CPU, or
+    /// another thread's fault waited for the helpers.
     Release {
         crowded: bool,
     },
 }
 
-/// The watcher's state: when the process last became single-threaded, with
-/// the evictions then; whether it is pinned; when it may be pinned again.
+/// The watcher's state: since when the process has had the same threads,
+/// with their CPU times and the evictions then; the thread pinned and the
+/// threads there were when it was; when it may be pinned again.
 #[derive(Debug, Default)]
 pub struct Watch {
-    single_since: Option<(Instant, u64)>,
-    pinned: bool,
+    since: Option<(Instant, u64, Threads)>,
+    pinned: Option<(i32, Vec<i32>)>,
     not_before: Option<Instant>,
+}
+
+/// Threads `(tid, CPU time so far, ns)`, sorted by tid.
+type Threads = Vec<(i32, u64)>;
+
+fn tids(threads: &[(i32, u64)]) -> Vec<i32> {
+    threads.iter().map(|&(t, _)| t).collect()
+}
+
+/// The thread that did the process's work between two snapshots of the
+/// same threads: the only one, or one that used at least 5 % of a CPU
+/// while the others together used less than a tenth of what it did (a
+/// runtime's JIT, GC and I/O threads that wait).
+fn the_busy_one(then: &[(i32, u64)], now: &[(i32, u64)], elapsed: Duration) -> Option<i32> {
+    if let [(t, _)] = now {
+        return Some(*t);
+    }
+    let used: Vec<(i32, u64)> = then
+        .iter()
+        .zip(now)
+        .map(|(&(t, a), &(_, b))| (t, b.saturating_sub(a)))
+        .collect();
+    let &(busiest, most) = used.iter().max_by_key(|&&(_, u)| u)?;
+    let rest: u64 = used.iter().map(|&(_, u)| u).sum::<u64>() - most;
+    (most >= elapsed.as_nanos() as u64 / 20 && rest * 10 < most).then_some(busiest)
 }
 
 impl Watch {
     /// The decision at `now` (the caller carries it out and then calls
     /// [`Watch::pinned`] or [`Watch::released`]).
-    pub fn step(&mut self, now: Instant, look: Look) -> Step {
-        if self.pinned {
-            if look.own_threads != 1 {
+    pub fn step(&mut self, now: Instant, look: &Look) -> Step {
+        if let Some((_, at_pin)) = &self.pinned {
+            if tids(&look.threads) != *at_pin {
+                // A thread started (it inherited the pin) or ended.
                 return Step::Release { crowded: false };
             }
-            if look.waited_ns > PERIOD.as_nanos() as u64 / 4 {
+            if look.waited_ns > PERIOD.as_nanos() as u64 / 4 || look.fault_stuck {
                 return Step::Release { crowded: true };
             }
             return Step::Nothing;
         }
-        if look.own_threads != 1 {
-            self.single_since = None;
+        let same = self
+            .since
+            .as_ref()
+            .is_some_and(|(_, _, th)| tids(th) == tids(&look.threads));
+        if !same {
+            self.since = Some((now, look.evictions, look.threads.clone()));
             return Step::Nothing;
         }
-        let (since, evictions_then) = *self.single_since.get_or_insert((now, look.evictions));
-        let settled = now.duration_since(since) >= SETTLE;
-        let evicting = look.evictions > evictions_then;
+        let Some((since, evictions_then, then)) = &self.since else {
+            return Step::Nothing;
+        };
+        let elapsed = now.duration_since(*since);
+        if elapsed < SETTLE {
+            return Step::Nothing;
+        }
+        let evicting = look.evictions > *evictions_then;
+        let busy = the_busy_one(then, &look.threads, elapsed);
         let allowed = self.not_before.is_none_or(|t| now >= t);
-        if settled && !evicting {
-            // Quiet for a whole settle time: look again from here.
-            self.single_since = Some((now, look.evictions));
-        }
-        if settled && evicting && allowed {
-            Step::Pin
-        } else {
-            Step::Nothing
+        // Whatever happens, the next settle time starts here.
+        self.since = Some((now, look.evictions, look.threads.clone()));
+        match busy {
+            Some(t) if evicting && allowed => Step::Pin(t),
+            _ => Step::Nothing,
         }
     }
 
-    /// Whether the thread is pinned now.
+    /// Whether a thread is pinned now.
     pub fn is_pinned(&self) -> bool {
-        self.pinned
+        self.pinned.is_some()
     }
 
-    /// The pin was carried out.
-    pub fn pinned(&mut self) {
-        self.pinned = true;
+    /// The pin of `tid` was carried out; `threads`: the program's threads
+    /// then.
+    pub fn pinned(&mut self, tid: i32, threads: &[(i32, u64)]) {
+        self.pinned = Some((tid, tids(threads)));
     }
 
     /// The thread was let go at `now` (or a pin could not be made).
     pub fn released(&mut self, now: Instant, crowded: bool) {
-        self.pinned = false;
-        self.single_since = None;
+        self.pinned = None;
+        self.since = None;
         if crowded {
             self.not_before = Some(now + BACKOFF);
         }
     }
-}
-
-/// This process's pid: its main thread's tid.
-fn own_pid() -> i32 {
-    std::process::id() as i32
 }
 
 /// Whether co-scheduling can work here (see the module's docs).
@@ -202,10 +258,16 @@ pub fn start(thread_start: fn()) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The program's threads (not the runtime's helpers) and their CPU times.
+fn own_threads(helpers: &[i32]) -> Vec<(i32, u64)> {
+    let mut all = sched::threads_cpu_ns();
+    all.retain(|(t, _)| !helpers.contains(t));
+    all
+}
+
 fn watch() {
-    let main = own_pid();
     let mut w = Watch::default();
-    let mut waited = sched::run_delay_ns(main).unwrap_or(0);
+    let mut waited = 0;
     let mut helpers_pinned = 0;
     let mut last_evictions = 0;
     loop {
@@ -221,62 +283,68 @@ fn watch() {
             continue;
         }
         last_evictions = evictions;
-        let helpers = uzswap_os::fork::helper_tids().count();
-        let Some(threads) = sched::thread_count() else {
-            continue;
-        };
-        let Some(now_waited) = sched::run_delay_ns(main) else {
-            return; // the main thread is gone: nothing to follow
-        };
+        let helpers: Vec<i32> = uzswap_os::fork::helper_tids().collect();
+        let threads = own_threads(&helpers);
+        let pinned = pinned_tid();
+        let now_waited = pinned.and_then(sched::run_delay_ns).unwrap_or(0);
         let look = Look {
-            own_threads: threads.saturating_sub(helpers),
+            threads,
             evictions,
             waited_ns: now_waited.saturating_sub(waited),
+            // Not its own fault: the pinned thread runs meanwhile.
+            fault_stuck: rt
+                .space
+                .pager()
+                .fault_unread_for()
+                .is_some_and(|d| d >= STUCK)
+                && pinned.and_then(sched::runnable) == Some(true),
         };
         waited = now_waited;
         let now = Instant::now();
-        match w.step(now, look) {
-            Step::Pin => match pin(main) {
+        match w.step(now, &look) {
+            Step::Pin(tid) => match pin(tid) {
                 Ok(()) => {
-                    w.pinned();
-                    helpers_pinned = helpers;
+                    w.pinned(tid, &look.threads);
+                    waited = sched::run_delay_ns(tid).unwrap_or(0);
+                    helpers_pinned = helpers.len();
                     PINS.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(_) => w.released(now, true),
             },
             Step::Release { crowded } => {
-                release(main);
+                release();
                 w.released(now, crowded);
                 RELEASES.fetch_add(1, Ordering::Relaxed);
                 if crowded {
                     CROWDED.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Step::Nothing if w.is_pinned() && helpers != helpers_pinned => {
+            Step::Nothing if w.is_pinned() && helpers.len() != helpers_pinned => {
                 // A helper started since (a writer, a forked child's
                 // threads): it joins the others.
                 if let Some(cpu) = pinned_cpu() {
                     pin_helpers(&CpuSet::one(cpu));
                 }
-                helpers_pinned = helpers;
+                helpers_pinned = helpers.len();
             }
             Step::Nothing => {}
         }
     }
 }
 
-/// Pins the main thread where it last ran, and the helpers with it at idle
+/// Pins thread `tid` where it last ran, and the helpers with it at idle
 /// priority.
-fn pin(main: i32) -> std::io::Result<()> {
-    let original = sched::affinity(main)?;
-    let cpu = sched::last_cpu(main)
+fn pin(tid: i32) -> std::io::Result<()> {
+    let original = sched::affinity(tid)?;
+    let cpu = sched::last_cpu(tid)
         .filter(|&c| original.has(c))
-        .ok_or_else(|| std::io::Error::other("the main thread's CPU is not in its affinity"))?;
+        .ok_or_else(|| std::io::Error::other("the thread's CPU is not in its affinity"))?;
     let one = CpuSet::one(cpu);
     // The answer `sched_getaffinity` gives is right before the pin is.
     save_original(&original);
+    PINNED_TID.store(i64::from(tid), Ordering::Relaxed);
     PINNED_CPU.store(cpu as i64, Ordering::Release);
-    if let Err(e) = sched::set_affinity(main, &one) {
+    if let Err(e) = sched::set_affinity(tid, &one) {
         PINNED_CPU.store(-1, Ordering::Release);
         return Err(e);
     }
@@ -293,7 +361,7 @@ fn pin_helpers(one: &CpuSet) {
 
 /// Gives every thread of the process its affinity from before the pin, and
 /// the helpers their normal policy.
-fn release(main: i32) {
+fn release() {
     if pinned_cpu().is_none() {
         return;
     }
@@ -301,16 +369,10 @@ fn release(main: i32) {
     for tid in uzswap_os::fork::helper_tids() {
         let _ = sched::set_idle(tid, false);
     }
-    // Every thread: the helpers, and any the program started (it inherited
-    // the pin).
-    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
-        for t in tasks.flatten() {
-            if let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) {
-                let _ = sched::set_affinity(tid, &original);
-            }
-        }
-    } else {
-        let _ = sched::set_affinity(main, &original);
+    // Every thread: the helpers, the pinned one, and any it started (they
+    // inherited the pin).
+    for (tid, _) in sched::threads_cpu_ns() {
+        let _ = sched::set_affinity(tid, &original);
     }
     PINNED_CPU.store(-1, Ordering::Release);
 }
@@ -318,7 +380,7 @@ fn release(main: i32) {
 /// `fork()` prepare: a pinned forking thread gets its own affinity back for
 /// the fork, so that the child starts with it.
 pub fn before_fork() {
-    if pinned_cpu().is_some() {
+    if pinned_cpu().is_some() && on_pinned_thread() {
         let _ = sched::set_affinity(0, &original());
     }
 }
@@ -328,8 +390,8 @@ pub fn before_fork() {
 /// meanwhile, nothing is pinned and nothing is done.
 pub fn after_fork_parent() {
     if let Some(cpu) = pinned_cpu() {
-        if sched::set_affinity(0, &CpuSet::one(cpu)).is_err() {
-            release(own_pid());
+        if on_pinned_thread() && sched::set_affinity(0, &CpuSet::one(cpu)).is_err() {
+            release();
         }
     }
 }
@@ -353,115 +415,153 @@ pub fn after_fork_child() {
 pub fn release_inherited(run: u32) {
     // SAFETY: getppid has no preconditions.
     let parent = unsafe { libc::getppid() };
-    let (Ok(mine), Ok(tree), Ok(theirs)) = (
+    let (Ok(mine), Ok(tree)) = (
         sched::affinity(0),
         sched::affinity(i32::try_from(run).unwrap_or(0)),
-        sched::affinity(parent),
     ) else {
         return;
     };
-    if inherited_pin(&mine, &tree, &theirs) {
+    if inherited_pin(&mine, &tree, &sched::thread_affinities(parent)) {
         let _ = sched::set_affinity(0, &tree);
     }
 }
 
 /// Whether `mine` looks like a pin inherited from a parent that
-/// co-scheduling pinned: one CPU of the tree's, which has more, and the
-/// parent's affinity the same one CPU.
-fn inherited_pin(mine: &CpuSet, tree: &CpuSet, parent: &CpuSet) -> bool {
+/// co-scheduling pinned: one CPU of the tree's, which has more, and a
+/// thread of the parent (`parent`: their affinities) on that one CPU.
+fn inherited_pin(mine: &CpuSet, tree: &CpuSet, parent: &[CpuSet]) -> bool {
     mine.count() == 1
         && tree.count() > 1
         && mine.cpus().iter().all(|&c| tree.has(c))
-        && parent == mine
+        && parent.contains(mine)
 }
 
-/// What `sched_getaffinity(pid)` answers the program while its main thread
-/// is pinned: the affinity from before the pin, for the main thread (`pid`
-/// 0 on it, or the process's pid). `None`: ask the kernel.
+/// What `sched_getaffinity(pid)` answers the program while one of its
+/// threads is pinned: the affinity from before the pin, for that thread
+/// (`pid` 0 on it, or its tid; the process's pid when it is the main
+/// thread). `None`: ask the kernel.
 pub fn answer_for(pid: i32) -> Option<CpuSet> {
     pinned_cpu()?;
-    let me = own_pid();
+    let pinned = pinned_tid()?;
+    (pid == pinned || (pid == 0 && on_pinned_thread())).then(original)
+}
+
+/// Whether the calling thread is the one pinned (or being pinned).
+fn on_pinned_thread() -> bool {
     // SAFETY: gettid has no preconditions.
-    let on_main = unsafe { libc::gettid() } == me;
-    (pid == me || (pid == 0 && on_main)).then(original)
+    pinned_tid() == Some(unsafe { libc::gettid() })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn look(own_threads: usize, evictions: u64, waited_ns: u64) -> Look {
+    const MS: u64 = 1_000_000;
+
+    /// A look at threads `(tid, CPU ns)`.
+    fn look(threads: &[(i32, u64)], evictions: u64, waited_ns: u64) -> Look {
         Look {
-            own_threads,
+            threads: threads.to_vec(),
             evictions,
             waited_ns,
+            fault_stuck: false,
         }
+    }
+
+    /// One thread of its own, with no CPU time to speak of.
+    fn one(evictions: u64) -> Look {
+        look(&[(10, 0)], evictions, 0)
     }
 
     #[test]
     fn only_a_pin_shared_with_the_parent_counts_as_inherited() {
         let all = CpuSet::from_bytes(&[0b11]);
         let (zero, one) = (CpuSet::one(0), CpuSet::one(1));
-        assert!(inherited_pin(&one, &all, &one));
+        assert!(inherited_pin(&one, &all, &[one]));
+        // Any thread of the parent: the pinned one need not be its first.
+        assert!(inherited_pin(&one, &all, &[all, one, all]));
         // The user's `taskset -c 1` from an unpinned parent.
-        assert!(!inherited_pin(&one, &all, &all));
-        assert!(!inherited_pin(&one, &all, &zero));
+        assert!(!inherited_pin(&one, &all, &[all, all]));
+        assert!(!inherited_pin(&one, &all, &[zero]));
+        assert!(!inherited_pin(&one, &all, &[]));
         // Nothing to give back: the tree has one CPU, or this has more.
-        assert!(!inherited_pin(&one, &one, &one));
-        assert!(!inherited_pin(&all, &all, &all));
+        assert!(!inherited_pin(&one, &one, &[one]));
+        assert!(!inherited_pin(&all, &all, &[all]));
         // Not the tree's CPU.
-        assert!(!inherited_pin(&CpuSet::one(5), &all, &CpuSet::one(5)));
+        assert!(!inherited_pin(&CpuSet::one(5), &all, &[CpuSet::one(5)]));
     }
 
     #[test]
     fn a_single_thread_that_evicts_for_the_settle_time_is_pinned() {
         let mut w = Watch::default();
         let t0 = Instant::now();
-        assert_eq!(w.step(t0, look(1, 0, 0)), Step::Nothing);
-        assert_eq!(w.step(t0 + SETTLE / 2, look(1, 50, 0)), Step::Nothing);
-        assert_eq!(w.step(t0 + SETTLE, look(1, 100, 0)), Step::Pin);
-        w.pinned();
-        assert_eq!(w.step(t0 + SETTLE * 2, look(1, 200, 0)), Step::Nothing);
+        assert_eq!(w.step(t0, &one(0)), Step::Nothing);
+        assert_eq!(w.step(t0 + SETTLE / 2, &one(50)), Step::Nothing);
+        assert_eq!(w.step(t0 + SETTLE, &one(100)), Step::Pin(10));
+        w.pinned(10, &one(100).threads);
+        assert_eq!(w.step(t0 + SETTLE * 2, &one(200)), Step::Nothing);
     }
 
     #[test]
-    fn no_pin_without_eviction_or_with_a_second_thread() {
+    fn no_pin_without_eviction_or_with_a_second_thread_at_work() {
         let mut w = Watch::default();
         let t0 = Instant::now();
-        assert_eq!(w.step(t0, look(1, 7, 0)), Step::Nothing);
-        assert_eq!(w.step(t0 + SETTLE, look(1, 7, 0)), Step::Nothing);
-        // A second thread resets the clock: a JVM, node or Go process.
+        assert_eq!(w.step(t0, &one(7)), Step::Nothing);
+        assert_eq!(w.step(t0 + SETTLE, &one(7)), Step::Nothing);
+        // A thread started resets the clock.
         let mut w = Watch::default();
-        assert_eq!(w.step(t0, look(1, 0, 0)), Step::Nothing);
-        assert_eq!(w.step(t0 + SETTLE / 2, look(3, 10, 0)), Step::Nothing);
-        assert_eq!(w.step(t0 + SETTLE, look(1, 20, 0)), Step::Nothing);
-        assert_eq!(w.step(t0 + SETTLE * 3 / 2, look(1, 30, 0)), Step::Nothing);
-        assert_eq!(w.step(t0 + SETTLE * 2, look(1, 40, 0)), Step::Pin);
+        let two = |a, b, ev| look(&[(10, a), (11, b)], ev, 0);
+        assert_eq!(w.step(t0, &one(0)), Step::Nothing);
+        assert_eq!(w.step(t0 + SETTLE / 2, &two(0, 0, 10)), Step::Nothing);
+        assert_eq!(w.step(t0 + SETTLE, &two(0, 0, 20)), Step::Nothing);
+        // Both at work (a Go program's threads, a JVM's parallel GC).
+        let t1 = t0 + SETTLE / 2 + SETTLE;
+        assert_eq!(w.step(t1, &two(400 * MS, 300 * MS, 30)), Step::Nothing);
+        // One at work, the other waiting: the busy one is pinned.
+        let t2 = t1 + SETTLE;
+        assert_eq!(
+            w.step(t2, &two(400 * MS + 300 * MS, 300 * MS + 5 * MS, 40)),
+            Step::Pin(10)
+        );
+        // Nobody at work (each waits for the other): no pin.
+        let mut w = Watch::default();
+        w.step(t0, &two(0, 0, 0));
+        assert_eq!(w.step(t0 + SETTLE, &two(MS, MS / 2, 1)), Step::Nothing);
     }
 
     #[test]
-    fn a_new_thread_or_a_crowded_cpu_lets_go_and_crowding_backs_off() {
+    fn a_new_thread_a_crowded_cpu_or_a_stuck_fault_lets_go_and_crowding_backs_off() {
         let mut w = Watch::default();
         let t0 = Instant::now();
-        w.step(t0, look(1, 0, 0));
-        assert_eq!(w.step(t0 + SETTLE, look(1, 1, 0)), Step::Pin);
-        w.pinned();
+        w.step(t0, &one(0));
+        assert_eq!(w.step(t0 + SETTLE, &one(1)), Step::Pin(10));
+        w.pinned(10, &one(1).threads);
         let t1 = t0 + SETTLE;
-        assert_eq!(w.step(t1, look(2, 2, 0)), Step::Release { crowded: false });
+        let two = look(&[(10, 0), (11, 0)], 2, 0);
+        assert_eq!(w.step(t1, &two), Step::Release { crowded: false });
         w.released(t1, false);
         // Not crowded: pinned again after a settle time.
-        w.step(t1, look(1, 2, 0));
-        assert_eq!(w.step(t1 + SETTLE, look(1, 3, 0)), Step::Pin);
-        w.pinned();
+        w.step(t1, &one(2));
+        assert_eq!(w.step(t1 + SETTLE, &one(3)), Step::Pin(10));
+        w.pinned(10, &one(3).threads);
         let busy = PERIOD.as_nanos() as u64 / 2;
         assert_eq!(
-            w.step(t1 + SETTLE, look(1, 4, busy)),
+            w.step(t1 + SETTLE, &look(&[(10, 0)], 4, busy)),
             Step::Release { crowded: true }
         );
         let t2 = t1 + SETTLE;
         w.released(t2, true);
-        w.step(t2, look(1, 4, 0));
-        assert_eq!(w.step(t2 + SETTLE, look(1, 5, 0)), Step::Nothing);
-        assert_eq!(w.step(t2 + BACKOFF, look(1, 6, 0)), Step::Pin);
+        w.step(t2, &one(4));
+        assert_eq!(w.step(t2 + SETTLE, &one(5)), Step::Nothing);
+        w.step(t2 + BACKOFF - SETTLE, &one(6));
+        assert_eq!(w.step(t2 + BACKOFF, &one(7)), Step::Pin(10));
+        w.pinned(10, &one(7).threads);
+        // Another thread's fault waits behind the pinned one.
+        let mut stuck = one(8);
+        stuck.fault_stuck = true;
+        assert_eq!(
+            w.step(t2 + BACKOFF, &stuck),
+            Step::Release { crowded: true }
+        );
     }
 }

@@ -661,6 +661,18 @@ pub fn poll2(fd: RawFd, wake_fd: RawFd, timeout_ms: i32) {
     unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
 }
 
+/// Whether `fd` has something to read now (a poll that does not wait).
+pub fn readable(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is a valid pollfd for the call's duration.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r > 0 && p.revents & libc::POLLIN != 0
+}
+
 /// An eventfd used to wake the handler thread for shutdown.
 #[derive(Debug)]
 pub struct EventFd(OwnedFd);

@@ -1,13 +1,16 @@
 """Co-scheduling as a program sees it (crates/cli/tests/cosched.rs).
 
 Fills MIB MiB of distinct records and reads them back for SECONDS, one
-thread of its own, then reports, one line each:
+thread of its own (with `idle-thread`: and a second one that waits all the
+while, as a runtime's threads do), then reports, one line each:
   real-before / real-pinned / real-after: Cpus_allowed_list of this
       thread in /proc (the kernel's truth) at start, after the reads, and
       after it started a thread of its own;
   seen: os.sched_getaffinity(0) after the reads (what the program is told);
   nproc: what `nproc` started by subprocess (vfork + exec) counts;
   child: Cpus_allowed_list of a child made by os.fork();
+  idle-real (with `idle-thread`): Cpus_allowed_list of the waiting thread
+      after the reads;
 and `cosched: ok` once every record read back right.
 """
 import hashlib
@@ -26,7 +29,20 @@ def real():
     raise SystemExit("no Cpus_allowed_list")
 
 
+def real_of(tid):
+    with open("/proc/self/task/%d/status" % tid) as f:
+        for line in f:
+            if line.startswith("Cpus_allowed_list:"):
+                return line.split(":", 1)[1].strip()
+    raise SystemExit("no Cpus_allowed_list")
+
+
 mib, seconds = int(sys.argv[1]), float(sys.argv[2])
+idle = len(sys.argv) > 3 and sys.argv[3] == "idle-thread"
+if idle:
+    wake = threading.Event()
+    waiter = threading.Thread(target=wake.wait)
+    waiter.start()
 print("real-before", real(), flush=True)
 print("seen-before", ",".join(map(str, sorted(os.sched_getaffinity(0)))), flush=True)
 blocks = []
@@ -45,6 +61,10 @@ while time.monotonic() < end:
     step += 1
 print("real-pinned", real(), flush=True)
 print("seen", ",".join(map(str, sorted(os.sched_getaffinity(0)))), flush=True)
+if idle:
+    print("idle-real", real_of(waiter.native_id), flush=True)
+    wake.set()
+    waiter.join()
 print("nproc", subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(), flush=True)
 r, w = os.pipe()
 pid = os.fork()

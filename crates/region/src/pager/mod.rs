@@ -388,6 +388,16 @@ impl Pager {
         }
     }
 
+    /// How long a fault has waited unread: `Some` while the userfaultfd has
+    /// a message to read, with the time since the handler last read one;
+    /// `None` when nothing waits. A host that runs the handler at idle
+    /// priority beside a busy thread (co-scheduling) reads it to see a
+    /// fault of another thread waiting behind that one.
+    pub fn fault_unread_for(&self) -> Option<std::time::Duration> {
+        let sh = &self.owner.sh;
+        crate::sys::readable(sh.uffd.raw_fd()).then(|| sh.since_read())
+    }
+
     /// Brings every evicted page of every region back (what the fork hook
     /// does). Returns the pages brought back.
     pub fn prefault_all(&self) -> usize {
