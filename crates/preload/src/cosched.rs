@@ -359,20 +359,23 @@ fn pin_helpers(one: &CpuSet) {
     }
 }
 
-/// Gives every thread of the process its affinity from before the pin, and
-/// the helpers their normal policy.
+/// Gives the threads on the pinned CPU the pinned thread's affinity from
+/// before the pin, and the helpers their normal policy.
 fn release() {
-    if pinned_cpu().is_none() {
+    let Some(cpu) = pinned_cpu() else {
         return;
-    }
-    let original = original();
+    };
+    let (one, original) = (CpuSet::one(cpu), original());
     for tid in uzswap_os::fork::helper_tids() {
         let _ = sched::set_idle(tid, false);
     }
-    // Every thread: the helpers, the pinned one, and any it started (they
-    // inherited the pin).
+    // The threads on the pinned CPU alone: the helpers, the pinned one, and
+    // any it started (they inherited the pin). A thread the program placed
+    // elsewhere itself keeps its affinity.
     for (tid, _) in sched::threads_cpu_ns() {
-        let _ = sched::set_affinity(tid, &original);
+        if sched::affinity(tid).is_ok_and(|a| a == one) {
+            let _ = sched::set_affinity(tid, &original);
+        }
     }
     PINNED_CPU.store(-1, Ordering::Release);
 }
