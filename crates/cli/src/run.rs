@@ -685,16 +685,24 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
         }
     };
     let (pager, cache) = (&v.pager, &v.cache);
-    s += &format!("uzswap: {}\n", crate::stats::faults_line(v));
+    // In a tree the lines below are the program's own process's (its
+    // runtime wrote them; the tree's totals are the line above): they say
+    // so, lest `make`'s "evicted 0 pages" read as the build's.
+    let whose = if t.processes.len() > 1 {
+        format!("{prog} itself (pid {}): ", v.pid)
+    } else {
+        String::new()
+    };
+    s += &format!("uzswap: {whose}{}\n", crate::stats::faults_line(v));
     s += &format!(
-        "uzswap: evicted {} pages into the pool, {} of them written back to {}\n",
+        "uzswap: {whose}evicted {} pages into the pool, {} of them written back to {}\n",
         pager.evictions,
         cache.written_back_pages,
         tier_noun(a),
     );
     if cache.tier_round_trips > 0 {
         s += &format!(
-            "uzswap: the remote tier: {}\n",
+            "uzswap: {whose}the remote tier: {}\n",
             crate::stats::remote_line(cache)
         );
     }
@@ -709,7 +717,7 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
             None => "drop --no-backing-file or raise --memory-max".into(),
         };
         s += &format!(
-            "uzswap: WARNING: the pool ({}) refused pages, so the program went over its budget \
+            "uzswap: WARNING: {whose}the pool ({}) refused pages, so the program went over its budget \
              by up to {over} pages rather than stop; {remedy}\n",
             human(cache.pool_limit_bytes),
         );
@@ -719,13 +727,13 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
     let errors = pager.load_errors;
     if errors > 0 {
         s += &format!(
-            "uzswap: WARNING: {errors} pages could not be loaded back (see the statistics)\n"
+            "uzswap: WARNING: {whose}{errors} pages could not be loaded back (see the statistics)\n"
         );
     }
     let retried = pager.load_retries;
     if retried > 0 {
         s += &format!(
-            "uzswap: WARNING: {retried} loads failed ({} unreadable, {} corrupt, {} undecodable) and were \
+            "uzswap: WARNING: {whose}{retried} loads failed ({} unreadable, {} corrupt, {} undecodable) and were \
              tried again; {}\n",
             cache.backing_read_fail,
             cache.backing_corrupt,
@@ -777,6 +785,55 @@ mod tests {
         s.cache.backing_read_fail = unreadable;
         s.cache.backing_corrupt = corrupt;
         FinalStats::Read(Box::new(s))
+    }
+
+    /// In a tree, the lines that come from the program's own process's
+    /// statistics name it, beside the tree's totals; a lone process's
+    /// summary has no such label.
+    #[test]
+    fn summary_of_a_tree_names_the_root_process_lines() {
+        let a = Cli::parse_from(["x", "--memory-max", "1M", "--", "make"]).run;
+        let mut tree = crate::tree::TreeReport::default();
+        for (pid, evictions) in [(10, 0), (11, 500)] {
+            tree.processes.insert(
+                pid,
+                crate::tree::Process {
+                    pid,
+                    evictions,
+                    ..Default::default()
+                },
+            );
+        }
+        let mut snap = Snapshot {
+            pid: 10,
+            ..Default::default()
+        };
+        snap.pager.load_errors = 1;
+        let o = Outcome {
+            code: 0,
+            signal: None,
+            seconds: 1.0,
+            tree,
+            stats: FinalStats::Read(Box::new(snap)),
+        };
+        let s = summary(&a, &o);
+        assert!(s.contains("2 processes"), "{s}");
+        assert!(s.contains("500 pages evicted"), "{s}");
+        assert!(
+            s.contains("uzswap: make itself (pid 10): evicted 0 pages into the pool"),
+            "{s}"
+        );
+        assert!(s.contains("uzswap: make itself (pid 10): faults:"), "{s}");
+        assert!(
+            s.contains("WARNING: make itself (pid 10): 1 pages could not"),
+            "{s}"
+        );
+        let lone = summary_of(loads(0, 0, 0, 0));
+        assert!(!lone.contains("itself"), "{lone}");
+        assert!(
+            lone.contains("uzswap: evicted 0 pages into the pool"),
+            "{lone}"
+        );
     }
 
     #[test]
