@@ -10,12 +10,20 @@
 //!
 //! [`SlotMap`] hands out slots, preferring runs of adjacent free slots so a
 //! writeback batch becomes one `pwritev`.
+//!
+//! A page written back must leave memory, as the kernel's swap-out frees
+//! it: [`FileBacking`] reads and writes with `RWF_DONTCACHE` (Linux 6.14
+//! and filesystems that support it), so the file's pages leave the page
+//! cache once on disk, or, where the flag is refused, waits for its writes
+//! and drops them (`sync_file_range`, `POSIX_FADV_DONTNEED`). Before
+//! 2026-11-27 the file stayed in the page cache: memory outside the
+//! budget, read back at memory's speed, which no swap device gives.
 
 use crate::PAGE_SIZE;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -114,6 +122,9 @@ impl<S: BackingStore + ?Sized> BackingStore for std::sync::Arc<S> {
 /// The default tier: a local file of slots.
 pub struct FileBacking {
     file: File,
+    /// `RWF_DONTCACHE` is taken by the kernel and the file's filesystem
+    /// (cleared at the first refusal: then the pages are dropped by hand).
+    dontcache: std::sync::atomic::AtomicBool,
     path: PathBuf,
     /// Where `device_inflight` looks (the file's directory: the file itself
     /// is unlinked).
@@ -147,8 +158,20 @@ impl FileBacking {
                 .to_path_buf();
             (create_unlinked(path)?, dir)
         };
+        // Slots are read one at a time, in no order: readahead would only
+        // bring pages into the page cache that nobody asked for.
+        // SAFETY: a hint on our own descriptor.
+        unsafe {
+            libc::posix_fadvise(
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+                0,
+                libc::POSIX_FADV_RANDOM,
+            )
+        };
         Ok(FileBacking {
             file,
+            dontcache: std::sync::atomic::AtomicBool::new(true),
             path: path.to_path_buf(),
             dir,
         })
@@ -197,38 +220,145 @@ fn progress(n: isize, zero_kind: io::ErrorKind, zero: &str) -> io::Result<Option
     Ok(Some(n as usize))
 }
 
+impl FileBacking {
+    fn fd(&self) -> libc::c_int {
+        std::os::fd::AsRawFd::as_raw_fd(&self.file)
+    }
+
+    /// The flags of a read or write: `RWF_DONTCACHE` while it is taken.
+    fn rwf(&self) -> libc::c_int {
+        if self.dontcache.load(Ordering::Relaxed) {
+            libc::RWF_DONTCACHE
+        } else {
+            0
+        }
+    }
+
+    /// Whether a failed call with `flags` was a refusal of `RWF_DONTCACHE`
+    /// (an older kernel: EINVAL; a filesystem without it: EOPNOTSUPP). It
+    /// is not asked for again; the call is to be repeated without it.
+    fn refused(&self, flags: libc::c_int, e: &io::Error) -> bool {
+        let refusal =
+            flags != 0 && matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL));
+        if refusal {
+            self.dontcache.store(false, Ordering::Relaxed);
+        }
+        refusal
+    }
+
+    /// Without `RWF_DONTCACHE`: waits until `len` bytes at `at` are on the
+    /// device (an error here is the write's: the pages are not stored) and
+    /// drops them from the page cache.
+    fn drop_written(&self, at: u64, len: u64) -> io::Result<()> {
+        // SAFETY: plain system calls on our own descriptor.
+        let r = unsafe {
+            libc::sync_file_range(
+                self.fd(),
+                at as libc::off64_t,
+                len as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                    | libc::SYNC_FILE_RANGE_WRITE
+                    | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.drop_cached(at, len);
+        Ok(())
+    }
+
+    /// Drops clean cached pages of the file (a hint: failure leaves them).
+    fn drop_cached(&self, at: u64, len: u64) {
+        // SAFETY: as above.
+        unsafe {
+            libc::posix_fadvise(
+                self.fd(),
+                at as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            )
+        };
+    }
+}
+
 impl BackingStore for FileBacking {
     fn write_slots(&self, first: u64, pages: &[&[u8]]) -> io::Result<()> {
         let mut iov: Vec<io::IoSlice<'_>> = pages.iter().map(|p| io::IoSlice::new(p)).collect();
         let mut slices = &mut iov[..];
-        let mut at = first * PAGE_SIZE as u64;
+        let start = first * PAGE_SIZE as u64;
+        let mut at = start;
+        let mut flags = self.rwf();
         while !slices.is_empty() {
             // SAFETY: the iovecs point into live slices for the call's
             // duration; the fd is ours and open.
             let n = unsafe {
-                libc::pwritev(
-                    std::os::fd::AsRawFd::as_raw_fd(&self.file),
+                libc::pwritev2(
+                    self.fd(),
                     slices.as_ptr().cast(),
                     slices.len().min(1024) as libc::c_int,
                     at as libc::off_t,
+                    flags,
                 )
             };
-            let Some(n) = progress(
+            let n = match progress(
                 n,
                 io::ErrorKind::WriteZero,
                 "backing file accepted no bytes",
-            )?
-            else {
-                continue;
+            ) {
+                Ok(Some(n)) => n,
+                Ok(None) => continue,
+                Err(e) if self.refused(flags, &e) => {
+                    flags = 0;
+                    continue;
+                }
+                Err(e) => return Err(e),
             };
             at += n as u64;
             io::IoSlice::advance_slices(&mut slices, n);
+        }
+        if flags == 0 {
+            self.drop_written(start, at - start)?;
         }
         Ok(())
     }
 
     fn read_slot(&self, slot: u64, page: &mut [u8]) -> io::Result<()> {
-        self.file.read_exact_at(page, slot * PAGE_SIZE as u64)
+        let start = slot * PAGE_SIZE as u64;
+        let mut flags = self.rwf();
+        let mut done = 0;
+        while done < page.len() {
+            let rest = &mut page[done..];
+            let iov = libc::iovec {
+                iov_base: rest.as_mut_ptr().cast(),
+                iov_len: rest.len(),
+            };
+            // SAFETY: the iovec points into `page`, live and exclusively
+            // ours for the call; the fd is ours and open.
+            let n = unsafe {
+                libc::preadv2(
+                    self.fd(),
+                    &iov,
+                    1,
+                    (start + done as u64) as libc::off_t,
+                    flags,
+                )
+            };
+            match progress(
+                n,
+                io::ErrorKind::UnexpectedEof,
+                "the backing file ends before this slot",
+            ) {
+                Ok(Some(n)) => done += n,
+                Ok(None) => {}
+                Err(e) if self.refused(flags, &e) => flags = 0,
+                Err(e) => return Err(e),
+            }
+        }
+        if flags == 0 {
+            self.drop_cached(start, page.len() as u64);
+        }
+        Ok(())
     }
 
     fn discard(&self, first: u64, count: u64) {
@@ -601,6 +731,58 @@ mod tests {
         m.free(1);
         assert_eq!(m.alloc(4), vec![(4, 2), (1, 1)]);
         assert!(m.alloc(1).is_empty());
+    }
+
+    /// How many of the first `pages` pages of `b`'s file are in the page
+    /// cache (`mincore` of a shared mapping of it).
+    fn cached_pages(b: &FileBacking, pages: usize) -> usize {
+        let len = pages * PAGE_SIZE;
+        // SAFETY: maps our own descriptor read-only for this function; the
+        // mapping is unmapped before it returns, and `vec` has a byte per
+        // page.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                b.fd(),
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED, "{}", io::Error::last_os_error());
+            let mut vec = vec![0u8; pages];
+            assert_eq!(libc::mincore(p, len, vec.as_mut_ptr()), 0);
+            libc::munmap(p, len);
+            vec.iter().filter(|&&v| v & 1 == 1).count()
+        }
+    }
+
+    /// Written-back pages leave the page cache, as swapped-out pages leave
+    /// memory, on both paths (`RWF_DONTCACHE`, and the dropping by hand
+    /// where it is refused); what is read back comes from the file, right.
+    #[test]
+    fn written_back_pages_leave_the_page_cache() {
+        for by_hand in [false, true] {
+            let b = FileBacking::create(&std::env::temp_dir()).unwrap();
+            if by_hand {
+                b.dontcache.store(false, Ordering::Relaxed);
+            }
+            let pages: Vec<Vec<u8>> = (0..64u8).map(|i| vec![i ^ 0x5a; PAGE_SIZE]).collect();
+            let refs: Vec<&[u8]> = pages.iter().map(|p| &p[..]).collect();
+            b.write_slots(0, &refs).unwrap();
+            // RWF_DONTCACHE drops the pages when their writeback ends.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while cached_pages(&b, 64) > 0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            assert_eq!(cached_pages(&b, 64), 0, "by hand: {by_hand}");
+            let mut page = vec![0u8; PAGE_SIZE];
+            for (i, want) in pages.iter().enumerate() {
+                b.read_slot(i as u64, &mut page).unwrap();
+                assert_eq!(&page, want, "slot {i}, by hand: {by_hand}");
+            }
+            assert_eq!(cached_pages(&b, 64), 0, "after reads, by hand: {by_hand}");
+        }
     }
 
     #[test]

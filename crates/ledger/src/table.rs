@@ -32,7 +32,7 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"uzsledg1");
-const VERSION: u64 = 2;
+const VERSION: u64 = 3;
 const HEADER_WORDS: usize = 8;
 const OWNER_WORDS: usize = 16;
 const SLOT_WORDS: usize = OWNER_WORDS + 8;
@@ -45,6 +45,12 @@ const H_BUDGET: usize = 3;
 const H_ARBITER: usize = 4;
 const H_UNALLOTTED: usize = 5;
 const H_DECISIONS: usize = 6;
+/// One past the highest slot ever taken: the arbiter reads no further (a
+/// tree rarely has more than a few dozen processes at once, and reading
+/// all [`MAX_SLOTS`]-sized tables ten times a second cost a cache miss a
+/// slot).
+const H_HIGH: usize = 7;
+const _: () = assert!(H_HIGH < HEADER_WORDS);
 
 // Owner words of a slot.
 const S_PID: usize = 0;
@@ -315,7 +321,7 @@ impl Ledger {
     /// keeps the pid and start time and runs no exit code, so that slot is
     /// this process's and nobody else's), else a free one.
     pub fn claim(self: &Arc<Self>, pid: u32, start: u64, comm: &str) -> Result<Member, Error> {
-        let mine = (0..self.slots).find(|&i| {
+        let mine = (0..self.high()).find(|&i| {
             self.slot_word(i, S_PID).load(Ordering::Acquire) == u64::from(pid)
                 && self.slot_word(i, S_START).load(Ordering::Relaxed) == start
         });
@@ -335,6 +341,10 @@ impl Ledger {
                 })
                 .ok_or(Error::Full(self.slots))?,
         };
+        // Before the report is complete: a reader that sees the complete
+        // report read `H_HIGH` past it or sees it at its next read.
+        self.word(H_HIGH)
+            .fetch_max(index as u64 + 1, Ordering::AcqRel);
         let mut c = [0u8; 16];
         let n = comm.len().min(16);
         c[..n].copy_from_slice(&comm.as_bytes()[..n]);
@@ -363,7 +373,12 @@ impl Ledger {
 
     /// Reads every held slot whose report is complete (arbiter side).
     pub fn read(&self) -> Vec<SlotView> {
-        (0..self.slots).filter_map(|i| self.read_slot(i)).collect()
+        (0..self.high()).filter_map(|i| self.read_slot(i)).collect()
+    }
+
+    /// One past the highest slot ever taken (at most the slot count).
+    fn high(&self) -> usize {
+        (self.word(H_HIGH).load(Ordering::Acquire) as usize).min(self.slots)
     }
 
     fn read_slot(&self, i: usize) -> Option<SlotView> {
