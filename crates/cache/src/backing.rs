@@ -365,7 +365,7 @@ impl BackingStore for FileBacking {
         // SAFETY: plain syscall on our fd; failure only leaves blocks in use.
         unsafe {
             libc::fallocate(
-                std::os::fd::AsRawFd::as_raw_fd(&self.file),
+                self.fd(),
                 libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
                 (first * PAGE_SIZE as u64) as libc::off_t,
                 (count * PAGE_SIZE as u64) as libc::off_t,

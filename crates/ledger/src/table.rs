@@ -341,8 +341,9 @@ impl Ledger {
                 })
                 .ok_or(Error::Full(self.slots))?,
         };
-        // Before the report is complete: a reader that sees the complete
-        // report read `H_HIGH` past it or sees it at its next read.
+        // Raised before the slot's report is written: a reader that read
+        // the bound before this misses only a slot whose report is not
+        // complete yet, and reads it at its next pass.
         self.word(H_HIGH)
             .fetch_max(index as u64 + 1, Ordering::AcqRel);
         let mut c = [0u8; 16];

@@ -322,8 +322,15 @@ mod tests {
     #[test]
     fn a_join_walks_the_parent_not_the_whole_tree() {
         use std::io::Write;
+        // The interpreter itself: `python3` may be a shim (pyenv's is a
+        // shell script whose own short-lived children would pass for C).
+        let python = std::process::Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("python3 is on the machine");
+        let python = String::from_utf8(python.stdout).unwrap();
         // R waits for C; C reads a line, then starts a `sleep` of its own.
-        let mut r = std::process::Command::new("python3")
+        let mut r = std::process::Command::new(python.trim())
             .args([
                 "-c",
                 "import subprocess,sys\nsubprocess.run([sys.executable,'-c',\
