@@ -59,6 +59,11 @@ fn run_program(
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--", "python3", script.to_str().unwrap(), "96", "3"]);
     args.extend(mode);
+    // Where a pin is expected, the program reads on (30 s at most) until
+    // it comes: on a loaded machine it may come late, or after a back-off.
+    if !extra.contains(&"--no-cosched") && uzswap_os::sched::may_leave_idle() {
+        args.push("wait-pin=30");
+    }
     let r = report(&run(&dir, &args));
     Some((r, final_stats(&stats)))
 }

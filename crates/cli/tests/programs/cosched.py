@@ -38,7 +38,10 @@ def real_of(tid):
 
 
 mib, seconds = int(sys.argv[1]), float(sys.argv[2])
-idle = len(sys.argv) > 3 and sys.argv[3] == "idle-thread"
+idle = "idle-thread" in sys.argv[3:]
+# wait-pin=N: after the reads, go on reading for up to N more seconds
+# until this thread is pinned (a loaded machine may pin it late).
+wait_pin = max([float(a[9:]) for a in sys.argv[3:] if a.startswith("wait-pin=")] or [0])
 if idle:
     wake = threading.Event()
     waiter = threading.Thread(target=wake.wait)
@@ -54,7 +57,10 @@ for k in range(mib):
     digests.append(hashlib.sha256(b).digest())
 end = time.monotonic() + seconds
 step = 0
-while time.monotonic() < end:
+end_wait = end + wait_pin
+while time.monotonic() < end or (
+    time.monotonic() < end_wait and not real().isdigit()
+):
     for b in blocks[step % 7 :: 7]:
         for off in range(0, len(b), 4096):
             b[off] ^= 0  # read, and write the same byte back
