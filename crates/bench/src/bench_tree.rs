@@ -260,6 +260,14 @@ struct Ran {
 }
 
 impl Ran {
+    /// The CPU time, if it was all counted: of a run killed at the
+    /// deadline it was not (the processes orphaned by the kill are reaped
+    /// by init, not by this benchmark, and the runtimes' reports stopped
+    /// at the kill).
+    fn cpu(&self) -> Option<f64> {
+        (!self.timed_out).then_some(self.cpu_seconds)
+    }
+
     fn counted(&self) -> impl Iterator<Item = &Sample> {
         self.samples.iter().skip(STARTUP_SAMPLES)
     }
@@ -433,7 +441,7 @@ fn common(ran: &Ran, w: &Workload, reference: Option<&Outputs>) -> Result<(Value
         json!({
             "outputs_differing": differing,
             "wall_seconds": ran.wall_seconds,
-            "cpu_seconds": ran.cpu_seconds,
+            "cpu_seconds": ran.cpu(),
             "load_average_at_end": ran.load_average,
             "exit_status": ran.status.code(),
             "timed_out": ran.timed_out,
@@ -523,21 +531,24 @@ fn uzswap_side(
     v["tree_faults"] = json!(sum("faults"));
     // CPU time by the runtimes' reports: uzswap's threads inside the
     // program's processes, and `uzswap run` itself.
+    // None of a run killed at the deadline: its last reports are stale.
     for k in ["runtime_cpu_seconds", "run_cpu_seconds"] {
-        v[k] = stats
-            .pointer(&format!("/tree/{k}"))
-            .cloned()
-            .unwrap_or(Value::Null);
+        v[k] = match ran.cpu() {
+            Some(_) => stats.pointer(&format!("/tree/{k}")).cloned(),
+            None => None,
+        }
+        .unwrap_or(Value::Null);
     }
     // The split of all CPU time (`cpu_seconds`, every process waited for,
     // `uzswap run` included): uzswap's (its threads, `uzswap run`) and the
     // program's (the rest).
-    if let (Some(rt), Some(run)) = (
+    if let (Some(rt), Some(run), Some(all)) = (
         v["runtime_cpu_seconds"].as_f64(),
         v["run_cpu_seconds"].as_f64(),
+        ran.cpu(),
     ) {
         v["uzswap_cpu_seconds"] = json!(rt + run);
-        v["program_cpu_seconds"] = json!((ran.cpu_seconds - rt - run).max(0.0));
+        v["program_cpu_seconds"] = json!((all - rt - run).max(0.0));
     }
     // Written to and read back from the backing file: only the root
     // process's final statistics have these counters.
@@ -1310,6 +1321,24 @@ mod tests {
         assert_eq!(c["peak_memory_bytes"], json!(30));
         assert_eq!(c["outputs_identical"], json!(false));
         assert_eq!(c["wall_seconds_each_round"], json!([3.0, 1.0, 2.0]));
+    }
+
+    #[test]
+    fn a_run_killed_at_the_deadline_has_no_cpu_time() {
+        use std::os::unix::process::ExitStatusExt;
+        let ran = |timed_out: bool, raw: i32| Ran {
+            wall_seconds: 120.0,
+            cpu_seconds: 1.9,
+            load_average: 1.0,
+            status: std::process::ExitStatus::from_raw(raw),
+            timed_out,
+            samples: Vec::new(),
+            log: String::new(),
+        };
+        assert_eq!(ran(true, libc::SIGKILL).cpu(), None);
+        // Ended on its own, even with a failure: all of it was counted.
+        assert_eq!(ran(false, 1 << 8).cpu(), Some(1.9));
+        assert_eq!(ran(false, 0).cpu(), Some(1.9));
     }
 
     #[test]

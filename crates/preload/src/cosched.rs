@@ -29,8 +29,9 @@
 //! normal policy) when the process starts or ends a thread (a thread the
 //! pinned one starts inherits the pin: all get the affinity back); when the
 //! pinned thread waits for its CPU for more than a quarter of [`PERIOD`]
-//! (something else runs there: the scheduler may then place it
-//! elsewhere); or when a fault has waited unread for [`STUCK`] (another
+//! in [`CROWDED_PERIODS`] periods in a row (something else runs there: the
+//! scheduler may then place it elsewhere; one such period alone is a
+//! kernel worker or an interrupt's work, which passes); or when a fault has waited unread for [`STUCK`] (another
 //! thread faulted, and the helpers at idle priority wait for the busy one
 //! to block). After the last two, not again for [`BACKOFF`].
 //!
@@ -59,6 +60,13 @@ pub const PERIOD: Duration = Duration::from_millis(10);
 pub const SETTLE: Duration = Duration::from_secs(1);
 /// How long after a release for crowding before the thread is pinned again.
 pub const BACKOFF: Duration = Duration::from_secs(10);
+/// Periods in a row the pinned thread must wait for its CPU (more than a
+/// quarter of each) before it is let go for crowding. One period was not
+/// enough: on 2026-11-27 a single period of 2.5-4 ms waiting (a kernel
+/// worker's turn on that CPU) let a Python program go about once in 30 s,
+/// and it then ran unpinned for [`BACKOFF`] and a settle time; a program
+/// that shares the CPU with another busy one waits in every period.
+pub const CROWDED_PERIODS: u32 = 3;
 /// A fault unread this long while a thread is pinned waits behind it: the
 /// helpers at idle priority run only when the pinned thread waits.
 pub const STUCK: Duration = Duration::from_millis(5);
@@ -158,6 +166,8 @@ pub struct Watch {
     since: Option<(Instant, u64, Threads)>,
     pinned: Option<(i32, Vec<i32>)>,
     not_before: Option<Instant>,
+    /// Periods in a row the pinned thread has waited for its CPU.
+    waiting: u32,
 }
 
 /// Threads `(tid, CPU time so far, ns)`, sorted by tid.
@@ -194,7 +204,12 @@ impl Watch {
                 // A thread started (it inherited the pin) or ended.
                 return Step::Release { crowded: false };
             }
-            if look.waited_ns > PERIOD.as_nanos() as u64 / 4 || look.fault_stuck {
+            if look.waited_ns > PERIOD.as_nanos() as u64 / 4 {
+                self.waiting += 1;
+            } else {
+                self.waiting = 0;
+            }
+            if self.waiting >= CROWDED_PERIODS || look.fault_stuck {
                 return Step::Release { crowded: true };
             }
             return Step::Nothing;
@@ -234,6 +249,7 @@ impl Watch {
     /// then.
     pub fn pinned(&mut self, tid: i32, threads: &[(i32, u64)]) {
         self.pinned = Some((tid, tids(threads)));
+        self.waiting = 0;
     }
 
     /// The thread was let go at `now` (or a pin could not be made).
@@ -548,8 +564,19 @@ mod tests {
         assert_eq!(w.step(t1 + SETTLE, &one(3)), Step::Pin(10));
         w.pinned(10, &one(3).threads);
         let busy = PERIOD.as_nanos() as u64 / 2;
+        // A period of waiting alone passes; so do two, with one free
+        // between; as many in a row as CROWDED_PERIODS let go.
+        let waits = [busy, 0, busy, busy, 0];
+        for (i, &waited) in waits.iter().enumerate() {
+            let at = t1 + SETTLE + PERIOD * i as u32;
+            assert_eq!(w.step(at, &look(&[(10, 0)], 4, waited)), Step::Nothing);
+        }
+        for i in 1..CROWDED_PERIODS {
+            let at = t1 + SETTLE + PERIOD * (waits.len() as u32 + i);
+            assert_eq!(w.step(at, &look(&[(10, 0)], 4, busy)), Step::Nothing);
+        }
         assert_eq!(
-            w.step(t1 + SETTLE, &look(&[(10, 0)], 4, busy)),
+            w.step(t1 + SETTLE * 2, &look(&[(10, 0)], 4, busy)),
             Step::Release { crowded: true }
         );
         let t2 = t1 + SETTLE;
