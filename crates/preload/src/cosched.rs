@@ -31,9 +31,10 @@
 //! pinned thread waits for its CPU for more than a quarter of [`PERIOD`]
 //! in [`CROWDED_PERIODS`] periods in a row (something else runs there: the
 //! scheduler may then place it elsewhere; one such period alone is a
-//! kernel worker or an interrupt's work, which passes); or when a fault has waited unread for [`STUCK`] (another
-//! thread faulted, and the helpers at idle priority wait for the busy one
-//! to block). After the last two, not again for [`BACKOFF`].
+//! kernel worker's or an interrupt's work, which passes); or when a fault
+//! has waited unread for [`STUCK`] (another thread faulted, and the
+//! helpers at idle priority wait for the busy one to block). After the
+//! last two, not again for [`BACKOFF`].
 //!
 //! What the program sees: `sched_getaffinity` (libc's, which this library
 //! replaces) answers the affinity the thread had before it was pinned, so
@@ -564,8 +565,8 @@ mod tests {
         assert_eq!(w.step(t1 + SETTLE, &one(3)), Step::Pin(10));
         w.pinned(10, &one(3).threads);
         let busy = PERIOD.as_nanos() as u64 / 2;
-        // A period of waiting alone passes; so do two, with one free
-        // between; as many in a row as CROWDED_PERIODS let go.
+        // A period of waiting alone passes, and so do two in a row; as
+        // many in a row as CROWDED_PERIODS let go.
         let waits = [busy, 0, busy, busy, 0];
         for (i, &waited) in waits.iter().enumerate() {
             let at = t1 + SETTLE + PERIOD * i as u32;
