@@ -533,11 +533,10 @@ fn uzswap_side(
     // program's processes, and `uzswap run` itself.
     // None of a run killed at the deadline: its last reports are stale.
     for k in ["runtime_cpu_seconds", "run_cpu_seconds"] {
-        v[k] = match ran.cpu() {
-            Some(_) => stats.pointer(&format!("/tree/{k}")).cloned(),
-            None => None,
-        }
-        .unwrap_or(Value::Null);
+        v[k] = ran
+            .cpu()
+            .and_then(|_| stats.pointer(&format!("/tree/{k}")).cloned())
+            .unwrap_or(Value::Null);
     }
     // The split of all CPU time (`cpu_seconds`, every process waited for,
     // `uzswap run` included): uzswap's (its threads, `uzswap run`) and the
