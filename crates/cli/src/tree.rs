@@ -223,7 +223,8 @@ fn arbitrate(
         }
         if now >= next_sample {
             next_sample = now + SAMPLE;
-            let s = sampler.sample(root, &[me]);
+            let members: Vec<u32> = tick.members.iter().map(|m| m.slot.pid).collect();
+            let s = sampler.sample_members(root, &[me], &members);
             let own = tree::pss_anon(me).unwrap_or(0);
             let total = s.pss_anon + own;
             // What the tree holds that no process reported: reserved out

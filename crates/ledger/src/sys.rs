@@ -1,5 +1,6 @@
 //! The only module of this crate that calls `libc`: the shared mapping of
-//! the ledger, and what `/proc` says of a process.
+//! the ledger, what `/proc` says of a process, and pidfds that tell when
+//! one ends.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -79,15 +80,65 @@ pub(crate) fn open(path: &Path) -> io::Result<(OwnedFd, usize)> {
 /// zombie) and when it started (clock ticks since boot), which tells a
 /// process from a later one that got the same pid.
 pub fn proc_identity(pid: u32) -> Option<(bool, u64)> {
+    proc_stat(pid).map(|s| (s.alive, s.start))
+}
+
+/// The fields of `/proc/PID/stat` this crate reads.
+pub(crate) struct ProcStat {
+    /// Not a zombie.
+    pub alive: bool,
+    /// Its parent's pid.
+    pub parent: u32,
+    /// When it started, clock ticks since boot.
+    pub start: u64,
+}
+
+pub(crate) fn proc_stat(pid: u32) -> Option<ProcStat> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces and parentheses: the
     // fields after it start after the last ')'.
     let rest = &s[s.rfind(')')? + 2..];
     let mut f = rest.split(' ');
     let state = f.next()?;
-    // Field 22 (starttime) is the 20th after the state (field 3).
-    let start = f.nth(18)?.parse().ok()?;
-    Some((!matches!(state, "Z" | "X" | "x"), start))
+    let parent = f.next()?.parse().ok()?;
+    // Field 22 (starttime) is the 18th after the parent (field 4).
+    let start = f.nth(17)?.parse().ok()?;
+    Some(ProcStat {
+        alive: !matches!(state, "Z" | "X" | "x"),
+        parent,
+        start,
+    })
+}
+
+/// A pidfd for process `pid` (None if it is gone, or none can be opened:
+/// no descriptor left, or a kernel without pidfds).
+pub fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new
+    // descriptor (or -1); nothing of ours is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_long, 0 as libc::c_long) };
+    // SAFETY: a descriptor just returned to us, owned by nobody else.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Which of the processes behind `fds` have ended (exited, zombies
+/// included): one `poll` for all of them, waiting for none. A pidfd polls
+/// readable once its process has ended.
+pub fn ended(fds: &[&OwnedFd]) -> Vec<bool> {
+    let mut polled: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|fd| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: `polled` is a live array of `polled.len()` entries; timeout 0.
+    let n = unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, 0) };
+    if n < 0 {
+        // Only EINTR or ENOMEM: nothing is known to have ended.
+        return vec![false; fds.len()];
+    }
+    polled.iter().map(|p| p.revents != 0).collect()
 }
 
 /// The calling process's start time, as [`proc_identity`] gives it.
@@ -101,4 +152,37 @@ pub fn self_start_time() -> u64 {
 pub fn getpid() -> u32 {
     // SAFETY: getpid cannot fail.
     unsafe { libc::getpid() as u32 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pidfd_polls_ended_once_its_process_exits_zombie_or_not() {
+        let mut a = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep is on the machine");
+        let mut b = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep is on the machine");
+        let (fa, fb) = (pidfd_open(a.id()).unwrap(), pidfd_open(b.id()).unwrap());
+        assert_eq!(ended(&[&fa, &fb]), [false, false]);
+        // Killed and not yet waited for: a zombie has ended.
+        // SAFETY: signals a child of this test.
+        unsafe { libc::kill(b.id() as i32, libc::SIGKILL) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while ended(&[&fa, &fb]) != [false, true] {
+            assert!(std::time::Instant::now() < deadline, "never seen ended");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(proc_identity(b.id()).map(|(alive, _)| alive), Some(false));
+        let _ = a.kill();
+        let _ = a.wait();
+        let _ = b.wait();
+        assert_eq!(ended(&[&fa]), [true]);
+        assert!(pidfd_open(u32::MAX >> 1).is_none());
+    }
 }

@@ -99,11 +99,15 @@ fn smaps_anon(pid: u32) -> Option<Anon> {
     })
 }
 
-/// `RssAnon` of one process from `/proc/PID/status`: the kernel's counter,
-/// read without a walk.
-fn status_rss_anon(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    kib_field(&s, "RssAnon:")
+/// Resident anonymous bytes of one process (`RssAnon`) from its `statm`:
+/// the kernel's counters, read without a walk (see [`uzswap_os::statm`]).
+fn counted_rss_anon(pid: u32) -> Option<u64> {
+    uzswap_os::statm::of(pid).ok()
+}
+
+/// The parent of `pid`, from its `/proc/PID/stat` (None if it is gone).
+fn parent_of(pid: u32) -> Option<u32> {
+    crate::sys::proc_stat(pid).map(|s| s.parent)
 }
 
 /// The value of a `Name:   N kB` line, in bytes.
@@ -122,17 +126,26 @@ fn kib_field(text: &str, name: &str) -> Option<u64> {
 /// in all, and the walks were still a third of `uzswap run`'s CPU.
 pub const EXACT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How often [`Sampler::sample_members`] finds the tree anew from /proc
+/// (every thread's `children` file of every process). Between those
+/// walks the processes of the last one are read again, and processes that
+/// joined the ledger are placed under their parent. Measured on
+/// 2026-11-27 in a `make -j8` under `uzswap run`: walking the tree at
+/// every sample (100 ms), with seven threads to each managed process,
+/// was most of the arbiter's CPU.
+pub const FIND_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Samples one tree over and over, as [`sample`] does, with less work:
 /// a process that shares no anonymous page with another (its `Pss_Anon`
 /// equal to its `Rss_Anon`, within 1/64) has `Pss_Anon` = `RssAnon`, which
-/// `/proc/PID/status` gives without walking its page tables. Measured on
+/// `/proc/PID/statm` gives without walking its page tables. Measured on
 /// 2026-11-26: with a Python heap of 1 GB under eviction, the arbiter's
 /// `smaps_rollup` reads every 100 ms took about a tenth of all the CPU
 /// the run used besides the program's.
 ///
 /// Such a process begins to share only by forking, so it is read from
 /// `smaps_rollup` again when a child of its own joins the tree, and at
-/// least every [`EXACT_EVERY`]; the others keep their `status` figure (a
+/// least every [`EXACT_EVERY`]; the others keep their `statm` figure (a
 /// build starts a process every few hundred milliseconds, and walking
 /// every compiler's tables for each was most of `uzswap run`'s CPU). A
 /// process found sharing (a child forked without exec, its parent) is read
@@ -146,9 +159,18 @@ pub struct Sampler {
     /// Processes seen at the last sample: when they were read from
     /// `smaps_rollup`, and whether they shared nothing then.
     known: std::collections::HashMap<u32, (std::time::Instant, bool)>,
-    /// Reads of `smaps_rollup` and of `status` so far.
+    /// The tree at the last sample, `(pid, parent)`, root first: the
+    /// processes that were read then.
+    tree: Vec<(u32, u32)>,
+    /// When the tree was last found from /proc ([`FIND_EVERY`]).
+    found_at: Option<std::time::Instant>,
+    /// Members that the last finding did not see below the root (a double
+    /// fork took them out of it): not looked for again until the next.
+    outside: std::collections::HashSet<u32>,
+    /// Reads of `smaps_rollup` and of `statm` so far; findings of the tree.
     walks: u64,
     counts: u64,
+    finds: u64,
 }
 
 impl Sampler {
@@ -157,10 +179,71 @@ impl Sampler {
         Sampler::default()
     }
 
-    /// The tree below `root` now, leaving out the pids in `skip`.
+    /// The tree below `root` now, leaving out the pids in `skip`; the tree
+    /// is found from /proc at every call.
     pub fn sample(&mut self, root: u32, skip: &[u32]) -> TreeSample {
+        self.look(root, skip, None)
+    }
+
+    /// As [`Sampler::sample`], for a caller that knows the processes that
+    /// joined its ledger (`members`): the tree is found from /proc at most
+    /// every [`FIND_EVERY`], or when a member cannot be placed under a
+    /// process of the last sample (its parent is not one). Between
+    /// findings, a process of the tree that joined no ledger (a static
+    /// binary, a program started without the runtime) and started since the
+    /// last finding is not counted yet; a process that ended drops out at
+    /// once (its read fails).
+    pub fn sample_members(&mut self, root: u32, skip: &[u32], members: &[u32]) -> TreeSample {
+        self.look(root, skip, Some(members))
+    }
+
+    /// The tree to read now: found anew, or the last one with the members
+    /// that joined since placed under their parents.
+    fn current_tree(
+        &mut self,
+        root: u32,
+        now: std::time::Instant,
+        members: Option<&[u32]>,
+    ) -> Vec<(u32, u32)> {
+        let due = self
+            .found_at
+            .is_none_or(|t| now.duration_since(t) >= FIND_EVERY);
+        if let (false, Some(members)) = (due, members) {
+            let mut tree = self.tree.clone();
+            let mut seen: std::collections::HashSet<u32> = tree.iter().map(|&(p, _)| p).collect();
+            let placed = members.iter().all(|&m| {
+                if seen.contains(&m) || self.outside.contains(&m) {
+                    return true;
+                }
+                match parent_of(m) {
+                    Some(parent) if seen.contains(&parent) => {
+                        seen.insert(m);
+                        tree.push((m, parent));
+                        true
+                    }
+                    _ => false,
+                }
+            });
+            if placed {
+                return tree;
+            }
+        }
+        self.finds += 1;
+        self.found_at = Some(now);
+        let tree = tree_with_parents(root);
+        self.outside.clear();
+        if let Some(members) = members {
+            let seen: std::collections::HashSet<u32> = tree.iter().map(|&(p, _)| p).collect();
+            self.outside
+                .extend(members.iter().filter(|m| !seen.contains(m)));
+        }
+        tree
+    }
+
+    fn look(&mut self, root: u32, skip: &[u32], members: Option<&[u32]>) -> TreeSample {
         let now = std::time::Instant::now();
-        let tree: Vec<(u32, u32)> = tree_with_parents(root)
+        let tree: Vec<(u32, u32)> = self
+            .current_tree(root, now, members)
             .into_iter()
             .filter(|(p, _)| !skip.contains(p))
             .collect();
@@ -173,9 +256,11 @@ impl Sampler {
             .collect();
         let mut known = std::collections::HashMap::with_capacity(tree.len());
         let mut processes = Vec::with_capacity(tree.len());
+        let mut kept = Vec::with_capacity(tree.len());
         for &(p, parent) in &tree {
             if parent != 0 && same_address_space(p, parent) {
                 processes.push((p, 0));
+                kept.push((p, parent));
                 continue;
             }
             let cheap = match self.known.get(&p) {
@@ -183,22 +268,25 @@ impl Sampler {
                     if !forked.contains(&p) && now.duration_since(at) < EXACT_EVERY =>
                 {
                     self.counts += 1;
-                    status_rss_anon(p).map(|rss| (rss, at))
+                    counted_rss_anon(p).map(|rss| (rss, at))
                 }
                 _ => None,
             };
             if let Some((rss, at)) = cheap {
                 known.insert(p, (at, true));
                 processes.push((p, rss));
+                kept.push((p, parent));
                 continue;
             }
             self.walks += 1;
             if let Some(a) = smaps_anon(p) {
                 known.insert(p, (now, a.pss * 64 >= a.rss * 63));
                 processes.push((p, a.pss));
+                kept.push((p, parent));
             }
         }
         self.known = known;
+        self.tree = kept;
         TreeSample {
             pss_anon: processes.iter().map(|&(_, b)| b).sum(),
             processes,
@@ -211,9 +299,14 @@ impl Sampler {
         self.known.get(&pid).map(|&(at, _)| at)
     }
 
-    /// `(smaps_rollup reads, status reads)` so far.
+    /// `(smaps_rollup reads, statm reads)` so far.
     pub fn reads(&self) -> (u64, u64) {
         (self.walks, self.counts)
+    }
+
+    /// How many times the tree was found from /proc so far.
+    pub fn finds(&self) -> u64 {
+        self.finds
     }
 }
 
@@ -278,7 +371,7 @@ mod tests {
         assert_eq!(pss_anon(u32::MAX), None);
     }
 
-    /// A private process is read from `status` between walks, and the
+    /// A private process is read from `statm` between walks, and the
     /// figure matches the walk's; a process joining the tree makes every
     /// process walked again.
     #[test]
@@ -296,7 +389,7 @@ mod tests {
         let second = s.sample(me, &[]);
         let mine = |t: &TreeSample| t.processes.iter().find(|&&(p, _)| p == me).unwrap().1;
         if s.reads().0 == walks {
-            // Read from status: the same memory within the kernel's
+            // Read from statm: the same memory within the kernel's
             // per-CPU counter slack and what the test itself allocated.
             assert!(s.reads().1 >= 1);
             let (a, b2) = (mine(&first), mine(&second));
@@ -317,7 +410,7 @@ mod tests {
     }
 
     /// A process that joins has its parent walked again, not the
-    /// processes above it: a private grandparent keeps its `status`
+    /// processes above it: a private grandparent keeps its `statm`
     /// figure until its own time comes.
     #[test]
     fn a_join_walks_the_parent_not_the_whole_tree() {
@@ -381,6 +474,52 @@ mod tests {
         );
         if in_time {
             assert_eq!(s.walked_at(root), Some(r_at), "the grandparent was walked");
+        }
+    }
+
+    /// Between findings, a member of the ledger is placed under its parent
+    /// without walking /proc, a process that ended drops out, and a
+    /// process that joined no ledger waits for the next finding.
+    #[test]
+    fn members_join_between_findings_and_others_wait_for_the_next() {
+        let me = std::process::id();
+        let sleep = || {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .expect("sleep is on the machine")
+        };
+        let has = |t: &TreeSample, pid: u32| t.processes.iter().any(|&(p, _)| p == pid);
+        let mut s = Sampler::new();
+        let mut first = sleep();
+        s.sample_members(me, &[], &[]);
+        // The finding was made before this instant.
+        let t0 = std::time::Instant::now();
+        assert_eq!(s.finds(), 1);
+        // A member (as if it had joined the ledger): placed, no finding.
+        let mut member = sleep();
+        let mut other = sleep();
+        let t = s.sample_members(me, &[], &[member.id()]);
+        let in_time = t0.elapsed() < FIND_EVERY;
+        assert!(has(&t, member.id()), "{t:?}");
+        assert!(has(&t, first.id()), "{t:?}");
+        if in_time {
+            assert_eq!(s.finds(), 1, "a member made the tree be found again");
+            assert!(!has(&t, other.id()), "found before its time: {t:?}");
+        }
+        // One that ends drops out at once.
+        let _ = first.kill();
+        let _ = first.wait();
+        let t = s.sample_members(me, &[], &[member.id()]);
+        assert!(!has(&t, first.id()), "{t:?}");
+        // The next finding sees the one that joined no ledger.
+        std::thread::sleep(FIND_EVERY.saturating_sub(t0.elapsed()));
+        let t = s.sample_members(me, &[], &[member.id()]);
+        assert!(has(&t, other.id()), "{t:?}");
+        assert!(s.finds() >= 2);
+        for c in [&mut member, &mut other] {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 

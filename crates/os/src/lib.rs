@@ -4,7 +4,8 @@
 //! - [`PAGE_SIZE`]: the OS page, the unit the allocator, the cache and the
 //!   pager all work in;
 //! - [`rss_bytes`]: the process's resident set, which the tests and the
-//!   benchmarks measure memory by;
+//!   benchmarks measure memory by; [`statm`]: a process's resident
+//!   anonymous memory, cheaply enough to read every few milliseconds;
 //! - [`spawn_helper`]: how every crate starts its background threads (the
 //!   allocator's compactor, the cache's writer, the pager's handlers), so
 //!   that a host that must tell its own threads apart (the preload runtime)
@@ -30,6 +31,7 @@ pub mod cpu;
 pub mod fork;
 pub mod lock;
 pub mod sched;
+pub mod statm;
 pub mod sync;
 pub mod threads;
 
@@ -48,17 +50,14 @@ pub fn rss_bytes() -> std::io::Result<u64> {
     Ok(resident * PAGE_SIZE as u64)
 }
 
-/// The calling process's resident anonymous memory in bytes (`RssAnon` of
-/// `/proc/self/status`): heap, anonymous mappings, stacks, whatever maps
-/// them (the kernel's count, not the allocator's: memory an allocator
-/// reserved but never touched is not in it).
+/// The calling process's resident anonymous memory in bytes (`RssAnon`,
+/// as `/proc/self/status` counts it): heap, anonymous mappings, stacks,
+/// whatever maps them (the kernel's count, not the allocator's: memory an
+/// allocator reserved but never touched is not in it). Read from `statm`
+/// through a file kept open per thread ([`statm::own`]): cheap enough to
+/// call every few milliseconds.
 pub fn rss_anon_bytes() -> std::io::Result<u64> {
-    let s = std::fs::read_to_string("/proc/self/status")?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .ok_or_else(|| std::io::Error::other("no RssAnon in /proc/self/status"))
+    statm::own()
 }
 
 /// Starts a named helper thread that runs `thread_start` (if any) and then

@@ -277,9 +277,7 @@ pub fn start(thread_start: fn()) -> std::io::Result<()> {
 
 /// The program's threads (not the runtime's helpers) and their CPU times.
 fn own_threads(helpers: &[i32]) -> Vec<(i32, u64)> {
-    let mut all = sched::threads_cpu_ns();
-    all.retain(|(t, _)| !helpers.contains(t));
-    all
+    sched::threads_cpu_ns(helpers)
 }
 
 fn watch() {
@@ -389,7 +387,7 @@ fn release() {
     // The threads on the pinned CPU alone: the helpers, the pinned one, and
     // any it started (they inherited the pin). A thread the program placed
     // elsewhere itself keeps its affinity.
-    for (tid, _) in sched::threads_cpu_ns() {
+    for (tid, _) in sched::threads_cpu_ns(&[]) {
         if sched::affinity(tid).is_ok_and(|a| a == one) {
             let _ = sched::set_affinity(tid, &original);
         }
