@@ -1,5 +1,5 @@
 //! The tree's memory as the kernel counts it: the processes below a root
-//! (through `/proc/PID/task/TID/children`) and their proportional anonymous
+//! (by the parent each process's `/proc/PID/stat` names) and their proportional anonymous
 //! memory (`Pss_Anon` of `/proc/PID/smaps_rollup`). Pss counts a page that
 //! a fork left shared between two processes half to each, so the sum over
 //! the tree counts it once; it includes every process's pool and the
@@ -20,24 +20,43 @@ pub fn tree_pids(root: u32) -> Vec<u32> {
         .collect()
 }
 
+/// `(pid, its parent)` of every process, from each one's `/proc/PID/stat`.
+///
+/// Why not the `children` files of `/proc/PID/task/TID/`: opening a file
+/// of a thread other than a process's first makes the kernel's cleanup of
+/// that process's `/proc` entries, when it is reaped, far dearer while
+/// other processes keep the CPUs busy. Measured on 2026-11-27: 96 short
+/// `python3` processes with six idle threads each, eight at a time, cost
+/// their reapers 0.5-0.7 % of all the CPU in `d_walk` once each thread's
+/// `stat` had been read once, nothing without the reads; in a `make -j8`
+/// under `uzswap run`, whose every process has six runtime threads, the
+/// reaping `gcc` and `make` spent 4 % of the build's CPU there.
+fn parents() -> Vec<(u32, u32)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            Some((pid, crate::sys::proc_stat(pid)?.parent))
+        })
+        .collect()
+}
+
 /// `(pid, its parent in the walk)` of `root` and its descendants.
 fn tree_with_parents(root: u32) -> Vec<(u32, u32)> {
+    let mut by_parent: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
+    for (pid, parent) in parents() {
+        by_parent.entry(parent).or_default().push(pid);
+    }
     let mut out = vec![(root, 0)];
     let mut i = 0;
     while i < out.len() {
         let pid = out[i].0;
         i += 1;
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            continue;
-        };
-        for t in tasks.flatten() {
-            let Ok(c) = std::fs::read_to_string(t.path().join("children")) else {
-                continue;
-            };
-            for child in c.split_whitespace().filter_map(|s| s.parse().ok()) {
-                if !out.iter().any(|&(p, _)| p == child) {
-                    out.push((child, pid));
-                }
+        for &child in by_parent.get(&pid).into_iter().flatten() {
+            if !out.iter().any(|&(p, _)| p == child) {
+                out.push((child, pid));
             }
         }
     }
@@ -65,16 +84,11 @@ pub fn same_address_space(a: u32, b: u32) -> bool {
 
 /// The children of `pid` (of all its threads), those alive now.
 pub fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
-    };
-    for t in tasks.flatten() {
-        if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
-            out.extend(c.split_whitespace().filter_map(|w| w.parse::<u32>().ok()));
-        }
-    }
-    out
+    parents()
+        .into_iter()
+        .filter(|&(_, parent)| parent == pid)
+        .map(|(child, _)| child)
+        .collect()
 }
 
 /// `Pss_Anon` of one process, in bytes (None if it is gone or unreadable).
@@ -127,12 +141,12 @@ fn kib_field(text: &str, name: &str) -> Option<u64> {
 pub const EXACT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How often [`Sampler::sample_members`] finds the tree anew from /proc
-/// (every thread's `children` file of every process). Between those
-/// walks the processes of the last one are read again, and processes that
-/// joined the ledger are placed under their parent. Measured on
-/// 2026-11-27 in a `make -j8` under `uzswap run`: walking the tree at
-/// every sample (100 ms), with seven threads to each managed process,
-/// was most of the arbiter's CPU.
+/// (the `stat` of every process of the machine). Between findings the
+/// processes of the last sample are read again, and processes that joined
+/// the ledger are placed under their parent. Measured on 2026-11-27 in a
+/// `make -j8` under `uzswap run`: finding the tree at every sample (100
+/// ms), then from every thread's `children` file, was most of the
+/// arbiter's CPU.
 pub const FIND_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Samples one tree over and over, as [`sample`] does, with less work:

@@ -1,46 +1,42 @@
-//! CPU time from /proc: the whole process's, and its helper threads'
-//! (the threads [`crate::spawn_helper`] started: uzswap's own work inside
-//! a program), so that what uzswap costs can be told from what the
-//! program does.
-
-/// User plus system time, in seconds, of a `/proc/.../stat` line.
-fn stat_cpu_seconds(stat: &str) -> Option<f64> {
-    // The fields after the command (in parentheses, which may hold spaces
-    // or parentheses itself) start with the state, field 3; utime and
-    // stime are fields 14 and 15, in clock ticks.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut f = rest.split_whitespace().skip(11);
-    let utime: u64 = f.next()?.parse().ok()?;
-    let stime: u64 = f.next()?.parse().ok()?;
-    Some((utime + stime) as f64 / clock_ticks())
-}
-
-fn clock_ticks() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
-    }
-}
+//! CPU time: the whole process's, and its helper threads' (the threads
+//! [`crate::spawn_helper`] started: uzswap's own work inside a program),
+//! so that what uzswap costs can be told from what the program does.
+//!
+//! Read from the kernel's CPU clocks, not from `/proc/self/task/TID/stat`:
+//! a thread's `/proc` files, once opened, make the reaping of the process
+//! dearer (see `uzswap_ledger::tree`'s `parents` for what was measured).
 
 /// CPU time of the calling process so far, every thread's (those that
-/// ended included), in seconds; 0 if /proc cannot tell.
+/// ended included), in seconds; 0 if the clock cannot be read.
 pub fn process_cpu_seconds() -> f64 {
-    std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| stat_cpu_seconds(&s))
-        .unwrap_or(0.0)
+    clock_seconds(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0.0)
+}
+
+/// CPU time of thread `tid` of this process so far, in seconds (None if
+/// it has ended). The clock of a thread is named by its tid (the kernel's
+/// `MAKE_THREAD_CPUCLOCK`: the tid's complement shifted by 3, with the
+/// per-thread bit and the scheduler clock), as glibc's
+/// `pthread_getcpuclockid` names it.
+pub fn thread_cpu_ns(tid: i32) -> Option<u64> {
+    let id: libc::clockid_t = (!tid << 3) | 6;
+    clock_seconds(id).map(|s| (s * 1e9) as u64)
+}
+
+fn clock_seconds(id: libc::clockid_t) -> Option<f64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a live timespec for the kernel to fill.
+    let r = unsafe { libc::clock_gettime(id, &mut ts) };
+    (r == 0).then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
 }
 
 /// CPU time of this process's live helper threads so far, in seconds.
 pub fn helpers_cpu_seconds() -> f64 {
     crate::fork::helper_tids()
-        .filter_map(|tid| {
-            let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
-            stat_cpu_seconds(&s)
-        })
+        .filter_map(thread_cpu_ns)
+        .map(|ns| ns as f64 * 1e-9)
         .sum()
 }
 
@@ -49,11 +45,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_command_with_parentheses_and_spaces_is_skipped() {
-        let line = "42 (a) b (c) S 1 42 42 0 -1 4194304 100 0 0 0 250 50 0 0 20 0 1 0 5 0 0";
-        let want = 300.0 / clock_ticks();
-        assert_eq!(stat_cpu_seconds(line), Some(want));
-        assert_eq!(stat_cpu_seconds("garbage"), None);
+    fn a_thread_clock_is_read_by_tid_and_an_ended_thread_has_none() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < std::time::Duration::from_millis(30) {
+                std::hint::spin_loop();
+            }
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() }).unwrap();
+            let _ = wait.recv();
+        });
+        let tid = rx.recv().unwrap();
+        // Its 30 ms of spinning (less what the scheduler gave others).
+        let spun = thread_cpu_ns(tid).expect("a live thread of this process");
+        assert!(spun >= 5_000_000, "{spun} ns");
+        go.send(()).unwrap();
+        t.join().unwrap();
+        // A joined thread may still be leaving the kernel for a moment.
+        let t0 = std::time::Instant::now();
+        while thread_cpu_ns(tid).is_some() {
+            assert!(
+                t0.elapsed().as_secs() < 10,
+                "the ended thread's clock stays"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     #[test]
@@ -68,7 +86,6 @@ mod tests {
         })
         .unwrap();
         let t0 = std::time::Instant::now();
-        // Until the kernel's count shows it (a clock tick is 10 ms).
         while helpers_cpu_seconds() < before + 0.05 && t0.elapsed().as_secs() < 10 {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }

@@ -169,6 +169,12 @@ where
         })
 }
 
+/// Serialises this crate's tests that measure the process's memory: one
+/// that allocates tens of MiB while another measures would move its
+/// figures.
+#[cfg(test)]
+pub(crate) static MEMORY_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,6 +182,7 @@ mod tests {
 
     #[test]
     fn rss_anon_counts_touched_anonymous_memory() {
+        let _m = MEMORY_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let before = rss_anon_bytes().unwrap();
         // black_box: an optimised build would drop an unused vector unmade.
         let v = std::hint::black_box(vec![1u8; 16 << 20]);
@@ -186,6 +193,7 @@ mod tests {
 
     #[test]
     fn rss_is_a_whole_number_of_pages_and_grows_with_touched_memory() {
+        let _m = MEMORY_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         if std::env::var_os("UZSWAP_SANITIZER").is_some() {
             return; // a sanitizer's shadow memory moves the resident set
         }

@@ -152,21 +152,50 @@ pub fn may_leave_idle() -> bool {
     if have_rlimit && lim.rlim_cur as i64 >= 20 - nice {
         return true;
     }
-    // CAP_SYS_NICE is bit 23 of the effective set.
-    std::fs::read_to_string("/proc/thread-self/status")
-        .ok()
-        .and_then(|s| {
-            let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
-            u64::from_str_radix(hex.trim(), 16).ok()
-        })
-        .is_some_and(|caps| caps & (1 << 23) != 0)
+    // CAP_SYS_NICE is bit 23 of the effective set, which `capget` gives
+    // (version 3: two 32-bit words per set) without a `/proc` file of
+    // this thread (see `crate::cpu` for why those are avoided).
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget reads the header and writes two `Data` (version 3)
+    // into `data`, both live.
+    let r = unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) };
+    r == 0 && data[0].effective & (1 << 23) != 0
 }
 
-/// The CPU thread `tid` of this process last ran on (field 39 of
-/// `/proc/self/task/TID/stat`).
+/// The `/proc` file `name` of thread `tid` of this process: the process's
+/// own for its first thread (`/proc/self/NAME` describes that thread),
+/// else the thread's. Opening a file of another thread makes the reaping
+/// of the process dearer (see `crate::cpu`): the busy thread of most
+/// programs is the first.
+fn thread_file(tid: i32, name: &str) -> Option<String> {
+    if u32::try_from(tid).ok() == Some(std::process::id()) {
+        std::fs::read_to_string(format!("/proc/self/{name}")).ok()
+    } else {
+        std::fs::read_to_string(format!("/proc/self/task/{tid}/{name}")).ok()
+    }
+}
+
+/// The CPU thread `tid` of this process last ran on (field 39 of its
+/// `stat`).
 pub fn last_cpu(tid: i32) -> Option<usize> {
-    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
-    stat_cpu(&stat)
+    stat_cpu(&thread_file(tid, "stat")?)
 }
 
 /// The `processor` field of a `stat` line. The command name (field 2) may
@@ -178,26 +207,24 @@ fn stat_cpu(stat: &str) -> Option<usize> {
 }
 
 /// Whether thread `tid` of this process is running or waiting for a CPU
-/// (state `R` of `/proc/self/task/TID/stat`), not asleep.
+/// (state `R` of its `stat`), not asleep.
 pub fn runnable(tid: i32) -> Option<bool> {
-    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    let stat = thread_file(tid, "stat")?;
     let (_, rest) = stat.rsplit_once(')')?;
     Some(rest.split_whitespace().next()? == "R")
 }
 
 /// How long thread `tid` of this process has waited, runnable, for a CPU
-/// (the second field of `/proc/self/task/TID/schedstat`), in nanoseconds.
+/// (the second field of its `schedstat`), in nanoseconds.
 pub fn run_delay_ns(tid: i32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    let s = thread_file(tid, "schedstat")?;
     s.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// The threads of this process but those in `except`, and the CPU time
-/// each has used so far (the first field of
-/// `/proc/self/task/TID/schedstat`), in nanoseconds, sorted by tid. A
-/// thread that ends while it is read is left out. The threads in `except`
-/// are not read at all (a watcher that reads every 10 ms leaves out the
-/// runtime's own threads: most of a single-threaded program's).
+/// each has used so far (its CPU clock, [`crate::cpu::thread_cpu_ns`]), in
+/// nanoseconds, sorted by tid. A thread that ends while it is read is left
+/// out. Listing `/proc/self/task` opens no file of a thread.
 pub fn threads_cpu_ns(except: &[i32]) -> Vec<(i32, u64)> {
     let mut out: Vec<(i32, u64)> = std::fs::read_dir("/proc/self/task")
         .into_iter()
@@ -208,8 +235,7 @@ pub fn threads_cpu_ns(except: &[i32]) -> Vec<(i32, u64)> {
             if except.contains(&tid) {
                 return None;
             }
-            let s = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
-            Some((tid, s.split_whitespace().next()?.parse().ok()?))
+            Some((tid, crate::cpu::thread_cpu_ns(tid)?))
         })
         .collect();
     out.sort_unstable();

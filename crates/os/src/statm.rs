@@ -98,6 +98,9 @@ mod tests {
 
     #[test]
     fn the_kept_file_is_read_anew_and_agrees_with_status() {
+        let _m = crate::MEMORY_TESTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let before = own().unwrap();
         let v = std::hint::black_box(vec![1u8; 32 << 20]);
         // The same open file, read again, sees the growth.
@@ -139,6 +142,9 @@ mod tests {
 
     #[test]
     fn a_forked_child_reads_its_own_memory_not_its_parents() {
+        let _m = crate::MEMORY_TESTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         // The parent's file is open on this thread before the fork.
         let parent = own().unwrap();
         let mut fds = [0i32; 2];
