@@ -206,9 +206,19 @@ mod tests {
             .spawn()
             .unwrap();
         // Until it has run `exec`, the child's environment is this
-        // process's, which names no ledger.
+        // process's, which names no ledger; and the new program's name
+        // may show before the kernel has placed the new environment (the
+        // loader sets where it lies after the name is changed): look
+        // until it is there.
         wait_for_exec(child.id(), "sleep");
-        let f = find(child.id());
+        let t0 = std::time::Instant::now();
+        let f = loop {
+            let f = find(child.id());
+            if f.is_ok() || t0.elapsed() > std::time::Duration::from_secs(5) {
+                break f;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
         let _ = child.kill();
         let _ = child.wait();
         let f = f.unwrap();
