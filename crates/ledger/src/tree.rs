@@ -54,11 +54,8 @@ fn tree_with_parents(root: u32) -> Vec<(u32, u32)> {
     while i < out.len() {
         let pid = out[i].0;
         i += 1;
-        for &child in by_parent.get(&pid).into_iter().flatten() {
-            if !out.iter().any(|&(p, _)| p == child) {
-                out.push((child, pid));
-            }
-        }
+        // Every pid has one parent in the snapshot: each is pushed once.
+        out.extend(by_parent.get(&pid).into_iter().flatten().map(|&c| (c, pid)));
     }
     out
 }
@@ -272,30 +269,35 @@ impl Sampler {
         let mut processes = Vec::with_capacity(tree.len());
         let mut kept = Vec::with_capacity(tree.len());
         for &(p, parent) in &tree {
-            if parent != 0 && same_address_space(p, parent) {
-                processes.push((p, 0));
-                kept.push((p, parent));
-                continue;
-            }
-            let cheap = match self.known.get(&p) {
-                Some(&(at, true))
-                    if !forked.contains(&p) && now.duration_since(at) < EXACT_EVERY =>
-                {
-                    self.counts += 1;
-                    counted_rss_anon(p).map(|rss| (rss, at))
+            let bytes = if parent != 0 && same_address_space(p, parent) {
+                Some(0)
+            } else {
+                let cheap = match self.known.get(&p) {
+                    Some(&(at, true))
+                        if !forked.contains(&p) && now.duration_since(at) < EXACT_EVERY =>
+                    {
+                        self.counts += 1;
+                        counted_rss_anon(p).map(|rss| (rss, at))
+                    }
+                    _ => None,
+                };
+                match cheap {
+                    Some((rss, at)) => {
+                        known.insert(p, (at, true));
+                        Some(rss)
+                    }
+                    None => {
+                        self.walks += 1;
+                        smaps_anon(p).map(|a| {
+                            known.insert(p, (now, a.pss * 64 >= a.rss * 63));
+                            a.pss
+                        })
+                    }
                 }
-                _ => None,
             };
-            if let Some((rss, at)) = cheap {
-                known.insert(p, (at, true));
-                processes.push((p, rss));
-                kept.push((p, parent));
-                continue;
-            }
-            self.walks += 1;
-            if let Some(a) = smaps_anon(p) {
-                known.insert(p, (now, a.pss * 64 >= a.rss * 63));
-                processes.push((p, a.pss));
+            // Left out: it ended (or its files cannot be read).
+            if let Some(b) = bytes {
+                processes.push((p, b));
                 kept.push((p, parent));
             }
         }

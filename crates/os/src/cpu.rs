@@ -9,27 +9,26 @@
 /// CPU time of the calling process so far, every thread's (those that
 /// ended included), in seconds; 0 if the clock cannot be read.
 pub fn process_cpu_seconds() -> f64 {
-    clock_seconds(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0.0)
+    clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID).map_or(0.0, |ns| ns as f64 * 1e-9)
 }
 
-/// CPU time of thread `tid` of this process so far, in seconds (None if
-/// it has ended). The clock of a thread is named by its tid (the kernel's
-/// `MAKE_THREAD_CPUCLOCK`: the tid's complement shifted by 3, with the
-/// per-thread bit and the scheduler clock), as glibc's
+/// CPU time of thread `tid` of this process so far, in nanoseconds (None
+/// if it has ended). The clock of a thread is named by its tid (the
+/// kernel's `MAKE_THREAD_CPUCLOCK`: the tid's complement shifted by 3, with
+/// the per-thread bit and the scheduler clock), as glibc's
 /// `pthread_getcpuclockid` names it.
 pub fn thread_cpu_ns(tid: i32) -> Option<u64> {
-    let id: libc::clockid_t = (!tid << 3) | 6;
-    clock_seconds(id).map(|s| (s * 1e9) as u64)
+    clock_ns((!tid << 3) | 6)
 }
 
-fn clock_seconds(id: libc::clockid_t) -> Option<f64> {
+fn clock_ns(id: libc::clockid_t) -> Option<u64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a live timespec for the kernel to fill.
     let r = unsafe { libc::clock_gettime(id, &mut ts) };
-    (r == 0).then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+    (r == 0).then_some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
 /// CPU time of this process's live helper threads so far, in seconds.

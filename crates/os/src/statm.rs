@@ -40,9 +40,13 @@ fn read_anon(file: &File) -> io::Result<u64> {
         .ok_or_else(|| io::Error::other("unexpected /proc/PID/statm format"))
 }
 
+fn open(pid: u32) -> io::Result<File> {
+    File::open(format!("/proc/{pid}/statm"))
+}
+
 /// The resident anonymous memory of process `pid`, in bytes.
 pub fn of(pid: u32) -> io::Result<u64> {
-    read_anon(&File::open(format!("/proc/{pid}/statm"))?)
+    read_anon(&open(pid)?)
 }
 
 thread_local! {
@@ -63,7 +67,7 @@ pub fn own() -> io::Result<u64> {
             return of(pid);
         };
         if !matches!(&*slot, Some((p, _)) if *p == pid) {
-            *slot = Some((pid, File::open(format!("/proc/{pid}/statm"))?));
+            *slot = Some((pid, open(pid)?));
         }
         let (_, file) = slot.as_ref().expect("opened above");
         read_anon(file)
