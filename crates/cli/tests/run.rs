@@ -512,6 +512,12 @@ print("%d bad" % bad)
     assert!(stored > 0, "nothing stored at exit: {v}");
 }
 
+/// Waits until `uzswap run` (the parent of the `sh -c` that started it)
+/// is gone, then execs `echo`: a fixed sleep was not always long enough
+/// on a loaded machine.
+const AFTER_THE_RUN: &str =
+    "while kill -0 $PPID 2>/dev/null; do sleep 0.1; done; exec /bin/echo left behind";
+
 /// Runs `sh -c '(LATER) >OUT 2>&1 &'` under `uzswap run` with `extra`
 /// arguments: `LATER` runs on after the run ended. Returns what it printed
 /// once it printed "left behind" (or after 20 s).
@@ -547,7 +553,7 @@ fn left_behind(name: &str, extra: &[&str], later: &str) -> String {
 #[test]
 fn a_process_left_behind_runs_unmanaged_after_uzswap_run_ended() {
     require_uffd!();
-    let text = left_behind("left-behind", &[], "sleep 2; exec /bin/echo left behind");
+    let text = left_behind("left-behind", &[], AFTER_THE_RUN);
     assert!(text.contains("left behind\n"), "{text:?}");
     assert!(text.contains("cannot be preloaded"), "{text:?}");
     assert!(!text.contains("uzswap: cannot start"), "{text:?}");
@@ -563,11 +569,7 @@ fn a_left_behind_exec_with_a_library_file_runs_unmanaged() {
     require_uffd!();
     // The file the binary carries (build.rs), named as a user would.
     let lib = env!("UZSWAP_PRELOAD_EMBED");
-    let text = left_behind(
-        "left-behind-file",
-        &["--preload-lib", lib],
-        "sleep 1; exec /bin/echo left behind",
-    );
+    let text = left_behind("left-behind-file", &["--preload-lib", lib], AFTER_THE_RUN);
     assert!(text.contains("left behind\n"), "{text:?}");
     assert!(text.contains("has ended"), "{text:?}");
     assert!(text.contains("runs unmanaged"), "{text:?}");

@@ -44,10 +44,13 @@
 //!   doubles up to `zero_readahead_max` while first touches land right
 //!   after the last run, and halves otherwise), mapped as the zero page by
 //!   one `UFFDIO_ZEROPAGE` within the free budget: a heap that grows costs
-//!   one round trip per run instead of one per page; a later write to such
-//!   a page is the kernel's copy-on-write, with no round trip; they are
-//!   `Dirty` too (counted resident: the budget is charged for them before
-//!   they are written).
+//!   one round trip per run instead of one per page. While more than a
+//!   quarter of the limit is free the run is `zero_readahead_wide` pages
+//!   whatever the window (first touches that skip pages never grow it),
+//!   halved until it fits when it would cross into another mapping. A
+//!   later write to such a page is the kernel's copy-on-write, with no
+//!   round trip; they are `Dirty` too (counted resident: the budget is
+//!   charged for them before they are written).
 //! - **missing fault, `Stored` page**: load it with `LoadMode::Keep` plus
 //!   the run of `Stored` pages after it (readahead; the window doubles up to
 //!   `readahead_max` while faults land right after the previous window and

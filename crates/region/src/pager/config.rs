@@ -50,8 +50,19 @@ pub struct PagerConfig {
     /// filled) and halves otherwise. The neighbours get the shared zero
     /// page (`UFFDIO_ZEROPAGE`): a later write copies it in the kernel with
     /// no round trip through a handler, and a page never written costs no
-    /// memory. 0: one page per fault.
+    /// memory. 0: one page per fault (and no wide window either).
     pub zero_readahead_max: usize,
+    /// While more than a quarter of the limit is free, a first-touch fault
+    /// maps up to this many untouched pages after it, whatever the window
+    /// (taken no larger than 63 with `in_thread_faults`). Allocators do
+    /// not touch new memory page after page: they write a block's header,
+    /// skip its body, come back; the window above then rarely grows. A
+    /// parallel build with room to spare took 105 k first-touch faults
+    /// with the window alone and 40 k with 256 here, 0.87 of the wall and
+    /// CPU time (docs/BENCHMARKS.md). Near the limit only the window
+    /// counts: pages mapped as zeros are charged as resident, and there
+    /// they would push out pages in use.
+    pub zero_readahead_wide: usize,
     /// Victim choice.
     pub policy: VictimPolicy,
     /// How long the handler spins on the descriptor after its last message
@@ -145,6 +156,7 @@ impl PagerConfig {
             budget_pages,
             readahead_max: 8,
             zero_readahead_max: 32,
+            zero_readahead_wide: 256,
             policy: VictimPolicy::Workingset,
             spin: Duration::from_micros(50),
             evict_batch: 64,

@@ -5,7 +5,7 @@
 
 use super::handler::{PageBuf, Wakes};
 use super::load::{Load, MAX_LOAD};
-use super::state::{lookup, PageState, State, IN_THREAD_SPARE};
+use super::state::{lookup, PageState, State, IN_THREAD_SPARE, MAX_IN_THREAD_WINDOW};
 use super::Shared;
 use crate::sys::{self, PAGE_SIZE};
 use std::time::Instant;
@@ -200,23 +200,40 @@ impl Shared {
     /// How many pages a first-touch fault at `page` maps as zeros: itself
     /// and the run of `Absent` pages after it, up to the zero readahead
     /// window (which doubles while first touches land right after the last
-    /// run and halves otherwise), the free budget and the segment's end.
-    /// Not into a discard in flight or a page the evictor will drop.
+    /// run and halves otherwise; `zero_readahead_wide` while more than a
+    /// quarter of the limit is free), the free budget and the segment's
+    /// end. Not into a discard in flight or a page the evictor will drop.
     fn zero_run(&self, s: &mut State, addr: usize, area: u32, page: u64) -> usize {
         let max = self.cfg.zero_readahead_max;
-        let window = s.areas.get_mut(&area).expect("area").zr.window(page, max);
-        if window == 0 {
+        let mut window = s.areas.get_mut(&area).expect("area").zr.window(page, max);
+        if max == 0 {
             return 1;
         }
         let free = if s.store_full {
             window
         } else {
-            s.limit.saturating_sub(s.resident + 1)
+            let free = s.limit.saturating_sub(s.resident + 1);
+            if free > s.limit / 4 {
+                window = window.max(self.wide_zero_window());
+            }
+            free
         };
+        if window == 0 {
+            return 1;
+        }
         let limit = page + 1 + window.min(free) as u64;
         s.run_after(addr, area, page, limit, |m| {
             m.st == PageState::Absent && !m.claimed
         })
+    }
+
+    /// `zero_readahead_wide`, as this pager may use it.
+    fn wide_zero_window(&self) -> usize {
+        if self.cfg.in_thread_faults {
+            self.cfg.zero_readahead_wide.min(MAX_IN_THREAD_WINDOW)
+        } else {
+            self.cfg.zero_readahead_wide
+        }
     }
 
     /// Maps the faulting page of `f` and the `n - 1` untouched pages after
@@ -246,17 +263,27 @@ impl Shared {
         if rest == 0 {
             return Ok(first);
         }
-        let r = self.uffd.zeropage(rest_at, rest * PAGE_SIZE, w.defer);
-        w.resolved(rest_at, &r, rest * PAGE_SIZE);
+        // One call maps within one mapping: a run that crosses into
+        // another (the program's `mprotect` splits a region, and the JVM
+        // and Go keep the uncommitted rest of a heap `PROT_NONE`) fails
+        // whole with ENOENT. Halved until it fits, so that a wide run still
+        // maps what lies before the boundary.
+        let mut rest = rest;
+        let r = loop {
+            let r = self.uffd.zeropage(rest_at, rest * PAGE_SIZE, w.defer);
+            w.resolved(rest_at, &r, rest * PAGE_SIZE);
+            match &r {
+                Err(e) if e.done == 0 && e.errno == libc::ENOENT && rest > 1 => rest /= 2,
+                _ => break r,
+            }
+        };
         match r {
             Ok(()) => Ok(first + rest),
             Err(e) if e.done > 0 => Ok(first + e.done / PAGE_SIZE),
             // Only neighbours failed: the faulting page is mapped.
             Err(_) if first == 1 => Ok(1),
-            // The run met a page mapped already (EEXIST) or crossed into
-            // another mapping (ENOENT: one call maps within one mapping,
-            // and the program's `mprotect` splits a region into several):
-            // the faulting page alone, or its thread would wait for ever.
+            // The run met a page mapped already (EEXIST): the faulting
+            // page alone, or its thread would wait for ever.
             Err(e) if rest > 1 && e.errno != libc::EAGAIN => match self.zeropage(w, f.addr) {
                 Ok(()) => Ok(1),
                 Err(e) if e.errno == libc::EEXIST => Ok(1),

@@ -109,6 +109,54 @@ fn sequential_first_touches_are_served_in_runs() {
     assert_eq!(store.len(), 0);
 }
 
+/// First touches that skip pages (an allocator writing block headers)
+/// never grow the zero readahead window; with most of the budget free the
+/// wide window serves them in runs all the same. Every page reads zero
+/// until written and keeps what was written; near the limit the runs stop
+/// at the free budget.
+#[test]
+fn sparse_first_touches_with_room_are_served_in_wide_runs() {
+    let mut cfg = uzswap_region::PagerConfig::new(4096);
+    cfg.zero_readahead_wide = 256;
+    let (pager, _store) = pager_with(cfg);
+    let r = pager.region(1024 * PAGE).unwrap();
+    let base = r.as_ptr();
+    for p in (0..1024).step_by(4) {
+        assert_eq!(touch(base, p), 0, "page {p}");
+    }
+    let st = pager.stats();
+    assert!(st.faults_zero <= 8, "256 touches: {st:?}");
+    for p in 0..1024 {
+        assert!(page_mut(base, p).iter().all(|b| *b == 0), "page {p}");
+        fill(page_mut(base, p), p, 7);
+    }
+    let mut want = vec![0u8; PAGE];
+    for p in 0..1024 {
+        fill(&mut want, p, 7);
+        assert_eq!(page_mut(base, p), &want[..], "page {p}");
+    }
+    pager.check_invariants().unwrap();
+
+    // Without room: the same touches in a budget of 64 pages fault far
+    // more often, and the resident set stays within it.
+    let mut cfg = uzswap_region::PagerConfig::new(64);
+    cfg.zero_readahead_wide = 256;
+    let (pager, _store) = pager_with(cfg);
+    let r = pager.region(1024 * PAGE).unwrap();
+    let base = r.as_ptr();
+    for p in (0..1024).step_by(4) {
+        fill(page_mut(base, p), p, 9);
+    }
+    let st = pager.stats();
+    assert!(st.faults_zero >= 128, "{st:?}");
+    assert!(st.peak_resident_pages <= 64, "{st:?}");
+    for p in (0..1024).step_by(4) {
+        fill(&mut want, p, 9);
+        assert_eq!(page_mut(base, p), &want[..], "page {p}");
+    }
+    pager.check_invariants().unwrap();
+}
+
 /// With zero readahead off, one page per first-touch fault.
 #[test]
 fn zero_readahead_off_maps_one_page_per_fault() {
