@@ -56,6 +56,11 @@ use uzswap_os::sched::{self, CpuSet};
 
 /// How often the watcher looks.
 pub const PERIOD: Duration = Duration::from_millis(10);
+/// The longest the watcher sleeps while its process is unpinned and not
+/// evicting: the pause doubles up to this from [`PERIOD`] (a tree's idle
+/// processes woke 100 times a second for nothing). Eviction is seen this
+/// much later at worst, against a [`SETTLE`] of a second before a pin.
+pub const IDLE_PERIOD: Duration = Duration::from_millis(80);
 /// How long a process must have had one thread of its own, and evicted,
 /// before it is pinned.
 pub const SETTLE: Duration = Duration::from_secs(1);
@@ -285,18 +290,21 @@ fn watch() {
     let mut waited = 0;
     let mut helpers_pinned = 0;
     let mut last_evictions = 0;
+    let mut pause = PERIOD;
     loop {
-        std::thread::sleep(PERIOD);
+        std::thread::sleep(pause);
         let Some(rt) = crate::RUNTIME.get() else {
             continue;
         };
         // Unpinned and not evicting, there is nothing to decide: no /proc
         // reads (every process of a tree has a watcher; an idle shell's
-        // costs a clock wake-up and a counter).
+        // costs a clock wake-up and a counter, less and less often).
         let evictions = rt.space.pager().usage().evictions;
         if !w.is_pinned() && evictions == last_evictions {
+            pause = (pause * 2).min(IDLE_PERIOD);
             continue;
         }
+        pause = PERIOD;
         last_evictions = evictions;
         let helpers: Vec<i32> = uzswap_os::fork::helper_tids().collect();
         let threads = own_threads(&helpers);

@@ -4,7 +4,8 @@
 //! program together. Each process keeps its own pager and pool and reports
 //! what it holds in its slot of the ledger; the arbiter (`uzswap run`)
 //! writes back what it may hold, its *allotment*. The pager's evictor calls
-//! [`Share::charge`] every `CHARGE_PERIOD` (10 ms) with no pager lock held:
+//! [`Share::charge`] every `CHARGE_PERIOD` (10 ms; up to 80 ms while the
+//! process is idle, `IDLE_CHARGE_PERIOD`) with no pager lock held:
 //! it publishes the report, sizes the pool within the allotment and
 //! returns, as the pager's charge, everything of the budget that is not
 //! this process's to fill with resident pages:

@@ -16,7 +16,9 @@
 //!   a task); never below `PagerConfig::floor_pages` (default a quarter of
 //!   the budget). Without a charge the
 //!   limit is the budget. The evictor reads the charge every 10 ms
-//!   (`CHARGE_PERIOD`), also while nothing faults.
+//!   (`CHARGE_PERIOD`), also while nothing faults; while the resident set
+//!   does not move and the limit does not come down, the period doubles up
+//!   to 80 ms (`IDLE_CHARGE_PERIOD`).
 //! - **store**: where evicted pages go ([`PageStore`]; the real one is
 //!   `uzswap_cache::Cache`, [`MemStore`] serves tests).
 //! - **parked fault**: a fault on a page the evictor is working on, or one
@@ -453,7 +455,7 @@ pub mod sys;
 
 pub use pager::{
     fork_child_managed, Charge, ForkChild, PageState, Pager, PagerConfig, PagerError, PagerUsage,
-    RegionError, VictimPolicy, CHARGE_PERIOD, MANAGE_MIN_PAGES,
+    RegionError, VictimPolicy, CHARGE_PERIOD, IDLE_CHARGE_PERIOD, MANAGE_MIN_PAGES,
 };
 pub use region::{PinError, Pinned, Region};
 pub use stats::{LatencySummary, PagerStats};

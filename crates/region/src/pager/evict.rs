@@ -1,7 +1,7 @@
 //! The evictor thread: when to evict, which pages (`claim`), and the steps
 //! of an eviction batch (`evict`), as the crate documentation numbers them.
 
-use super::config::{Charge, VictimPolicy, CHARGE_PERIOD};
+use super::config::{Charge, VictimPolicy, CHARGE_PERIOD, IDLE_CHARGE_PERIOD};
 use super::state::{lookup, OwnSpan, PageState, State, QUEUE_RESERVE};
 use super::Shared;
 use crate::sys::{self, PAGE_SIZE};
@@ -96,11 +96,13 @@ impl Shared {
         s.limit.saturating_sub(2 * self.margin_at(s.limit))
     }
 
-    /// Reads the charge (if any) and moves the limit. Called by the
-    /// evictor without the state lock.
-    pub(super) fn recharge(&self) {
+    /// Reads the charge (if any) and moves the limit; returns the resident
+    /// pages and the limit then. Called by the evictor without the state
+    /// lock.
+    pub(super) fn recharge(&self) -> (usize, usize) {
         let Some(Charge(f)) = &self.cfg.charge else {
-            return;
+            let s = self.state.lock();
+            return (s.resident, s.limit);
         };
         let bytes = f();
         let budget = self.cfg.budget_pages;
@@ -109,6 +111,24 @@ impl Shared {
         s.limit = budget - charged;
         s.stats.charged_bytes = bytes;
         s.stats.limit_pages = s.limit as u64;
+        (s.resident, s.limit)
+    }
+
+    /// [`Shared::recharge`], and the time until the next reading:
+    /// [`CHARGE_PERIOD`] while the resident set moves or the limit comes
+    /// down, twice the last period (up to [`IDLE_CHARGE_PERIOD`])
+    /// otherwise. A limit that comes down means the arbiter of a tree is
+    /// moving memory to another process, which waits until this one gives
+    /// it up: the next readings must come soon. `seen` holds the last
+    /// reading's resident pages and limit.
+    fn recharge_paced(&self, period: Duration, seen: &mut (usize, usize)) -> Duration {
+        let now = self.recharge();
+        let (resident, limit) = std::mem::replace(seen, now);
+        if now.0 == resident && now.1 >= limit {
+            (period * 2).min(IDLE_CHARGE_PERIOD)
+        } else {
+            CHARGE_PERIOD
+        }
     }
 
     /// Clears write protection from a thread other than the handler,
@@ -125,6 +145,10 @@ impl Shared {
     pub(super) fn evictor_loop(self: Arc<Self>) {
         let charging = self.cfg.charge.is_some();
         let mut charged_at = Instant::now();
+        // The charge is read every `period`: CHARGE_PERIOD, longer while
+        // an idle process's reading does not change (`recharge_paced`).
+        let mut period = CHARGE_PERIOD;
+        let mut seen = (usize::MAX, 0);
         loop {
             loop {
                 {
@@ -146,14 +170,17 @@ impl Shared {
                         continue;
                     }
                     // A charge can grow while nothing faults: look again
-                    // at the next reading.
-                    self.work_cv.wait_until(&mut s, charged_at + CHARGE_PERIOD);
+                    // at the next reading. (A fault that nears the limit
+                    // wakes the evictor whatever the period.)
+                    self.work_cv.wait_until(&mut s, charged_at + period);
                 }
-                if charged_at.elapsed() >= CHARGE_PERIOD {
-                    self.recharge();
+                if charged_at.elapsed() >= period {
+                    period = self.recharge_paced(period, &mut seen);
                     charged_at = Instant::now();
                 }
             }
+            // Evicting: the process is not idle.
+            period = CHARGE_PERIOD;
             {
                 let mut s = self.state.lock();
                 if s.store_full {

@@ -55,7 +55,7 @@ mod state;
 
 pub use config::{
     Charge, ForkChild, PagerConfig, PagerError, RegionError, VictimPolicy, CHARGE_PERIOD,
-    MAX_CPU_HANDLERS,
+    IDLE_CHARGE_PERIOD, MAX_CPU_HANDLERS,
 };
 pub use fork::{fork_child_managed, MANAGE_MIN_PAGES};
 pub use state::PageState;

@@ -96,3 +96,49 @@ fn a_limit_at_the_floor_keeps_a_small_working_set_resident() {
     assert!(st.resident_pages >= HOT as u64, "{st:?}");
     pager.check_invariants().unwrap();
 }
+
+/// An idle pager reads its charge less and less often (an idle process of
+/// a tree need not wake 100 times a second), and a charge that grows
+/// meanwhile is still acted on: the limit follows it and the pages over it
+/// leave, contents intact.
+#[test]
+fn an_idle_pager_reads_its_charge_less_often() {
+    let charged = Arc::new(AtomicU64::new(0));
+    let readings = Arc::new(AtomicU64::new(0));
+    let (c, n) = (charged.clone(), readings.clone());
+    let (pager, _store) = pager_with(PagerConfig {
+        charge: Some(Charge(Arc::new(move || {
+            n.fetch_add(1, Ordering::Relaxed);
+            c.load(Ordering::Relaxed)
+        }))),
+        ..PagerConfig::new(256)
+    });
+    let r = pager.region(128 * PAGE).unwrap();
+    let base = r.as_ptr();
+    for p in 0..128 {
+        fill(page_mut(base, p), p, 4);
+    }
+    // Past the back-off (10 + 20 + 40 ms), then one second idle: at the
+    // charge period's 10 ms that would be 100 readings.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let before = readings.load(Ordering::Relaxed);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let idle = readings.load(Ordering::Relaxed) - before;
+    assert!(idle <= 1000 / 80 + 2, "{idle} readings in an idle second");
+    assert!(idle >= 1, "the charge was not read at all");
+
+    charged.store(200 * PAGE as u64, Ordering::Relaxed);
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while pager.stats().resident_pages > 64 && std::time::Instant::now() < end {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let st = pager.stats();
+    assert_eq!(st.limit_pages, 64, "{st:?}");
+    assert!(st.resident_pages <= 64, "{st:?}");
+    let mut want = vec![0u8; PAGE];
+    for p in 0..128 {
+        fill(&mut want, p, 4);
+        assert_eq!(page_mut(base, p), &want[..], "page {p}");
+    }
+    pager.check_invariants().unwrap();
+}
