@@ -319,7 +319,11 @@ impl Ledger {
     /// Takes a slot for process `pid` (started at `start`, named `comm`):
     /// the one its previous program image held, if it had one (`execve`
     /// keeps the pid and start time and runs no exit code, so that slot is
-    /// this process's and nobody else's), else a free one.
+    /// this process's and nobody else's), else a free one. The previous
+    /// image's cumulative counters (faults, evictions, the runtime's CPU
+    /// time) carry over: the new image's reports add to them, so that the
+    /// process's counters never go back (a `python3` that is a shell
+    /// script exec'ing the interpreter evicts in both images).
     pub fn claim(self: &Arc<Self>, pid: u32, start: u64, comm: &str) -> Result<Member, Error> {
         let mine = (0..self.high()).find(|&i| {
             self.slot_word(i, S_PID).load(Ordering::Acquire) == u64::from(pid)
@@ -341,6 +345,22 @@ impl Ledger {
                 })
                 .ok_or(Error::Full(self.slots))?,
         };
+        let carried = match mine {
+            Some(i) => {
+                let mut w = [0u64; USAGE_WORDS];
+                for (k, v) in w.iter_mut().enumerate() {
+                    *v = self.slot_word(i, S_USAGE + k).load(Ordering::Relaxed);
+                }
+                let old = Usage::from_words(w);
+                Usage {
+                    faults: old.faults,
+                    evictions: old.evictions,
+                    runtime_cpu_ms: old.runtime_cpu_ms,
+                    ..Usage::default()
+                }
+            }
+            None => Usage::default(),
+        };
         // Raised before the slot's report is written: a reader that read
         // the bound before this misses only a slot whose report is not
         // complete yet, and reads it at its next pass.
@@ -361,7 +381,7 @@ impl Ledger {
             u64::from_le_bytes(c[8..].try_into().unwrap()),
             Ordering::Relaxed,
         );
-        for (k, v) in Usage::default().to_words().into_iter().enumerate() {
+        for (k, v) in carried.to_words().into_iter().enumerate() {
             self.slot_word(i, S_USAGE + k).store(v, Ordering::Relaxed);
         }
         self.slot_word(i, S_SEQ).fetch_add(1, Ordering::Release);
@@ -369,6 +389,7 @@ impl Ledger {
             ledger: Arc::clone(self),
             index,
             pid,
+            carried,
         })
     }
 
@@ -457,6 +478,9 @@ pub struct Member {
     ledger: Arc<Ledger>,
     index: usize,
     pid: u32,
+    /// The cumulative counters of the process's earlier program images
+    /// (`claim`), added to every report.
+    carried: Usage,
 }
 
 impl Member {
@@ -477,6 +501,12 @@ impl Member {
 
     /// Publishes a new report.
     pub fn publish(&self, u: &Usage) {
+        let u = &Usage {
+            faults: u.faults + self.carried.faults,
+            evictions: u.evictions + self.carried.evictions,
+            runtime_cpu_ms: u.runtime_cpu_ms + self.carried.runtime_cpu_ms,
+            ..*u
+        };
         let l = &self.ledger;
         l.slot_word(self.index, S_SEQ)
             .fetch_add(1, Ordering::Relaxed);
@@ -582,6 +612,9 @@ mod tests {
         let shell = l.claim(42, 9, "sh").unwrap();
         shell.publish(&Usage {
             resident: 1 << 20,
+            faults: 30,
+            evictions: 20,
+            runtime_cpu_ms: 10,
             ..Usage::default()
         });
         std::mem::forget(shell); // exec: no exit code runs
@@ -590,7 +623,27 @@ mod tests {
         assert_eq!(v.len(), 1, "one slot per process: {v:?}");
         assert_eq!(v[0].index, prog.index());
         assert_eq!(v[0].comm, "python3");
-        assert_eq!(v[0].usage, Usage::default());
+        // The memory figures start anew; the counters carry over, and the
+        // new image's reports add to them.
+        let carried = Usage {
+            faults: 30,
+            evictions: 20,
+            runtime_cpu_ms: 10,
+            ..Usage::default()
+        };
+        assert_eq!(v[0].usage, carried);
+        prog.publish(&Usage {
+            resident: 4096,
+            faults: 3,
+            evictions: 2,
+            runtime_cpu_ms: 1,
+            ..Usage::default()
+        });
+        let u = l.read()[0].usage;
+        assert_eq!(
+            (u.resident, u.faults, u.evictions, u.runtime_cpu_ms),
+            (4096, 33, 22, 11)
+        );
         // Another process with the same pid (reused) but another start
         // time is another process.
         let other = l.claim(42, 10, "x").unwrap();
