@@ -345,13 +345,10 @@ impl Ledger {
                 })
                 .ok_or(Error::Full(self.slots))?,
         };
+        // The previous image is gone (exec): nobody writes its report.
         let carried = match mine {
             Some(i) => {
-                let mut w = [0u64; USAGE_WORDS];
-                for (k, v) in w.iter_mut().enumerate() {
-                    *v = self.slot_word(i, S_USAGE + k).load(Ordering::Relaxed);
-                }
-                let old = Usage::from_words(w);
+                let old = self.slot_usage(i);
                 Usage {
                     faults: old.faults,
                     evictions: old.evictions,
@@ -403,6 +400,16 @@ impl Ledger {
         (self.word(H_HIGH).load(Ordering::Acquire) as usize).min(self.slots)
     }
 
+    /// The report words of slot `i`, as they are (no sequence check: the
+    /// caller makes the read consistent).
+    fn slot_usage(&self, i: usize) -> Usage {
+        let mut w = [0u64; USAGE_WORDS];
+        for (k, v) in w.iter_mut().enumerate() {
+            *v = self.slot_word(i, S_USAGE + k).load(Ordering::Relaxed);
+        }
+        Usage::from_words(w)
+    }
+
     fn read_slot(&self, i: usize) -> Option<SlotView> {
         for _ in 0..64 {
             let pid = self.slot_word(i, S_PID).load(Ordering::Acquire);
@@ -415,10 +422,7 @@ impl Ledger {
                 continue;
             }
             let start = self.slot_word(i, S_START).load(Ordering::Relaxed);
-            let mut u = [0u64; USAGE_WORDS];
-            for (k, v) in u.iter_mut().enumerate() {
-                *v = self.slot_word(i, S_USAGE + k).load(Ordering::Relaxed);
-            }
+            let usage = self.slot_usage(i);
             let c0 = self.slot_word(i, S_COMM).load(Ordering::Relaxed);
             let c1 = self.slot_word(i, S_COMM + 1).load(Ordering::Relaxed);
             fence(Ordering::Acquire);
@@ -438,7 +442,7 @@ impl Ledger {
                 pid: pid as u32,
                 start,
                 comm: String::from_utf8_lossy(&c[..n]).into_owned(),
-                usage: Usage::from_words(u),
+                usage,
                 allot,
             });
         }

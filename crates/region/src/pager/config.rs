@@ -58,8 +58,9 @@ pub struct PagerConfig {
     /// not touch new memory page after page: they write a block's header,
     /// skip its body, come back; the window above then rarely grows. A
     /// parallel build with room to spare took 105 k first-touch faults
-    /// with the window alone and 40 k with 256 here, 0.87 of the wall and
-    /// CPU time (docs/BENCHMARKS.md). Near the limit only the window
+    /// with the window alone and 40 k with runs of 256 always; with this
+    /// rule it took 0.90 of the wall time and 0.86 of the CPU
+    /// (docs/BENCHMARKS.md). Near the limit only the window
     /// counts: pages mapped as zeros are charged as resident, and there
     /// they would push out pages in use.
     pub zero_readahead_wide: usize,
@@ -182,9 +183,9 @@ pub const CHARGE_PERIOD: Duration = Duration::from_millis(10);
 
 /// The longest the evictor waits between two readings of the charge: the
 /// period doubles up to this while the resident set does not move and the
-/// limit does not come down. An idle process of a tree (a `gcc` driver waiting for its `cc1`)
-/// woke 100 times a second for nothing: about 0.5 % of a CPU each on the
-/// VM of docs/BENCHMARKS.md. Such a process answers a smaller allotment
+/// limit does not come down. An idle process of a tree (a `gcc` driver
+/// waiting for its `cc1`) woke 100 times a second for nothing: about
+/// 0.5 % of a CPU each on the VM of docs/BENCHMARKS.md. Such a process answers a smaller allotment
 /// this much later at worst; the arbiter grows the others only into what
 /// is free, so the tree stays in its budget meanwhile.
 pub const IDLE_CHARGE_PERIOD: Duration = Duration::from_millis(80);

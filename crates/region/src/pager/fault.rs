@@ -205,10 +205,10 @@ impl Shared {
     /// end. Not into a discard in flight or a page the evictor will drop.
     fn zero_run(&self, s: &mut State, addr: usize, area: u32, page: u64) -> usize {
         let max = self.cfg.zero_readahead_max;
-        let mut window = s.areas.get_mut(&area).expect("area").zr.window(page, max);
         if max == 0 {
             return 1;
         }
+        let mut window = s.areas.get_mut(&area).expect("area").zr.window(page, max);
         let free = if s.store_full {
             window
         } else {
