@@ -170,12 +170,17 @@
 //!   leaves it in a hand-off slot for the handler of that CPU, which runs as
 //!   soon as the faulting thread sleeps; after 20 µs (that CPU is busy) any
 //!   handler takes it.
-//! - **Order.** Messages are handled in the order they were read, one batch
+//! - **Order.** Batches are handled in the order they were read, one
 //!   at a time, as by a single thread: the descriptor is read only under
 //!   the dispatch lock with the hand-off slot empty, and a batch is handled
 //!   (or handed off) before the lock is released. So a fault read after a
 //!   remove event is never resolved before the event is handled (it would
-//!   map the discarded page's old contents).
+//!   map the discarded page's old contents). Within a batch the events are
+//!   handled before the faults, and faults retried later or resolved
+//!   in-thread take the dispatch lock too: a page mapped between the read
+//!   of a remove event and its handling could outlive the zap that the
+//!   read let go on, and would then be held `Absent` while mapped (see
+//!   `pager/handler.rs`, `handle_batch`).
 //! - **No lock held when preempted by our own wake-up.** A CPU handler
 //!   resolves with `DONTWAKE`, releases every lock, and only then wakes the
 //!   faulting thread (`UFFDIO_WAKE`) and, after it, the evictor.

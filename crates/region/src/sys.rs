@@ -1153,6 +1153,13 @@ pub fn read_own_pages(pages: &[usize], dst: &mut [u8]) -> io::Result<()> {
 
 /// Pages of `[addr, addr+len)` resident in memory, by `mincore(2)`.
 pub fn mincore_count(addr: usize, len: usize) -> io::Result<usize> {
+    Ok(mincore(addr, len)?.into_iter().filter(|&m| m).count())
+}
+
+/// Per page of `[addr, addr + len)`: whether the kernel has it mapped (a
+/// page of zeros mapped by `UFFDIO_ZEROPAGE` counts; a write-protect or
+/// poison marker does not).
+pub fn mincore(addr: usize, len: usize) -> io::Result<Vec<bool>> {
     let n = len.div_ceil(PAGE_SIZE);
     let mut v = vec![0u8; n];
     // SAFETY: `v` has one byte per page of the range, as mincore requires;
@@ -1161,7 +1168,7 @@ pub fn mincore_count(addr: usize, len: usize) -> io::Result<usize> {
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(v.iter().filter(|b| **b & 1 != 0).count())
+    Ok(v.into_iter().map(|b| b & 1 != 0).collect())
 }
 
 /// The CPUs this thread may run on (its affinity mask), in order.

@@ -64,7 +64,13 @@ impl Shared {
             };
             return match r {
                 Err(e) if e.errno == libc::EAGAIN => Outcome::Again,
-                _ => Outcome::Done,
+                Ok(()) => Outcome::Done,
+                Err(_) => {
+                    // Mapped meanwhile, or unmapped: woken, the thread
+                    // meets what is there now.
+                    w.wake(self, f.addr, PAGE_SIZE);
+                    Outcome::Done
+                }
             };
         };
         let m = *s.meta(area, page);
@@ -178,7 +184,13 @@ impl Shared {
                 let mapped = match self.map_zeros(w, f, n, buf) {
                     Ok(mapped) => mapped,
                     Err(e) if e.errno == libc::EAGAIN => return Outcome::Again,
-                    Err(_) => return Outcome::Done, // ENOENT: range gone
+                    Err(_) => {
+                        // ENOENT: the range is gone (an unmap event of the
+                        // same batch was applied first). Woken, the thread
+                        // meets what is there now.
+                        w.wake(self, f.addr, PAGE_SIZE);
+                        return Outcome::Done;
+                    }
                 };
                 s.areas.get_mut(&area).expect("area").zr.next = page + mapped as u64;
                 for i in 0..mapped as u64 {

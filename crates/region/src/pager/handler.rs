@@ -32,9 +32,10 @@ pub(super) const MAIN_BACKSTOP_MS: i32 = 1;
 /// Ordering rule: the descriptor is read only with this lock held and
 /// `handoff` empty, and what was read is handled (or put in `handoff`)
 /// before the lock is released; a batch in `handoff` is handled with the
-/// lock held too. So messages are handled in the order they were read, one
-/// batch at a time, as by a single thread: a fault read after a remove
-/// event is never handled before it.
+/// lock held too. So batches are handled in the order they were read, one
+/// at a time, as by a single thread: a fault read after a remove event is
+/// never handled before it; within a batch the events go first (see
+/// `Shared::handle_batch`).
 #[derive(Default)]
 pub(super) struct Dispatch {
     /// Faults read by a CPU handler that had been spinning on an idle CPU,
@@ -227,9 +228,7 @@ impl Shared {
                     batch.extend_from_slice(&msgs[..n]);
                 }
                 let t0 = Instant::now();
-                for m in &batch {
-                    self.handle_msg(m, t0, &mut buf, &mut w, &mut deferred, &mut loads);
-                }
+                self.handle_batch(&batch, t0, &mut buf, &mut w, &mut deferred, &mut loads);
                 batch.len()
             };
             // Loads started in the batch finish with the dispatch lock
@@ -294,10 +293,43 @@ impl Shared {
         }
     }
 
+    /// Handles a batch of messages read at once, with the dispatch lock
+    /// held since the read: its events first, then its faults, whatever
+    /// their order in the batch. Once a remove or unmap event is read, the
+    /// thread that raised it goes on and zaps the range at any moment; a
+    /// page a fault maps there before the event is applied could be mapped
+    /// after the zap, and the event would then mark it `Absent` while it is
+    /// present: the program's writes to it would go to no fault, and the
+    /// next discard span of the evictor with it in a gap would drop them.
+    /// Applied first, the event leaves the page `Absent`, and the fault's
+    /// mapping makes it `Dirty`: should the zap come after, the page is
+    /// `Dirty` and missing, which the next fault on it resolves as zeros
+    /// (`faults_rezeroed`), what a discarded page reads. A fault in the
+    /// batch raced the event that follows it, so either order is one the
+    /// program may see. (Every other mapping is made under the dispatch
+    /// lock too: no event is read and not yet applied meanwhile.)
+    pub(super) fn handle_batch(
+        &self,
+        batch: &[RawMsg],
+        t0: Instant,
+        buf: &mut PageBuf,
+        w: &mut Wakes,
+        deferred: &mut Vec<Fault>,
+        loads: &mut Vec<Load>,
+    ) {
+        let is_fault = |m: &&RawMsg| matches!(m.decode(), Msg::Fault { .. });
+        for m in batch.iter().filter(|m| !is_fault(m)) {
+            self.handle_msg(m, t0, buf, w, deferred, loads);
+        }
+        for m in batch.iter().filter(is_fault) {
+            self.handle_msg(m, t0, buf, w, deferred, loads);
+        }
+    }
+
     /// Handles one message on the main handler (events) or any handler
     /// (faults); a fault that must wait goes to `deferred`, a load it
     /// started to `loads` (to finish once the dispatch lock is released).
-    pub(super) fn handle_msg(
+    fn handle_msg(
         &self,
         m: &RawMsg,
         t0: Instant,
@@ -477,9 +509,7 @@ impl Shared {
         };
         counter.fetch_add(n as u64, Ordering::Relaxed);
         let before = d.deferred.len();
-        for m in &msgs[..n] {
-            self.handle_msg(m, t0, buf, w, &mut d.deferred, loads);
-        }
+        self.handle_batch(&msgs[..n], t0, buf, w, &mut d.deferred, loads);
         let deferred = d.deferred.len() > before;
         drop(d);
         if deferred {
@@ -551,12 +581,18 @@ impl Shared {
         }
     }
 
+    /// Retries deferred faults (call with no pager lock held). Under the
+    /// dispatch lock, as a batch's faults: an event another handler has
+    /// read is applied before any page is mapped (see `handle_batch`).
     pub(super) fn retry(&self, deferred: &mut Vec<Fault>, buf: &mut PageBuf, w: &mut Wakes) {
         let old = std::mem::take(deferred);
         let mut loads = Vec::new();
-        for mut f in old {
-            f.retried = true;
-            self.file(self.fault(f, buf, w), f, deferred, &mut loads);
+        {
+            let _d = self.dispatch.lock();
+            for mut f in old {
+                f.retried = true;
+                self.file(self.fault(f, buf, w), f, deferred, &mut loads);
+            }
         }
         self.finish_loads(&mut loads, buf, w, deferred);
         if !deferred.is_empty() {

@@ -18,8 +18,8 @@
 //! thread inside a pager call, that touches unpinned region memory (the
 //! nested SIGBUS would wait for a lock its own thread holds). The crate
 //! documentation forbids it in the contract. The handler:
-//! - takes the pager's futex-word locks (`state`, and `dispatch` to map a
-//!   load) and the store's, never across a wait;
+//! - takes the pager's futex-word locks (`dispatch` while it maps a page,
+//!   `state`) and the store's, never across a wait;
 //! - allocates nothing on its own path: page buffers come from a pool made
 //!   with the pager ([`BufPool`], a lock-free bitmap); a load's tickets are
 //!   a fixed array; pages are queued into list capacity reserved beforehand
@@ -280,7 +280,14 @@ impl Shared {
             t0: Instant::now(),
             retried: false,
         };
-        let o = match self.fault(f, buf, &mut w) {
+        // Under the dispatch lock, as a handler's faults: an event a
+        // handler has read is applied before this maps a page (see
+        // `handle_batch`). Released before the load, which takes it again.
+        let o = {
+            let _d = self.dispatch.lock();
+            self.fault(f, buf, &mut w)
+        };
+        let o = match o {
             Outcome::Load(l) => self.finish_load(l, buf, &mut w),
             o => o,
         };

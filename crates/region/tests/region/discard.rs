@@ -290,3 +290,56 @@ fn dropping_a_region_right_after_munmap_leaves_the_hole_alone() {
     assert!(taken < 500, "the hole was taken {taken} times in 1000");
     pager.check_invariants().unwrap();
 }
+
+/// A first touch's wide zero run raced with the program's discard of the
+/// pages after it, from two threads at once each round. The handler may
+/// read the fault and the remove event in one batch while the discard's
+/// zap is under way: no page may end up mapped while the pager holds it
+/// not resident (the program's writes would meet no fault, and an eviction
+/// span with the page in a gap would drop them, as it did to node's heap),
+/// and the pages written after the discard returned keep what was written
+/// through an eviction of everything.
+#[test]
+fn a_discard_racing_a_wide_zero_run_loses_no_write() {
+    const CHUNK: usize = 256;
+    const ROUNDS: usize = 2000;
+    const WRITTEN: std::ops::Range<usize> = 8..16;
+    let _w = watchdog("a discard racing zero runs", 300);
+    let mut cfg = uzswap_region::PagerConfig::new(2 * CHUNK * ROUNDS);
+    cfg.zero_readahead_wide = CHUNK;
+    let (pager, _store) = pager_with(cfg);
+    let r = pager.region(CHUNK * ROUNDS * PAGE).unwrap();
+    let base = r.as_ptr() as usize;
+    let go = std::sync::Barrier::new(2);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            for c in 0..ROUNDS {
+                go.wait();
+                let at = base + (c * CHUNK + WRITTEN.start) * PAGE;
+                let len = (CHUNK - WRITTEN.start) * PAGE;
+                // SAFETY: pages of the live region that no thread uses
+                // until the round's second barrier.
+                let rc = unsafe { libc::madvise(at as *mut _, len, libc::MADV_DONTNEED) };
+                assert_eq!(rc, 0);
+                go.wait();
+            }
+        });
+        for c in 0..ROUNDS {
+            go.wait();
+            page_mut(base as *mut u8, c * CHUNK)[0] = 1;
+            go.wait();
+        }
+    });
+    pager.check_invariants().unwrap();
+    let written = || (0..ROUNDS).flat_map(|c| WRITTEN.map(move |i| c * CHUNK + i));
+    for p in written() {
+        fill(page_mut(base as *mut u8, p), p, 5);
+    }
+    r.evict(0..CHUNK * ROUNDS);
+    let mut want = vec![0u8; PAGE];
+    for p in written() {
+        fill(&mut want, p, 5);
+        assert_eq!(page_mut(base as *mut u8, p), &want[..], "page {p}");
+    }
+    pager.check_invariants().unwrap();
+}
