@@ -76,6 +76,13 @@
 //!   the page dropped with the copy from before it.
 //! - **any fault on a page mid-eviction**: park it (see below). A
 //!   write-protect fault on an `Evicting` page also aborts that eviction.
+//!   One exception: a missing fault on a dirty victim the evictor has not
+//!   dropped yet (not `zapping`) means the kernel dropped it behind the
+//!   pager's back (the program's discard: see "a fault on a page already
+//!   resolved" below); the evictor's own read of the page raises it and would wait for
+//!   ever. The page is mapped as zeros, write-protected (a write still
+//!   aborts the eviction; `faults_rezeroed`), and the evictor stores
+//!   those.
 //! - **any fault on a `Loading` page**: park it; the load wakes it when it
 //!   mapped the page or gave it up.
 //! - **a fault on a page already resolved** (several threads faulted on it,

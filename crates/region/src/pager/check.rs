@@ -1,7 +1,9 @@
 //! `check_invariants`: re-derives from the page records what the pager's
 //! counters, lists, flags and spans claim, for tests. It holds the state
 //! lock, so it sees the pager between two steps of any protocol; checks
-//! that hold only while nothing is in flight say so.
+//! that hold only while nothing is in flight say so. Pages the kernel has
+//! mapped are compared with their records too, and a mismatch that a
+//! discard under way could explain is looked at again after it.
 
 use super::state::{lookup, PageState, QEntry, State};
 use super::Shared;
@@ -10,18 +12,20 @@ use std::collections::{HashMap, HashSet};
 impl Shared {
     /// Checks the pager's invariants; the first broken one is the error.
     pub(super) fn check_invariants(&self) -> Result<(), String> {
-        let s = self.state.lock();
-        check_pages(&s)?;
-        check_lists(&s)?;
-        check_spans(&s)?;
-        check_segments(&s)?;
-        check_mapped(&s)?;
-        let budget = self.cfg.budget_pages;
-        let floor = self.cfg.floor();
-        if s.limit > budget || s.limit < floor {
-            return Err(format!("limit {} outside [{floor}, {budget}]", s.limit));
-        }
-        Ok(())
+        let suspects = {
+            let s = self.state.lock();
+            check_pages(&s)?;
+            check_lists(&s)?;
+            check_spans(&s)?;
+            check_segments(&s)?;
+            let budget = self.cfg.budget_pages;
+            let floor = self.cfg.floor();
+            if s.limit > budget || s.limit < floor {
+                return Err(format!("limit {} outside [{floor}, {budget}]", s.limit));
+            }
+            mapped_not_resident(&s)?
+        };
+        confirm_unmapped(self, suspects)
     }
 }
 
@@ -184,7 +188,6 @@ fn check_spans(s: &State) -> Result<(), String> {
     Ok(())
 }
 
-/// The segment map: disjoint, page aligned, each inside a live area's pages.
 /// With no eviction and no load in flight, every page the kernel has
 /// mapped in a segment is in a resident state. A mapped page the pager
 /// holds `Absent` or `Stored` takes the program's writes without a fault,
@@ -192,33 +195,60 @@ fn check_spans(s: &State) -> Result<(), String> {
 /// mapped after the zap of a remove event that was then applied over it
 /// did so; see `handle_batch`). The converse may hold for a moment: a page
 /// the program's own discard zapped after its event was applied is
-/// `Dirty` and missing until its next fault maps it as zeros. The caller
-/// must not be discarding region memory meanwhile (its zap may still be
-/// under way after its event was applied).
-fn check_mapped(s: &State) -> Result<(), String> {
+/// `Dirty` and missing until its next fault maps it as zeros.
+///
+/// Returns the addresses of pages mapped but not resident: one the
+/// program is discarding may still be mapped after its event was applied
+/// (the zap is under way), so [`confirm_unmapped`] looks at them again.
+fn mapped_not_resident(s: &State) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
     let quiet = s.loading == 0 && s.areas.values().all(|a| a.inflight == 0);
     if !quiet {
-        return Ok(());
+        return Ok(out);
     }
     for (&start, seg) in &s.segs {
         let mapped = crate::sys::mincore(start, seg.len)
             .map_err(|e| format!("segment {start:#x}: mincore failed: {e}"))?;
         let meta = &s.areas[&seg.area].meta;
         for (i, &present) in mapped.iter().enumerate() {
-            let m = &meta[seg.first as usize + i];
-            if present && !m.st.resident() {
-                return Err(format!(
-                    "segment {start:#x} page {i} (area {} page {}): mapped but {:?}",
-                    seg.area,
-                    seg.first as usize + i,
-                    m.st
-                ));
+            if present && !meta[seg.first as usize + i].st.resident() {
+                out.push(start + i * crate::sys::PAGE_SIZE);
             }
         }
     }
-    Ok(())
+    Ok(out)
 }
 
+/// The pages of [`mapped_not_resident`], looked at again with the state
+/// lock released in between (no sleep under it) for up to 200 ms: a
+/// discard's zap ends, and a page a fault maps meanwhile is resident. One
+/// still mapped and not resident at the end is an error.
+fn confirm_unmapped(sh: &Shared, mut pages: Vec<usize>) -> Result<(), String> {
+    for _ in 0..100 {
+        if pages.is_empty() {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let s = sh.state.lock();
+        pages.retain(|&a| {
+            let Some((area, page)) = lookup(&s.segs, a) else {
+                return false;
+            };
+            let mapped = crate::sys::mincore(a, crate::sys::PAGE_SIZE).is_ok_and(|v| v[0]);
+            mapped && !s.areas[&area].meta[page as usize].st.resident()
+        });
+    }
+    match pages.first() {
+        None => Ok(()),
+        Some(&a) => {
+            let s = sh.state.lock();
+            let st = lookup(&s.segs, a).map(|(area, page)| s.areas[&area].meta[page as usize].st);
+            Err(format!("page {a:#x}: mapped for 200 ms but {st:?}"))
+        }
+    }
+}
+
+/// The segment map: disjoint, page aligned, each inside a live area's pages.
 fn check_segments(s: &State) -> Result<(), String> {
     let mut end = 0;
     for (&start, seg) in &s.segs {

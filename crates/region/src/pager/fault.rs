@@ -163,7 +163,10 @@ impl Shared {
                 }
                 Outcome::Done
             }
-            PageState::Evicting | PageState::EvictAborted | PageState::Discarding => {
+            PageState::Evicting | PageState::EvictAborted => {
+                self.rezero_under_eviction(s, f, buf, w)
+            }
+            PageState::Discarding => {
                 park(s, area, page, w);
                 Outcome::Done
             }
@@ -206,6 +209,37 @@ impl Shared {
                 Outcome::Done
             }
             PageState::Stored => self.fault_stored(s, f, area, page),
+        }
+    }
+
+    /// A missing fault on a dirty victim the evictor has not dropped (not
+    /// `zapping`, in no span of its own): the kernel dropped the page
+    /// behind the pager's back, which the program's discard does when its
+    /// zap comes after a fault mapped the page again (see
+    /// `Shared::handle_batch`). The fault may be the evictor's own read of
+    /// the page, which would wait for ever parked. Zeros are what a
+    /// discarded page reads: mapped write-protected, so that a write still
+    /// meets the eviction (and aborts it) and the evictor stores zeros. A
+    /// stale message of a page mapped since meets EEXIST and is woken.
+    fn rezero_under_eviction(
+        &self,
+        s: &mut State,
+        f: Fault,
+        buf: &mut PageBuf,
+        w: &mut Wakes,
+    ) -> Outcome {
+        buf.page(0).fill(0);
+        // SAFETY: buf page 0 is readable memory we own.
+        match unsafe { self.copy(w, f.addr, buf.addr(0), PAGE_SIZE, true) } {
+            Ok(()) => {
+                s.stats.faults_rezeroed += 1;
+                Outcome::Done
+            }
+            Err(e) if e.errno == libc::EAGAIN => Outcome::Again,
+            Err(_) => {
+                w.wake(self, f.addr, PAGE_SIZE);
+                Outcome::Done
+            }
         }
     }
 
@@ -414,4 +448,66 @@ fn park(s: &mut State, area: u32, page: u64, w: &mut Wakes) {
     s.meta(area, page).parked = true;
     s.stats.faults_parked += 1;
     w.wait = true;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::state::PageState;
+    use crate::{MemStore, Pager, PagerConfig, PAGE_SIZE};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A page the pager holds `Dirty` that the kernel dropped (the
+    /// program's discard zapped it after a fault mapped it again; made here
+    /// by hand) is evicted as zeros: the evictor's own read of it faults,
+    /// and that fault must not wait for the eviction. Its neighbours keep
+    /// their contents.
+    #[test]
+    fn a_dirty_page_the_kernel_dropped_is_evicted_as_zeros() {
+        let pager = Pager::new(Arc::new(MemStore::new()), PagerConfig::new(64)).unwrap();
+        let r = pager.region(16 * PAGE_SIZE).unwrap();
+        let base = r.as_ptr();
+        for p in 0..16 {
+            // SAFETY: inside the live region, used by this thread alone.
+            unsafe { *base.add(p * PAGE_SIZE) = 7 };
+        }
+        // The program's discard of page 3, applied (`Absent`) ...
+        // SAFETY: one page of the live region; its contents may go.
+        unsafe { crate::sys::dontneed(base as usize + 3 * PAGE_SIZE, PAGE_SIZE) }.unwrap();
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while r.page_state(3) != Some(PageState::Absent) {
+            assert!(
+                std::time::Instant::now() < end,
+                "the remove event was never applied"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // ... then the page made `Dirty` as a fault mapping it before the
+        // zap would have.
+        {
+            let mut s = pager.owner.sh.state.lock();
+            let m = s.meta(r.area(), 3);
+            m.st = PageState::Dirty;
+            s.resident += 1;
+            s.enqueue_new(r.area(), 3, false);
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|sc| {
+            sc.spawn(|| tx.send(r.evict(0..16)).unwrap());
+            // A parked read of the evictor's would never return: abort
+            // rather than hang the test run.
+            let Ok(gone) = rx.recv_timeout(Duration::from_secs(10)) else {
+                eprintln!("the evictor waits for its own read of a dropped page");
+                std::process::abort();
+            };
+            assert_eq!(gone, 16);
+        });
+        assert_eq!(pager.stats().faults_rezeroed, 1);
+        for p in 0..16 {
+            // SAFETY: inside the live region.
+            let b = unsafe { *base.add(p * PAGE_SIZE) };
+            assert_eq!(b, if p == 3 { 0 } else { 7 }, "page {p}");
+        }
+        pager.check_invariants().unwrap();
+    }
 }
