@@ -2,7 +2,7 @@
 //! (mremap): the store must drop or move what it held.
 
 use crate::common::*;
-use uzswap_region::PageState;
+use uzswap_region::{PageState, PagerConfig};
 
 fn setup(
     pages: usize,
@@ -301,13 +301,19 @@ fn dropping_a_region_right_after_munmap_leaves_the_hole_alone() {
 /// through an eviction of everything.
 #[test]
 fn a_discard_racing_a_wide_zero_run_loses_no_write() {
+    discard_racing_zero_runs(|cfg| cfg);
+}
+
+/// A pager that maps the runs in-thread (its SIGBUS handler), while the
+/// remove events go through its handler thread.
+pub fn discard_racing_zero_runs(with: impl FnOnce(PagerConfig) -> PagerConfig) {
     const CHUNK: usize = 256;
     const ROUNDS: usize = 2000;
     const WRITTEN: std::ops::Range<usize> = 8..16;
     let _w = watchdog("a discard racing zero runs", 300);
-    let mut cfg = uzswap_region::PagerConfig::new(2 * CHUNK * ROUNDS);
+    let mut cfg = PagerConfig::new(2 * CHUNK * ROUNDS);
     cfg.zero_readahead_wide = CHUNK;
-    let (pager, _store) = pager_with(cfg);
+    let (pager, _store) = pager_with(with(cfg));
     let r = pager.region(CHUNK * ROUNDS * PAGE).unwrap();
     let base = r.as_ptr() as usize;
     let go = std::sync::Barrier::new(2);

@@ -20,6 +20,18 @@ fn in_thread(budget: usize) -> PagerConfig {
     cfg
 }
 
+/// `discard.rs`'s race of a first touch's zero run with the program's
+/// discard of the pages after it, with the runs mapped in-thread (63
+/// pages at most) and the remove events read by the handler thread.
+#[test]
+fn a_discard_racing_in_thread_zero_runs_loses_no_write() {
+    let _one = ONE.lock();
+    crate::discard::discard_racing_zero_runs(|mut cfg| {
+        cfg.in_thread_faults = true;
+        cfg
+    });
+}
+
 /// The stress test of `stress.rs` (four threads, a region 8x the budget,
 /// a shadow version of every page, eviction all the time) with faults
 /// resolved in-thread.
