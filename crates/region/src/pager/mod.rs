@@ -23,9 +23,11 @@
 //! 1. `Shared::gate` (one eviction batch or one fork at a time; a guard
 //!    everywhere but in the fork hooks, which hold it from prepare to
 //!    parent/child)
-//! 2. `Shared::dispatch` (the handlers, while they read and handle a batch,
-//!    and while they map a load: re-check and `UFFDIO_COPY`, see
-//!    `load.rs`; the evictor takes it, holding nothing else but the gate,
+//! 2. `Shared::dispatch` (the handlers, while they read and handle a batch
+//!    or retry deferred faults, and while they map a load: re-check and
+//!    `UFFDIO_COPY`, see `load.rs`; an in-thread fault while it resolves;
+//!    every page is mapped under it, see `handler.rs`, `handle_batch`;
+//!    the evictor takes it, holding nothing else but the gate,
 //!    after each discard: a barrier behind which every event of that call
 //!    was handled). Handlers never take the gate.
 //! 3. `Shared::state`
