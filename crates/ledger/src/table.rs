@@ -127,6 +127,18 @@ impl Usage {
     /// Writing back to its backing file fails (a full disk, an I/O error).
     pub const BACKING_FAILING: u64 = 2;
 
+    /// This report of a program image with the cumulative counters of the
+    /// process's earlier images (`earlier`) added: faults, evictions and
+    /// the runtime's CPU time. Its other figures are this image's alone.
+    fn after(&self, earlier: &Usage) -> Usage {
+        Usage {
+            faults: self.faults + earlier.faults,
+            evictions: self.evictions + earlier.evictions,
+            runtime_cpu_ms: self.runtime_cpu_ms + earlier.runtime_cpu_ms,
+            ..*self
+        }
+    }
+
     fn to_words(self) -> [u64; USAGE_WORDS] {
         [
             self.resident,
@@ -346,18 +358,9 @@ impl Ledger {
                 .ok_or(Error::Full(self.slots))?,
         };
         // The previous image is gone (exec): nobody writes its report.
-        let carried = match mine {
-            Some(i) => {
-                let old = self.slot_usage(i);
-                Usage {
-                    faults: old.faults,
-                    evictions: old.evictions,
-                    runtime_cpu_ms: old.runtime_cpu_ms,
-                    ..Usage::default()
-                }
-            }
-            None => Usage::default(),
-        };
+        let carried = mine.map_or(Usage::default(), |i| {
+            Usage::default().after(&self.slot_usage(i))
+        });
         // Raised before the slot's report is written: a reader that read
         // the bound before this misses only a slot whose report is not
         // complete yet, and reads it at its next pass.
@@ -505,12 +508,7 @@ impl Member {
 
     /// Publishes a new report.
     pub fn publish(&self, u: &Usage) {
-        let u = &Usage {
-            faults: u.faults + self.carried.faults,
-            evictions: u.evictions + self.carried.evictions,
-            runtime_cpu_ms: u.runtime_cpu_ms + self.carried.runtime_cpu_ms,
-            ..*u
-        };
+        let u = &u.after(&self.carried);
         let l = &self.ledger;
         l.slot_word(self.index, S_SEQ)
             .fetch_add(1, Ordering::Relaxed);

@@ -231,21 +231,22 @@ fn confirm_unmapped(sh: &Shared, mut pages: Vec<usize>) -> Result<(), String> {
         std::thread::sleep(std::time::Duration::from_millis(2));
         let s = sh.state.lock();
         pages.retain(|&a| {
-            let Some((area, page)) = lookup(&s.segs, a) else {
-                return false;
-            };
-            let mapped = crate::sys::mincore(a, crate::sys::PAGE_SIZE).is_ok_and(|v| v[0]);
-            mapped && !s.areas[&area].meta[page as usize].st.resident()
+            state_at(&s, a).is_some_and(|st| !st.resident())
+                && crate::sys::mincore(a, crate::sys::PAGE_SIZE).is_ok_and(|v| v[0])
         });
     }
     match pages.first() {
         None => Ok(()),
         Some(&a) => {
-            let s = sh.state.lock();
-            let st = lookup(&s.segs, a).map(|(area, page)| s.areas[&area].meta[page as usize].st);
+            let st = state_at(&sh.state.lock(), a);
             Err(format!("page {a:#x}: mapped for 200 ms but {st:?}"))
         }
     }
+}
+
+/// The state of the page at `addr`, if it lies in a segment.
+fn state_at(s: &State, addr: usize) -> Option<PageState> {
+    lookup(&s.segs, addr).map(|(area, page)| s.areas[&area].meta[page as usize].st)
 }
 
 /// The segment map: disjoint, page aligned, each inside a live area's pages.

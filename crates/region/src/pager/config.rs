@@ -185,9 +185,10 @@ pub const CHARGE_PERIOD: Duration = Duration::from_millis(10);
 /// period doubles up to this while the resident set does not move and the
 /// limit does not come down. An idle process of a tree (a `gcc` driver
 /// waiting for its `cc1`) woke 100 times a second for nothing: about
-/// 0.5 % of a CPU each on the VM of docs/BENCHMARKS.md. Such a process answers a smaller allotment
-/// this much later at worst; the arbiter grows the others only into what
-/// is free, so the tree stays in its budget meanwhile.
+/// 0.5 % of a CPU each on the VM of docs/BENCHMARKS.md. Such a process
+/// answers a smaller allotment this much later at worst; the arbiter grows
+/// the others only into what is free, so the tree stays in its budget
+/// meanwhile.
 pub const IDLE_CHARGE_PERIOD: Duration = Duration::from_millis(80);
 
 /// Most CPU handlers one pager starts.

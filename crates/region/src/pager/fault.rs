@@ -63,14 +63,8 @@ impl Shared {
                 self.zeropage(w, f.addr)
             };
             return match r {
-                Err(e) if e.errno == libc::EAGAIN => Outcome::Again,
                 Ok(()) => Outcome::Done,
-                Err(_) => {
-                    // Mapped meanwhile, or unmapped: woken, the thread
-                    // meets what is there now.
-                    w.wake(self, f.addr, PAGE_SIZE);
-                    Outcome::Done
-                }
+                Err(e) => self.failed_map(&e, w, f.addr),
             };
         };
         let m = *s.meta(area, page);
@@ -158,8 +152,7 @@ impl Shared {
                             s.meta(area, page).st = PageState::Dirty;
                         }
                     }
-                    Err(e) if e.errno == libc::EAGAIN => return Outcome::Again,
-                    Err(_) => w.wake(self, f.addr, PAGE_SIZE),
+                    Err(e) => return self.failed_map(&e, w, f.addr),
                 }
                 Outcome::Done
             }
@@ -186,14 +179,9 @@ impl Shared {
                 let n = self.zero_run(s, f.addr, area, page);
                 let mapped = match self.map_zeros(w, f, n, buf) {
                     Ok(mapped) => mapped,
-                    Err(e) if e.errno == libc::EAGAIN => return Outcome::Again,
-                    Err(_) => {
-                        // ENOENT: the range is gone (an unmap event of the
-                        // same batch was applied first). Woken, the thread
-                        // meets what is there now.
-                        w.wake(self, f.addr, PAGE_SIZE);
-                        return Outcome::Done;
-                    }
+                    // ENOENT: the range is gone (an unmap event of the same
+                    // batch was applied first).
+                    Err(e) => return self.failed_map(&e, w, f.addr),
                 };
                 s.areas.get_mut(&area).expect("area").zr.next = page + mapped as u64;
                 for i in 0..mapped as u64 {
@@ -235,12 +223,20 @@ impl Shared {
                 s.stats.faults_rezeroed += 1;
                 Outcome::Done
             }
-            Err(e) if e.errno == libc::EAGAIN => Outcome::Again,
-            Err(_) => {
-                w.wake(self, f.addr, PAGE_SIZE);
-                Outcome::Done
-            }
+            Err(e) => self.failed_map(&e, w, f.addr),
         }
+    }
+
+    /// A fault whose mapping ioctl at `addr` failed with `e`: EAGAIN (an
+    /// event is being delivered, to be read first) retries it; anything
+    /// else (EEXIST: mapped meanwhile; ENOENT: unmapped) wakes its thread,
+    /// which meets what is there now.
+    fn failed_map(&self, e: &sys::UffdError, w: &mut Wakes, addr: usize) -> Outcome {
+        if e.errno == libc::EAGAIN {
+            return Outcome::Again;
+        }
+        w.wake(self, addr, PAGE_SIZE);
+        Outcome::Done
     }
 
     /// How many pages a first-touch fault at `page` maps as zeros: itself
