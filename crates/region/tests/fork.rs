@@ -511,3 +511,68 @@ fn in_thread_faults_across_fork() {
         "the child was not killed by SIGBUS (status {status:#x})"
     );
 }
+
+/// A fork while another thread drops a pager: the dropping thread holds
+/// that pager's list of threads while it joins them, and the child's hook
+/// must not wait for a lock whose holder did not come with it. Each child
+/// exits at once; one that has not exited after 10 s hangs in the hook.
+///
+/// Ignored: it fails on a second hang that is not fixed yet. Before the fix
+/// of the list's lock it failed at the 4th fork; after it, at the 179th
+/// or not in 3 s. There, the child's new handler thread waited for ever in
+/// Rust's standard library (`stack_overflow::thread_info`, a lock of
+/// std's that a thread of the parent held while starting or ending). Run
+/// it with `--ignored`.
+#[test]
+#[ignore = "a child can still hang on a lock of Rust's std held by a parent thread at the fork (docs/RELIABILITY.md)"]
+fn a_fork_while_another_thread_drops_a_pager_does_not_hang() {
+    let _own = Pager::new(Arc::new(MemStore::new()), managed_at_any_size(16)).unwrap();
+    let stop = AtomicBool::new(false);
+    let dropped = AtomicU64::new(0);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let p = Pager::new(Arc::new(MemStore::new()), managed_at_any_size(16)).unwrap();
+                drop(p);
+                dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        let t0 = std::time::Instant::now();
+        let mut forks = 0;
+        while t0.elapsed() < std::time::Duration::from_secs(3) || forks < 20 {
+            // SAFETY: the child only calls _exit.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                // SAFETY: leaving the child at once, no destructors.
+                unsafe { libc::_exit(0) };
+            }
+            forks += 1;
+            let waited = std::time::Instant::now();
+            loop {
+                let mut status = 0;
+                // SAFETY: polling our own child.
+                let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                if r == pid {
+                    assert!(libc::WIFEXITED(status), "child {forks} status {status:#x}");
+                    break;
+                }
+                if waited.elapsed() > std::time::Duration::from_secs(10) {
+                    // SAFETY: killing and reaping our own child.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                        libc::waitpid(pid, &mut status, 0);
+                    }
+                    stop.store(true, Ordering::Relaxed);
+                    panic!("fork {forks}: the child hung in the fork hook");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(
+        dropped.load(Ordering::Relaxed) > 0,
+        "no pager was dropped meanwhile"
+    );
+}
