@@ -974,8 +974,8 @@ fn case(
                     targets["wall_at_most_kernel_pool_inside"] = json!(wall.map(|r| r <= 1.0));
                     out["kernel_pool_inside"] = i;
                 }
-                // What a page moved costs each in CPU beyond the
-                // unconstrained run's, at B and at the kernel's total.
+                // The CPU each side spent beyond the unconstrained run's
+                // per page moved, at B and at the kernel's total.
                 let free = out["unconstrained"].clone();
                 out["swap_cpu"] = swap_cpu(&ours, k, &free);
                 if let Some(e) = out.get("uzswap_equal_total").cloned() {
@@ -1027,12 +1027,13 @@ fn swap_cpu(side: &Value, kernel: &Value, free: &Value) -> Value {
     let theirs = count(kernel, &["zswpout", "pswpout", "zswpin", "pswpin"]);
     let per =
         |cpu: Option<f64>, pages: u64| cpu.filter(|_| pages > 0).map(|c| c * 1e6 / pages as f64);
-    let (u, k) = (per(extra(side), ours), per(extra(kernel), theirs));
+    let (eu, ek) = (extra(side), extra(kernel));
+    let (u, k) = (per(eu, ours), per(ek, theirs));
     json!({
-        "uzswap_extra_cpu_seconds": extra(side),
+        "uzswap_extra_cpu_seconds": eu,
         "uzswap_pages_moved": ours,
         "uzswap_us_per_page": u,
-        "kernel_extra_cpu_seconds": extra(kernel),
+        "kernel_extra_cpu_seconds": ek,
         "kernel_pages_moved": theirs,
         "kernel_us_per_page": k,
         "ratio": u.zip(k).filter(|&(_, k)| k > 0.0).map(|(u, k)| u / k),

@@ -253,7 +253,7 @@ impl Shared {
         // starting, or being dropped. That thread is not here either: the
         // lock is freed by hand and the list, perhaps half-updated, is
         // left unread (its handles leak, as forgotten ones do). Seen on
-        // 2026-11-27 (3304218's CI): a child of
+        // 2026-11-27 (the CI run of cd8b65c): a child of
         // `fork_during_heavy_eviction_loses_nothing` waited on it for ever
         // while another test of the binary dropped its pager.
         let parents = match self.threads.try_lock() {
