@@ -517,14 +517,12 @@ fn in_thread_faults_across_fork() {
 /// must not wait for a lock whose holder did not come with it. Each child
 /// exits at once; one that has not exited after 10 s hangs in the hook.
 ///
-/// Ignored: it fails on a second hang that is not fixed yet. Before the fix
-/// of the list's lock it failed at the 4th fork; after it, at the 179th
-/// or not in 3 s. There, the child's new handler thread waited for ever in
-/// Rust's standard library (`stack_overflow::thread_info`, a lock of
-/// std's that a thread of the parent held while starting or ending). Run
-/// it with `--ignored`.
+/// It found two hangs (2026-11-27): the list's lock (it failed at the 4th
+/// fork), then, after that fix, at the 179th, a lock of Rust's standard
+/// library (`stack_overflow::thread_info`) that a parent thread held
+/// while it started or ended a `std::thread`, on which the child's new
+/// handler thread waited for ever; helpers are POSIX threads since.
 #[test]
-#[ignore = "a child can still hang on a lock of Rust's std held by a parent thread at the fork (docs/RELIABILITY.md)"]
 fn a_fork_while_another_thread_drops_a_pager_does_not_hang() {
     let _own = Pager::new(Arc::new(MemStore::new()), managed_at_any_size(16)).unwrap();
     let stop = AtomicBool::new(false);

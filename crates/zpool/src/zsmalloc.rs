@@ -367,7 +367,7 @@ pub struct ZsPool {
     /// The compactor thread, if the pool has one. Behind a lock because a
     /// forked child replaces it (`fork_child`, through `&self`); nothing
     /// else takes that lock but `Drop`.
-    thread: uzswap_os::lock::Mutex<Option<sync::thread::JoinHandle<()>>>,
+    thread: uzswap_os::lock::Mutex<Option<CompactorThread>>,
     /// Run first on the compactor thread, also on the one a forked child
     /// starts.
     thread_start: Option<fn()>,
@@ -626,11 +626,18 @@ impl Drop for ZsPool {
     }
 }
 
+/// The compactor thread's handle: a helper thread, except in a
+/// model-checked build, which starts its threads in the model.
+#[cfg(not(feature = "shuttle"))]
+type CompactorThread = uzswap_os::Helper;
+#[cfg(feature = "shuttle")]
+type CompactorThread = sync::thread::JoinHandle<()>;
+
 /// Starts the background compactor of `shared` (named "zs-compact").
 fn start_compactor(
     shared: &Arc<Shared>,
     thread_start: Option<fn()>,
-) -> Result<sync::thread::JoinHandle<()>, Error> {
+) -> Result<CompactorThread, Error> {
     let weak = Arc::downgrade(shared);
     // A helper thread (listed for the CPU accounting), except
     // in a model-checked build, which starts its threads in the model.

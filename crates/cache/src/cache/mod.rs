@@ -360,7 +360,7 @@ pub struct CacheUsage {
 pub struct Cache {
     inner: Arc<Inner>,
     /// The writer thread (a forked child starts its own: `fork.rs`).
-    writer: uzswap_os::lock::Mutex<Option<std::thread::JoinHandle<()>>>,
+    writer: uzswap_os::lock::Mutex<Option<uzswap_os::Helper>>,
     /// `CacheConfig::thread_start`, for threads started after a fork.
     #[cfg_attr(feature = "shuttle", allow(dead_code))]
     thread_start: Option<fn()>,

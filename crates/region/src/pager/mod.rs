@@ -70,9 +70,9 @@ use state::{zeroed_meta, Area, Readahead, Seg, State};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Instant;
 use uzswap_os::lock::{Condvar, Mutex};
+use uzswap_os::Helper;
 
 pub(crate) struct Shared {
     uffd: Uffd,
@@ -95,7 +95,7 @@ pub(crate) struct Shared {
     /// take the pager over has none: see `fork.rs`).
     pid: AtomicI32,
     /// The helper threads (replaced, never joined, in a forked child).
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    threads: Mutex<Vec<Helper>>,
     /// Eviction starts at `limit - margin` and stops at `limit - 2·margin`,
     /// the margin taken no larger than a sixteenth of the limit (see
     /// `Shared::margin_at`).
