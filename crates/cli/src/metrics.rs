@@ -236,6 +236,7 @@ const LEAVES: &[(&str, Kind)] = &[
     ("pager.zero_readahead_pages", Counter),
     ("pager.refaults", Counter),
     ("pager.refaults_activated", Counter),
+    ("pager.refaults_near", Counter),
     ("pager.evictions", Counter),
     ("pager.clean_drops", Counter),
     ("pager.evictions_aborted", Counter),

@@ -152,6 +152,11 @@ pub struct PagerStats {
     /// Refaults whose refault distance was within the budget (the page is
     /// part of the working set and was activated).
     pub refaults_activated: u64,
+    /// Refaults within an eighth of the limit (evictions since the page
+    /// left): pages a list of that size, holding victims uncompressed
+    /// until they are touched or pass its end, would have kept from the
+    /// store (a measure for that design, which needs no accessed bits).
+    pub refaults_near: u64,
     /// Pages evicted after being stored (dirty pages).
     pub evictions: u64,
     /// Clean pages dropped without storing (the store kept their copy).

@@ -214,6 +214,9 @@ impl Shared {
         if activate {
             s.stats.refaults_activated += 1;
         }
+        if distance <= s.limit / 8 {
+            s.stats.refaults_near += 1;
+        }
         self.map_loaded(s, &l, 0, !keep || f.write, activate, w);
         match src {
             Loaded::Pool => s.stats.faults_pool += 1,

@@ -97,3 +97,59 @@ fn victims_outside_the_working_set_are_stored_cold() {
     eprintln!("stores: {plain} plain, {cold} cold");
     assert!(plain > 0, "refaulting pages are stored plain ({cold} cold)");
 }
+
+/// The refault distance measured for a list of victims held uncompressed
+/// (`refaults_near`: within an eighth of the limit): a loop just over the
+/// budget refaults near, a stream far over it never does, and the counts
+/// nest (near ⊆ activated ⊆ refaults). Contents stay right throughout.
+#[test]
+fn refaults_near_count_short_distances_only() {
+    const BUDGET: usize = 256;
+    let run = |pages: usize, passes: usize| {
+        let mut cfg = PagerConfig::new(BUDGET);
+        cfg.readahead_max = 0;
+        let (pager, _store) = pager_with(cfg);
+        let r = pager.region(pages * PAGE).unwrap();
+        let base = r.as_ptr();
+        for p in 0..pages {
+            fill(page_mut(base, p), p, 1);
+        }
+        let mut want = vec![0u8; PAGE];
+        for _ in 0..passes {
+            for p in 0..pages {
+                fill(&mut want, p, 1);
+                assert!(page_mut(base, p) == &want[..], "page {p}");
+            }
+        }
+        pager.stats()
+    };
+    // A loop of 264 pages in 256: each page is back after about as many
+    // evictions as the loop overflows the resident pages by.
+    let near = run(BUDGET + BUDGET / 32, 6);
+    // A stream of 2048 pages: each is back after about 1800 evictions.
+    let far = run(BUDGET * 8, 2);
+    eprintln!(
+        "loop: refaults {} activated {} near {}; stream: refaults {} activated {} near {}",
+        near.refaults,
+        near.refaults_activated,
+        near.refaults_near,
+        far.refaults,
+        far.refaults_activated,
+        far.refaults_near
+    );
+    for s in [&near, &far] {
+        assert!(s.refaults_near <= s.refaults_activated);
+        assert!(s.refaults_activated <= s.refaults);
+    }
+    assert!(near.refaults > 0 && far.refaults > 0);
+    assert!(
+        near.refaults_near * 2 > near.refaults,
+        "a loop just over the budget refaults near: {near:?}"
+    );
+    // Not none: a page dropped clean (its copy kept) ticks no eviction
+    // clock, so a few of the second pass's come back near.
+    assert!(
+        far.refaults_near * 20 < far.refaults,
+        "a stream 8 x the budget: {far:?}"
+    );
+}
