@@ -11,6 +11,23 @@
 //! [`SlotMap`] hands out slots, preferring runs of adjacent free slots so a
 //! writeback batch becomes one `pwritev`.
 //!
+//! # Reading ahead (the file)
+//! A read of a slot not read ahead asks the file for [`FILE_READ_AROUND`]
+//! slots from it in one `preadv2` ([`FILE_READ_AHEAD`] if it follows the
+//! slot read last), and keeps the ones after its own for the reads that
+//! come next, as the kernel's swap readahead reads a cluster of slots in
+//! one request: pages written back
+//! together lie in adjacent slots, and a program that reads its data again
+//! in order faults them back one after another (with the pager's own
+//! readahead bringing the followers). Each read of a slot costs about a
+//! disk's latency here; a cluster costs about the same. The kept pages
+//! must never be older than the slot: every `write_slots` bumps a
+//! generation and drops kept pages it overlaps once its bytes are written,
+//! and a read keeps its followers only if no write ended while it read. A
+//! slot whose entry the cache reads was written before that entry was
+//! made, so a kept page it finds is the one written. The seal still checks
+//! every page when it is used.
+//!
 //! A page written back must leave memory, as the kernel's swap-out frees
 //! it: [`FileBacking`] reads and writes with `RWF_DONTCACHE` (Linux 6.14
 //! and filesystems that support it), so the file's pages leave the page
@@ -28,8 +45,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// What a tier says of its own traffic, for the statistics: a remote
-/// tier's round trips and bytes; all zero for a local file (its traffic is
-/// the cache's `backing_writes` and `loads_backing`).
+/// tier's round trips and bytes; for a local file only its reads ahead
+/// (its traffic is the cache's `backing_writes` and `loads_backing`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TierStats {
     /// Round trips to a server: one per command or pipeline sent.
@@ -119,9 +136,58 @@ impl<S: BackingStore + ?Sized> BackingStore for std::sync::Arc<S> {
     }
 }
 
+/// Most slots one read of the file asks for when reads follow each other
+/// (its own and those after it; see "Reading ahead").
+pub const FILE_READ_AHEAD: usize = 16;
+/// Slots one read of the file asks for otherwise (the kernel's default
+/// swap cluster, `vm.page-cluster` 3).
+pub const FILE_READ_AROUND: usize = 8;
+
+/// Slots read ahead from the file: `bytes` holds slots `first..`.
+///
+/// No allocation or free on the read path (a load may run in a signal
+/// handler, `PagerConfig::in_thread_faults`): the two buffers of
+/// [`FILE_READ_AHEAD`] pages are made by the first write of slots (the
+/// writer thread's), and from then on pass between `bytes` and `free`.
+#[derive(Default)]
+struct Ahead {
+    first: u64,
+    bytes: Vec<u8>,
+    /// Buffers not in use (capacity for two, made with them).
+    free: Vec<Vec<u8>>,
+    /// One past the last slot a read asked for.
+    next: u64,
+    /// Bumped by every write of slots, once its bytes are written.
+    gen: u64,
+}
+
+impl Ahead {
+    const BYTES: usize = FILE_READ_AHEAD * PAGE_SIZE;
+
+    /// Gives a buffer back, emptied (one never made here is left alone:
+    /// an empty vector owns nothing).
+    fn give_back(&mut self, mut buf: Vec<u8>) {
+        if buf.capacity() >= Self::BYTES && self.free.len() < self.free.capacity() {
+            buf.clear();
+            self.free.push(buf);
+        } else {
+            std::mem::forget(buf);
+        }
+    }
+
+    /// Drops the slots kept.
+    fn drop_kept(&mut self) {
+        let kept = std::mem::take(&mut self.bytes);
+        self.give_back(kept);
+    }
+}
+
 /// The default tier: a local file of slots.
 pub struct FileBacking {
     file: File,
+    /// Slots read ahead (lock order: a leaf, never held across I/O).
+    ahead: uzswap_os::lock::Mutex<Ahead>,
+    read_ahead_hits: AtomicU64,
     /// `RWF_DONTCACHE` is taken by the kernel and the file's filesystem
     /// (cleared at the first refusal: then the pages are dropped by hand).
     dontcache: std::sync::atomic::AtomicBool,
@@ -171,6 +237,8 @@ impl FileBacking {
         };
         Ok(FileBacking {
             file,
+            ahead: uzswap_os::lock::Mutex::new(Ahead::default()),
+            read_ahead_hits: AtomicU64::new(0),
             dontcache: std::sync::atomic::AtomicBool::new(true),
             path: path.to_path_buf(),
             dir,
@@ -268,6 +336,67 @@ impl FileBacking {
         Ok(())
     }
 
+    /// Reads slots from `slot` into `buf` until it is full or the file
+    /// ends, which is an error before `least` bytes; returns the bytes read.
+    fn read_at(&self, slot: u64, buf: &mut [u8], least: usize) -> io::Result<usize> {
+        let start = slot * PAGE_SIZE as u64;
+        let mut flags = self.rwf();
+        let mut done = 0;
+        while done < buf.len() {
+            let rest = &mut buf[done..];
+            let iov = libc::iovec {
+                iov_base: rest.as_mut_ptr().cast(),
+                iov_len: rest.len(),
+            };
+            // SAFETY: the iovec points into `buf`, live and exclusively
+            // ours for the call; the fd is ours and open.
+            let n = unsafe {
+                libc::preadv2(
+                    self.fd(),
+                    &iov,
+                    1,
+                    (start + done as u64) as libc::off_t,
+                    flags,
+                )
+            };
+            if n == 0 && done >= least {
+                break; // the file ends after the slots asked for
+            }
+            match progress(
+                n,
+                io::ErrorKind::UnexpectedEof,
+                "the backing file ends before this slot",
+            ) {
+                Ok(Some(n)) => done += n,
+                Ok(None) => {}
+                Err(e) if self.refused(flags, &e) => flags = 0,
+                Err(e) => return Err(e),
+            }
+        }
+        if flags == 0 {
+            self.drop_cached(start, done as u64);
+        }
+        Ok(done)
+    }
+
+    /// Slots `first..first + n` were written: slots read ahead before are
+    /// dropped if among them, and reads in flight keep none.
+    fn written(&self, first: u64, n: u64) {
+        let mut a = self.ahead.lock();
+        a.gen += 1;
+        let kept = (a.bytes.len() / PAGE_SIZE) as u64;
+        if first < a.first + kept && a.first < first + n {
+            a.drop_kept();
+        }
+        if a.free.capacity() == 0 {
+            // The first write: the buffers (see `Ahead`).
+            a.free = Vec::with_capacity(2);
+            for _ in 0..2 {
+                a.free.push(Vec::with_capacity(Ahead::BYTES));
+            }
+        }
+    }
+
     /// Drops clean cached pages of the file (a hint: failure leaves them).
     fn drop_cached(&self, at: u64, len: u64) {
         // SAFETY: as above.
@@ -320,43 +449,56 @@ impl BackingStore for FileBacking {
         if flags == 0 {
             self.drop_written(start, at - start)?;
         }
+        self.written(first, pages.len() as u64);
         Ok(())
     }
 
     fn read_slot(&self, slot: u64, page: &mut [u8]) -> io::Result<()> {
-        let start = slot * PAGE_SIZE as u64;
-        let mut flags = self.rwf();
-        let mut done = 0;
-        while done < page.len() {
-            let rest = &mut page[done..];
-            let iov = libc::iovec {
-                iov_base: rest.as_mut_ptr().cast(),
-                iov_len: rest.len(),
-            };
-            // SAFETY: the iovec points into `page`, live and exclusively
-            // ours for the call; the fd is ours and open.
-            let n = unsafe {
-                libc::preadv2(
-                    self.fd(),
-                    &iov,
-                    1,
-                    (start + done as u64) as libc::off_t,
-                    flags,
-                )
-            };
-            match progress(
-                n,
-                io::ErrorKind::UnexpectedEof,
-                "the backing file ends before this slot",
-            ) {
-                Ok(Some(n)) => done += n,
-                Ok(None) => {}
-                Err(e) if self.refused(flags, &e) => flags = 0,
-                Err(e) => return Err(e),
+        let (buf, gen) = {
+            let mut a = self.ahead.lock();
+            let follows = a.next == slot && slot != 0;
+            a.next = slot + 1;
+            let kept = (a.bytes.len() / PAGE_SIZE) as u64;
+            if (a.first..a.first + kept).contains(&slot) {
+                let at = (slot - a.first) as usize * PAGE_SIZE;
+                page.copy_from_slice(&a.bytes[at..at + PAGE_SIZE]);
+                drop(a);
+                self.read_ahead_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
             }
-        }
-        if flags == 0 {
-            self.drop_cached(start, page.len() as u64);
+            // Both buffers in use (or none made yet): this slot alone.
+            let want = if follows {
+                FILE_READ_AHEAD
+            } else {
+                FILE_READ_AROUND
+            };
+            (a.free.pop().map(|b| (b, want)), a.gen)
+        };
+        let Some((mut buf, want)) = buf else {
+            self.read_at(slot, page, page.len())?;
+            return Ok(());
+        };
+        // Within its capacity: no allocation.
+        buf.resize(want * PAGE_SIZE, 0);
+        let n = match self.read_at(slot, &mut buf, PAGE_SIZE) {
+            Ok(n) => n,
+            Err(e) => {
+                self.ahead.lock().give_back(buf);
+                return Err(e);
+            }
+        };
+        page.copy_from_slice(&buf[..PAGE_SIZE]);
+        buf.truncate(n / PAGE_SIZE * PAGE_SIZE);
+        // The followers, where the slot was (a move within the buffer).
+        buf.drain(..PAGE_SIZE);
+        let mut a = self.ahead.lock();
+        // A write that ended meanwhile may have changed a follower.
+        if a.gen == gen && !buf.is_empty() {
+            a.drop_kept();
+            a.first = slot + 1;
+            a.bytes = buf;
+        } else {
+            a.give_back(buf);
         }
         Ok(())
     }
@@ -381,12 +523,41 @@ impl BackingStore for FileBacking {
         format!("backing file in {}", self.path.display())
     }
 
+    /// Loads served from slots read ahead; nothing else (the file's
+    /// traffic is the cache's `backing_writes` and `loads_backing`).
+    fn tier_stats(&self) -> TierStats {
+        TierStats {
+            read_ahead_hits: self.read_ahead_hits.load(Ordering::Relaxed),
+            ..TierStats::default()
+        }
+    }
+
     /// Copies the data extents of the first `end` slots (holes stay holes)
     /// to a new unnamed file beside this one and puts it in place of this
     /// one's descriptor (`dup3`): the descriptor number, and so `self`,
     /// stays valid, and from then on names the copy.
     fn fork_private(&self, end: u64) -> io::Result<()> {
         use std::os::fd::AsRawFd;
+        // The child's only thread runs here. A parent thread may have held
+        // the lock of the slots read ahead at the fork; it guards nothing
+        // the child needs (they are thrown away, and copied slots read
+        // again).
+        if self.ahead.try_lock().is_none() {
+            // SAFETY: the holder was a parent thread, which does not exist
+            // in the child; nothing else runs here.
+            unsafe { self.ahead.force_unlock() };
+            // It may have been half-way through changing the buffers: they
+            // are left unread (leaked).
+            std::mem::forget(std::mem::take(&mut *self.ahead.lock()));
+        } else {
+            self.ahead.lock().drop_kept();
+        }
+        {
+            let mut a = self.ahead.lock();
+            a.next = 0;
+            a.gen += 1;
+        }
+        self.read_ahead_hits.store(0, Ordering::Relaxed);
         let copy = FileBacking::create(&self.dir)?;
         let (src, dst) = (self.file.as_raw_fd(), copy.file.as_raw_fd());
         let end = (end * PAGE_SIZE as u64) as libc::off_t;
@@ -783,6 +954,96 @@ mod tests {
             }
             assert_eq!(cached_pages(&b, 64), 0, "after reads, by hand: {by_hand}");
         }
+    }
+
+    /// Page `slot` at version `v`: distinct per slot and version.
+    fn versioned(slot: u64, v: u64) -> Vec<u8> {
+        let mut p = vec![0u8; PAGE_SIZE];
+        for (i, c) in p.chunks_exact_mut(8).enumerate() {
+            c.copy_from_slice(&(slot << 32 ^ v << 16 ^ i as u64).to_le_bytes());
+        }
+        p
+    }
+
+    fn write_versions(b: &FileBacking, slots: std::ops::Range<u64>, v: u64) {
+        let pages: Vec<Vec<u8>> = slots.clone().map(|s| versioned(s, v)).collect();
+        let refs: Vec<&[u8]> = pages.iter().map(|p| &p[..]).collect();
+        b.write_slots(slots.start, &refs).unwrap();
+    }
+
+    /// Slots read in order are read in clusters: most come from the slots
+    /// read ahead, all right; slots read out of order read none ahead.
+    #[test]
+    fn reads_in_order_are_served_ahead_and_right() {
+        let b = FileBacking::create(&std::env::temp_dir()).unwrap();
+        write_versions(&b, 0..200, 1);
+        let mut page = vec![0u8; PAGE_SIZE];
+        // Out of order, none among the seven slots after the one before.
+        for s in [150u64, 3, 77, 20, 199, 0, 41] {
+            b.read_slot(s, &mut page).unwrap();
+            assert!(page == versioned(s, 1), "slot {s}");
+        }
+        assert_eq!(b.tier_stats().read_ahead_hits, 0);
+        for s in 0..200u64 {
+            b.read_slot(s, &mut page).unwrap();
+            assert!(page == versioned(s, 1), "slot {s}");
+        }
+        // Slots 0..8, then clusters of 16 from slot 8: 15 of each kept.
+        let hits = b.tier_stats().read_ahead_hits;
+        assert!(hits >= 180, "{hits} of 200 read ahead");
+    }
+
+    /// A slot written after its cluster was read is read as written, and a
+    /// cluster read past the file's end keeps what there is.
+    #[test]
+    fn a_slot_written_after_it_was_read_ahead_reads_as_written() {
+        let b = FileBacking::create(&std::env::temp_dir()).unwrap();
+        write_versions(&b, 0..40, 1);
+        let mut page = vec![0u8; PAGE_SIZE];
+        b.read_slot(10, &mut page).unwrap(); // reads 10..18, keeps 11..18
+        b.read_slot(11, &mut page).unwrap();
+        assert_eq!(b.tier_stats().read_ahead_hits, 1);
+        write_versions(&b, 14..15, 2);
+        for s in 12..30u64 {
+            b.read_slot(s, &mut page).unwrap();
+            let v = if s == 14 { 2 } else { 1 };
+            assert!(page == versioned(s, v), "slot {s}");
+        }
+        // Reads that run into the end of the file.
+        for s in 30..40u64 {
+            b.read_slot(s, &mut page).unwrap();
+            assert!(page == versioned(s, 1), "slot {s}");
+        }
+        assert!(b.read_slot(40, &mut page).is_err(), "past the end");
+    }
+
+    /// Threads each rewrite and read back their own run of slots, in
+    /// order, while the others do theirs next to it: clusters read ahead
+    /// cross into the neighbours' runs as those are rewritten, and no read
+    /// may ever return a page older than the slot's last write.
+    #[test]
+    fn reads_ahead_never_return_an_older_page_under_concurrent_writes() {
+        const THREADS: u64 = 4;
+        const RUN: u64 = 20;
+        let b = FileBacking::create(&std::env::temp_dir()).unwrap();
+        write_versions(&b, 0..THREADS * RUN, 0);
+        std::thread::scope(|sc| {
+            for t in 0..THREADS {
+                let b = &b;
+                sc.spawn(move || {
+                    let run = t * RUN..(t + 1) * RUN;
+                    let mut page = vec![0u8; PAGE_SIZE];
+                    for v in 1..=3000u64 {
+                        write_versions(b, run.clone(), v);
+                        for s in run.clone() {
+                            b.read_slot(s, &mut page).unwrap();
+                            assert!(page == versioned(s, v), "slot {s} version {v}");
+                        }
+                    }
+                });
+            }
+        });
+        assert!(b.tier_stats().read_ahead_hits > 0);
     }
 
     #[test]
