@@ -143,7 +143,8 @@ pub const FILE_READ_AHEAD: usize = 16;
 /// swap cluster, `vm.page-cluster` 3).
 pub const FILE_READ_AROUND: usize = 8;
 
-/// Slots read ahead from the file: `bytes` holds slots `first..`.
+/// Slots read ahead from the file: `bytes` holds slots `first..` (the
+/// slot a read asked for, then its followers).
 ///
 /// No allocation or free on the read path (a load may run in a signal
 /// handler, `PagerConfig::in_thread_faults`): the two buffers of
@@ -489,13 +490,13 @@ impl BackingStore for FileBacking {
         };
         page.copy_from_slice(&buf[..PAGE_SIZE]);
         buf.truncate(n / PAGE_SIZE * PAGE_SIZE);
-        // The followers, where the slot was (a move within the buffer).
-        buf.drain(..PAGE_SIZE);
         let mut a = self.ahead.lock();
-        // A write that ended meanwhile may have changed a follower.
-        if a.gen == gen && !buf.is_empty() {
+        // A write that ended meanwhile may have changed a follower. The
+        // slot itself stays in the buffer: it was written before it was
+        // asked for.
+        if a.gen == gen && buf.len() > PAGE_SIZE {
             a.drop_kept();
-            a.first = slot + 1;
+            a.first = slot;
             a.bytes = buf;
         } else {
             a.give_back(buf);
@@ -538,25 +539,10 @@ impl BackingStore for FileBacking {
     /// stays valid, and from then on names the copy.
     fn fork_private(&self, end: u64) -> io::Result<()> {
         use std::os::fd::AsRawFd;
-        // The child's only thread runs here. A parent thread may have held
-        // the lock of the slots read ahead at the fork; it guards nothing
-        // the child needs (they are thrown away, and copied slots read
-        // again).
-        if self.ahead.try_lock().is_none() {
-            // SAFETY: the holder was a parent thread, which does not exist
-            // in the child; nothing else runs here.
-            unsafe { self.ahead.force_unlock() };
-            // It may have been half-way through changing the buffers: they
-            // are left unread (leaked).
-            std::mem::forget(std::mem::take(&mut *self.ahead.lock()));
-        } else {
-            self.ahead.lock().drop_kept();
-        }
-        {
-            let mut a = self.ahead.lock();
-            a.next = 0;
-            a.gen += 1;
-        }
+        // The slots read ahead are the shared file's: thrown away.
+        // SAFETY: the child's only thread runs here (`fork_private`'s
+        // contract: `Cache::fork_child`).
+        drop(unsafe { uzswap_os::fork::take_in_child(&self.ahead) });
         self.read_ahead_hits.store(0, Ordering::Relaxed);
         let copy = FileBacking::create(&self.dir)?;
         let (src, dst) = (self.file.as_raw_fd(), copy.file.as_raw_fd());

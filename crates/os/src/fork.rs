@@ -105,6 +105,30 @@ impl AfterFork for crate::sync::Condvar {
     }
 }
 
+/// In a forked child, for a lock no prepare hook took: takes what `m`
+/// holds, leaving the default. A parent thread may have held it at the
+/// fork; that thread is not in the child, and the lock stays held there.
+/// Then the lock is reset and what it guarded, perhaps half changed, is
+/// left unread (leaked, never dropped): `None`.
+///
+/// # Safety
+/// The calling thread is the only one in the process (a fork's child
+/// hook), so a held lock's holder was a parent thread.
+pub unsafe fn take_in_child<T: Default>(m: &crate::lock::Mutex<T>) -> Option<T> {
+    if let Some(mut held) = m.try_lock() {
+        return Some(std::mem::take(&mut *held));
+    }
+    // SAFETY: the holder was a thread of the parent (the caller's
+    // contract), and nothing but the lock's word refers to its waiters
+    // (see the module docs); the value is overwritten without being read
+    // or dropped.
+    unsafe {
+        m.raw().reset();
+        std::ptr::write(m.data_ptr(), T::default());
+    }
+    None
+}
+
 /// The helper threads alive ([`crate::spawn_helper`]), by kernel thread id;
 /// 0 is a free slot. Lock-free, so that a thread registering at the fork
 /// leaves nothing locked in the child.

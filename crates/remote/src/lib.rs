@@ -825,21 +825,12 @@ impl BackingStore for RedisBacking {
         // The child's only thread runs here. A lock a parent thread held
         // at the fork stays held in the child: then its data may be half
         // changed, so the inherited pool is leaked rather than read.
-        match self.pool.try_lock() {
-            Some(mut pool) => pool.clear(),
-            None => {
-                // SAFETY: the holder was a parent thread, which does not
-                // exist in the child; nothing else runs here.
-                unsafe { self.pool.force_unlock() };
-                std::mem::forget(std::mem::take(&mut *self.pool.lock()));
-            }
+        // SAFETY: the child's only thread runs here (the pool's and the
+        // read-ahead's contents are thrown away either way).
+        unsafe {
+            drop(uzswap_os::fork::take_in_child(&self.pool));
+            drop(uzswap_os::fork::take_in_child(&self.ahead));
         }
-        if self.ahead.try_lock().is_none() {
-            // SAFETY: as above; it guards only bytes read ahead, which are
-            // thrown away.
-            unsafe { self.ahead.force_unlock() };
-        }
-        *self.ahead.lock() = Ahead::default();
         let old = self.ns();
         let new = random_ns()?;
         let extents = {

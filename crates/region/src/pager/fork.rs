@@ -250,27 +250,14 @@ impl Shared {
         // prepare hook takes (a pager being dropped holds it while it joins
         // its threads, which may wait for the gate the hook holds), so a
         // thread of the parent may have held it at the fork: a pager
-        // starting, or being dropped. That thread is not here either: the
-        // lock is freed by hand and the list, perhaps half-updated, is
-        // left unread (its handles leak, as forgotten ones do). Seen on
-        // 2026-11-27 (the CI run of cd8b65c): a child of
-        // `fork_during_heavy_eviction_loses_nothing` waited on it for ever
-        // while another test of the binary dropped its pager.
-        let parents = match self.threads.try_lock() {
-            Some(mut list) => std::mem::take(&mut *list),
-            None => {
-                // SAFETY: this is the child of a fork, run by its only
-                // thread (the fork hook); whoever held the lock was a
-                // thread of the parent, and nothing here refers to its
-                // waiters (see `uzswap_os::lock`). The list is overwritten
-                // without being read or dropped.
-                unsafe {
-                    self.threads.raw().reset();
-                    std::ptr::write(self.threads.data_ptr(), Vec::new());
-                }
-                Vec::new()
-            }
-        };
+        // starting, or being dropped. Then the list is left unread (its
+        // handles leak, as forgotten ones do). Seen on 2026-11-27 (the CI
+        // run of cd8b65c): a child of `fork_during_heavy_eviction_loses_nothing`
+        // waited on it for ever while another test of the binary dropped
+        // its pager.
+        // SAFETY: this is the child of a fork, run by its only thread (the
+        // fork hook).
+        let parents = unsafe { uzswap_os::fork::take_in_child(&self.threads) }.unwrap_or_default();
         for t in parents {
             std::mem::forget(t);
         }
