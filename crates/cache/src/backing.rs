@@ -12,21 +12,27 @@
 //! writeback batch becomes one `pwritev`.
 //!
 //! # Reading ahead (the file)
-//! A read of a slot not read ahead asks the file for [`FILE_READ_AROUND`]
-//! slots from it in one `preadv2` ([`FILE_READ_AHEAD`] if it follows the
-//! slot read last), and keeps the ones after its own for the reads that
-//! come next, as the kernel's swap readahead reads a cluster of slots in
-//! one request: pages written back
-//! together lie in adjacent slots, and a program that reads its data again
-//! in order faults them back one after another (with the pager's own
-//! readahead bringing the followers). Each read of a slot costs about a
-//! disk's latency here; a cluster costs about the same. The kept pages
-//! must never be older than the slot: every `write_slots` bumps a
-//! generation and drops kept pages it overlaps once its bytes are written,
-//! and a read keeps its followers only if no write ended while it read. A
-//! slot whose entry the cache reads was written before that entry was
-//! made, so a kept page it finds is the one written. The seal still checks
-//! every page when it is used.
+//! A read of a slot outside the window read ahead asks the kernel to read
+//! the [`FILE_READ_AROUND`] − 1 slots after it into the page cache
+//! (`POSIX_FADV_WILLNEED`, which starts the reads and returns), then reads
+//! its own slot; [`FILE_READ_AHEAD`] slots when it follows the slot read
+//! last. A read that follows inside the window and finds half of it or less
+//! ahead asks for the next window at once, so that reads in order find
+//! their slots read before they ask, as the kernel's swap readahead starts
+//! a cluster's reads and waits only for the page it needs. Pages written
+//! back together lie in adjacent slots, and a program that reads its data
+//! again in order faults them back one after another.
+//!
+//! What is read ahead is the file's own page cache, which writes, hole
+//! punches and reads keep coherent: a page read from it is the slot's last
+//! write, whatever the window's state, which is only a hint (threads that
+//! race on it cost a read, never a wrong page). When the window moves, the
+//! pages it leaves behind are dropped (`POSIX_FADV_DONTNEED`), so about
+//! two windows of pages (a few dozen) are in the page cache for a file,
+//! outside the budget; a page still being read when its window is dropped
+//! stays until the kernel reclaims it. Until 814aba5 the file read the cluster itself, in one
+//! `preadv2` that the program waited for whole, and kept it in buffers of
+//! its own.
 //!
 //! A page written back must leave memory, as the kernel's swap-out frees
 //! it: [`FileBacking`] reads and writes with `RWF_DONTCACHE` (Linux 6.14
@@ -143,50 +149,78 @@ pub const FILE_READ_AHEAD: usize = 16;
 /// swap cluster, `vm.page-cluster` 3).
 pub const FILE_READ_AROUND: usize = 8;
 
-/// Slots read ahead from the file: `bytes` holds slots `first..` (the
-/// slot a read asked for, then its followers).
-///
-/// No allocation or free on the read path (a load may run in a signal
-/// handler, `PagerConfig::in_thread_faults`): the two buffers of
-/// [`FILE_READ_AHEAD`] pages are made by the first write of slots (the
-/// writer thread's), and from then on pass between `bytes` and `free`.
-#[derive(Default)]
+/// The window read ahead: slots `lo..hi` were asked of the kernel; `next`
+/// is one past the slot read last.
+#[derive(Default, Debug, PartialEq)]
 struct Ahead {
-    first: u64,
-    bytes: Vec<u8>,
-    /// Buffers not in use (capacity for two, made with them).
-    free: Vec<Vec<u8>>,
-    /// One past the last slot a read asked for.
+    lo: u64,
+    hi: u64,
     next: u64,
-    /// Bumped by every write of slots, once its bytes are written.
-    gen: u64,
+}
+
+/// What a read does besides reading its slot, decided under the lock and
+/// done after it ([`Ahead::plan`]).
+#[derive(Debug, PartialEq)]
+struct Plan {
+    /// The slot is in the window read ahead.
+    ahead: bool,
+    /// Slots to ask the kernel to read now.
+    fetch: std::ops::Range<u64>,
+    /// Slots the window left behind, to drop from the page cache.
+    drop: [std::ops::Range<u64>; 2],
 }
 
 impl Ahead {
-    const BYTES: usize = FILE_READ_AHEAD * PAGE_SIZE;
-
-    /// Gives a buffer back, emptied (one never made here is left alone:
-    /// an empty vector owns nothing).
-    fn give_back(&mut self, mut buf: Vec<u8>) {
-        if buf.capacity() >= Self::BYTES && self.free.len() < self.free.capacity() {
-            buf.clear();
-            self.free.push(buf);
-        } else {
-            std::mem::forget(buf);
+    /// Moves the window for a read of `slot` (see "Reading ahead").
+    fn plan(&mut self, slot: u64) -> Plan {
+        const AHEAD: u64 = FILE_READ_AHEAD as u64;
+        let follows = self.next == slot && slot != 0;
+        self.next = slot + 1;
+        if (self.lo..self.hi).contains(&slot) {
+            if follows && self.hi - slot <= AHEAD / 2 {
+                // Running out while following: the next window now, and
+                // the slots read before this one leave.
+                let fetch = self.hi..self.hi + AHEAD;
+                let drop = if self.lo < slot { self.lo..slot } else { 0..0 };
+                self.lo = slot;
+                self.hi = fetch.end;
+                return Plan {
+                    ahead: true,
+                    fetch,
+                    drop: [drop, 0..0],
+                };
+            }
+            return Plan {
+                ahead: true,
+                fetch: 0..0,
+                drop: [0..0, 0..0],
+            };
         }
-    }
-
-    /// Drops the slots kept.
-    fn drop_kept(&mut self) {
-        let kept = std::mem::take(&mut self.bytes);
-        self.give_back(kept);
+        let n = if follows {
+            AHEAD
+        } else {
+            FILE_READ_AROUND as u64
+        };
+        let fetch = slot + 1..slot + n;
+        // The old window less the new one: up to two pieces.
+        let (lo, hi) = (self.lo, self.hi);
+        let piece = |a: u64, b: u64| if a < b { a..b } else { 0..0 };
+        let drop = [piece(lo, hi.min(fetch.start)), piece(lo.max(fetch.end), hi)];
+        self.lo = fetch.start;
+        self.hi = fetch.end;
+        Plan {
+            ahead: false,
+            fetch,
+            drop,
+        }
     }
 }
 
 /// The default tier: a local file of slots.
 pub struct FileBacking {
     file: File,
-    /// Slots read ahead (lock order: a leaf, never held across I/O).
+    /// The window read ahead (lock order: a leaf, held to move it, never
+    /// across a system call).
     ahead: uzswap_os::lock::Mutex<Ahead>,
     read_ahead_hits: AtomicU64,
     /// `RWF_DONTCACHE` is taken by the kernel and the file's filesystem
@@ -380,35 +414,28 @@ impl FileBacking {
         Ok(done)
     }
 
-    /// Slots `first..first + n` were written: slots read ahead before are
-    /// dropped if among them, and reads in flight keep none.
-    fn written(&self, first: u64, n: u64) {
-        let mut a = self.ahead.lock();
-        a.gen += 1;
-        let kept = (a.bytes.len() / PAGE_SIZE) as u64;
-        if first < a.first + kept && a.first < first + n {
-            a.drop_kept();
-        }
-        if a.free.capacity() == 0 {
-            // The first write: the buffers (see `Ahead`).
-            a.free = Vec::with_capacity(2);
-            for _ in 0..2 {
-                a.free.push(Vec::with_capacity(Ahead::BYTES));
-            }
-        }
-    }
-
     /// Drops clean cached pages of the file (a hint: failure leaves them).
     fn drop_cached(&self, at: u64, len: u64) {
-        // SAFETY: as above.
-        unsafe {
-            libc::posix_fadvise(
-                self.fd(),
-                at as libc::off_t,
-                len as libc::off_t,
-                libc::POSIX_FADV_DONTNEED,
-            )
-        };
+        self.advise(at, len, libc::POSIX_FADV_DONTNEED);
+    }
+
+    /// `posix_fadvise` of `len` bytes at `at` (a hint: failure is ignored).
+    fn advise(&self, at: u64, len: u64, advice: libc::c_int) {
+        if len == 0 {
+            return;
+        }
+        // SAFETY: a hint on our own descriptor.
+        unsafe { libc::posix_fadvise(self.fd(), at as libc::off_t, len as libc::off_t, advice) };
+    }
+
+    /// [`FileBacking::advise`] of a range of slots.
+    fn advise_slots(&self, slots: &std::ops::Range<u64>, advice: libc::c_int) {
+        let page = PAGE_SIZE as u64;
+        self.advise(
+            slots.start * page,
+            (slots.end.saturating_sub(slots.start)) * page,
+            advice,
+        );
     }
 }
 
@@ -450,56 +477,19 @@ impl BackingStore for FileBacking {
         if flags == 0 {
             self.drop_written(start, at - start)?;
         }
-        self.written(first, pages.len() as u64);
         Ok(())
     }
 
     fn read_slot(&self, slot: u64, page: &mut [u8]) -> io::Result<()> {
-        let (buf, gen) = {
-            let mut a = self.ahead.lock();
-            let follows = a.next == slot && slot != 0;
-            a.next = slot + 1;
-            let kept = (a.bytes.len() / PAGE_SIZE) as u64;
-            if (a.first..a.first + kept).contains(&slot) {
-                let at = (slot - a.first) as usize * PAGE_SIZE;
-                page.copy_from_slice(&a.bytes[at..at + PAGE_SIZE]);
-                drop(a);
-                self.read_ahead_hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(());
-            }
-            // Both buffers in use (or none made yet): this slot alone.
-            let want = if follows {
-                FILE_READ_AHEAD
-            } else {
-                FILE_READ_AROUND
-            };
-            (a.free.pop().map(|b| (b, want)), a.gen)
-        };
-        let Some((mut buf, want)) = buf else {
-            self.read_at(slot, page, page.len())?;
-            return Ok(());
-        };
-        // Within its capacity: no allocation.
-        buf.resize(want * PAGE_SIZE, 0);
-        let n = match self.read_at(slot, &mut buf, PAGE_SIZE) {
-            Ok(n) => n,
-            Err(e) => {
-                self.ahead.lock().give_back(buf);
-                return Err(e);
-            }
-        };
-        page.copy_from_slice(&buf[..PAGE_SIZE]);
-        buf.truncate(n / PAGE_SIZE * PAGE_SIZE);
-        let mut a = self.ahead.lock();
-        // A write that ended meanwhile may have changed a follower. The
-        // slot itself stays in the buffer: it was written before it was
-        // asked for.
-        if a.gen == gen && buf.len() > PAGE_SIZE {
-            a.drop_kept();
-            a.first = slot;
-            a.bytes = buf;
-        } else {
-            a.give_back(buf);
+        let plan = self.ahead.lock().plan(slot);
+        // The window's reads start before this slot's, which waits.
+        self.advise_slots(&plan.fetch, libc::POSIX_FADV_WILLNEED);
+        for gone in &plan.drop {
+            self.advise_slots(gone, libc::POSIX_FADV_DONTNEED);
+        }
+        self.read_at(slot, page, page.len())?;
+        if plan.ahead {
+            self.read_ahead_hits.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -539,10 +529,10 @@ impl BackingStore for FileBacking {
     /// stays valid, and from then on names the copy.
     fn fork_private(&self, end: u64) -> io::Result<()> {
         use std::os::fd::AsRawFd;
-        // The slots read ahead are the shared file's: thrown away.
+        // The window is the shared file's: forgotten.
         // SAFETY: the child's only thread runs here (`fork_private`'s
         // contract: `Cache::fork_child`).
-        drop(unsafe { uzswap_os::fork::take_in_child(&self.ahead) });
+        let _ = unsafe { uzswap_os::fork::take_in_child(&self.ahead) };
         self.read_ahead_hits.store(0, Ordering::Relaxed);
         let copy = FileBacking::create(&self.dir)?;
         let (src, dst) = (self.file.as_raw_fd(), copy.file.as_raw_fd());
@@ -916,7 +906,8 @@ mod tests {
 
     /// Written-back pages leave the page cache, as swapped-out pages leave
     /// memory, on both paths (`RWF_DONTCACHE`, and the dropping by hand
-    /// where it is refused); what is read back comes from the file, right.
+    /// where it is refused); what is read back comes from the file, right,
+    /// and what is read ahead stays cached only until the window moves on.
     #[test]
     fn written_back_pages_leave_the_page_cache() {
         for by_hand in [false, true] {
@@ -934,11 +925,23 @@ mod tests {
             }
             assert_eq!(cached_pages(&b, 64), 0, "by hand: {by_hand}");
             let mut page = vec![0u8; PAGE_SIZE];
+            // A read asks the kernel for the slots after it: they are in
+            // the page cache (or on their way) when it returns.
+            b.read_slot(0, &mut page).unwrap();
+            assert_eq!(page, pages[0]);
+            let ahead = cached_pages(&b, 64);
+            assert!(ahead >= FILE_READ_AROUND - 1, "{ahead} read ahead");
             for (i, want) in pages.iter().enumerate() {
                 b.read_slot(i as u64, &mut page).unwrap();
                 assert_eq!(&page, want, "slot {i}, by hand: {by_hand}");
             }
-            assert_eq!(cached_pages(&b, 64), 0, "after reads, by hand: {by_hand}");
+            // What is read ahead is cached until the window moves on: at
+            // most two windows.
+            let left = cached_pages(&b, 64);
+            assert!(
+                left <= 2 * FILE_READ_AHEAD,
+                "{left} cached after reads, by hand: {by_hand}"
+            );
         }
     }
 
@@ -955,6 +958,62 @@ mod tests {
         let pages: Vec<Vec<u8>> = slots.clone().map(|s| versioned(s, v)).collect();
         let refs: Vec<&[u8]> = pages.iter().map(|p| &p[..]).collect();
         b.write_slots(slots.start, &refs).unwrap();
+    }
+
+    /// The window: a read outside it asks for the slots after it (more
+    /// when it follows the last), a read in order that runs low asks for
+    /// the next window, and what a window leaves behind is dropped.
+    #[test]
+    fn the_window_moves_ahead_of_reads_in_order_and_drops_what_it_leaves() {
+        let mut a = Ahead::default();
+        let p = a.plan(100);
+        assert_eq!((p.ahead, p.fetch), (false, 101..108));
+        assert_eq!(p.drop, [0..0, 0..0]);
+        // In the window, following, half a window or less ahead: the
+        // next window at once.
+        let p = a.plan(101);
+        assert_eq!((p.ahead, p.fetch), (true, 108..124));
+        assert_eq!(p.drop, [0..0, 0..0]);
+        // More than half a window ahead: nothing to do.
+        for s in 102..116 {
+            assert_eq!(
+                a.plan(s),
+                Plan {
+                    ahead: true,
+                    fetch: 0..0,
+                    drop: [0..0, 0..0]
+                }
+            );
+        }
+        // Half or less again: the next window, and the slots read leave.
+        let p = a.plan(116);
+        assert_eq!((p.ahead, p.fetch), (true, 124..140));
+        assert_eq!(p.drop, [101..116, 0..0]);
+        assert_eq!((a.lo, a.hi), (116, 140));
+        // A jump: a window around the new slot; the old one is dropped,
+        // less what the new one holds again.
+        let p = a.plan(210);
+        assert_eq!((p.ahead, p.fetch), (false, 211..218));
+        assert_eq!(p.drop, [116..140, 0..0]);
+        let p = a.plan(120);
+        assert_eq!(p.fetch, 121..128);
+        assert_eq!(p.drop, [0..0, 211..218]);
+        // Overlapping windows: only what the new one does not hold.
+        let p = a.plan(118);
+        assert_eq!(p.fetch, 119..126);
+        assert_eq!(p.drop, [0..0, 126..128]);
+        // Outside the window, not following: a short one.
+        let p = a.plan(130);
+        assert_eq!((p.ahead, p.fetch), (false, 131..138));
+        let p = a.plan(131);
+        assert_eq!((p.ahead, p.fetch), (true, 138..154));
+        assert_eq!((a.lo, a.hi), (131, 154));
+        // Following the slot read last, outside the window: a long one.
+        let mut b = Ahead {
+            next: 40,
+            ..Ahead::default()
+        };
+        assert_eq!(b.plan(40).fetch, 41..56);
     }
 
     /// Slots read in order are read in clusters: most come from the slots
