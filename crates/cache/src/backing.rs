@@ -16,7 +16,10 @@
 //! the [`FILE_READ_AROUND`] − 1 slots after it into the page cache
 //! (`POSIX_FADV_WILLNEED`, which starts the reads and returns), then reads
 //! its own slot; [`FILE_READ_AHEAD`] slots when it follows the slot read
-//! last. A read that follows inside the window and finds half of it or less
+//! last. A window that served no read halves the next one read around a
+//! slot, down to the slot alone, and one that did doubles it back, as the
+//! kernel sizes its swap readahead by its hits: a program that reads its
+//! pages back at random asks the disk for no page it will not use. A read that follows inside the window and finds half of it or less
 //! ahead asks for the next window at once, so that reads in order find
 //! their slots read before they ask, as the kernel's swap readahead starts
 //! a cluster's reads and waits only for the page it needs. Pages written
@@ -146,16 +149,22 @@ impl<S: BackingStore + ?Sized> BackingStore for std::sync::Arc<S> {
 /// (its own and those after it; see "Reading ahead").
 pub const FILE_READ_AHEAD: usize = 16;
 /// Slots one read of the file asks for otherwise (the kernel's default
-/// swap cluster, `vm.page-cluster` 3).
+/// swap cluster, `vm.page-cluster` 3), at most.
 pub const FILE_READ_AROUND: usize = 8;
+/// Halvings of [`FILE_READ_AROUND`] that leave the slot alone.
+const AROUND_SHORTEST: u32 = FILE_READ_AROUND.trailing_zeros();
 
 /// The window read ahead: slots `lo..hi` were asked of the kernel; `next`
-/// is one past the slot read last.
+/// is one past the slot read last; `hit` is set once a read is served from
+/// the window; `short` is how many times the window read around a slot has
+/// been halved (see "Reading ahead").
 #[derive(Default, Debug, PartialEq)]
 struct Ahead {
     lo: u64,
     hi: u64,
     next: u64,
+    hit: bool,
+    short: u32,
 }
 
 /// What a read does besides reading its slot, decided under the lock and
@@ -177,6 +186,7 @@ impl Ahead {
         let follows = self.next == slot && slot != 0;
         self.next = slot + 1;
         if (self.lo..self.hi).contains(&slot) {
+            self.hit = true;
             if follows && self.hi - slot <= AHEAD / 2 {
                 // Running out while following: the next window now, and
                 // the slots read before this one leave.
@@ -199,9 +209,19 @@ impl Ahead {
         let n = if follows {
             AHEAD
         } else {
-            FILE_READ_AROUND as u64
+            // A window that served no read halves the next one read
+            // around a slot, down to none; one that did doubles it back.
+            if self.lo < self.hi {
+                self.short = if self.hit {
+                    self.short.saturating_sub(1)
+                } else {
+                    (self.short + 1).min(AROUND_SHORTEST)
+                };
+            }
+            FILE_READ_AROUND as u64 >> self.short
         };
-        let fetch = slot + 1..slot + n;
+        self.hit = false;
+        let fetch = slot + 1..slot + n.max(1);
         // The old window less the new one: up to two pieces.
         let (lo, hi) = (self.lo, self.hi);
         let piece = |a: u64, b: u64| if a < b { a..b } else { 0..0 };
@@ -995,25 +1015,47 @@ mod tests {
         let p = a.plan(210);
         assert_eq!((p.ahead, p.fetch), (false, 211..218));
         assert_eq!(p.drop, [116..140, 0..0]);
-        let p = a.plan(120);
-        assert_eq!(p.fetch, 121..128);
-        assert_eq!(p.drop, [0..0, 211..218]);
-        // Overlapping windows: only what the new one does not hold.
-        let p = a.plan(118);
-        assert_eq!(p.fetch, 119..126);
-        assert_eq!(p.drop, [0..0, 126..128]);
-        // Outside the window, not following: a short one.
-        let p = a.plan(130);
-        assert_eq!((p.ahead, p.fetch), (false, 131..138));
-        let p = a.plan(131);
+        // Overlapping windows (the old one served a read): only what the
+        // new one does not hold leaves.
+        assert!(a.plan(213).ahead);
+        let p = a.plan(205);
+        assert_eq!(p.fetch, 206..213);
+        assert_eq!(p.drop, [0..0, 213..218]);
+        // Outside the window, not following: a short one; following the
+        // slot read last: a long one.
+        let mut b = Ahead::default();
+        assert_eq!(b.plan(130).fetch, 131..138);
+        let p = b.plan(131);
         assert_eq!((p.ahead, p.fetch), (true, 138..154));
-        assert_eq!((a.lo, a.hi), (131, 154));
-        // Following the slot read last, outside the window: a long one.
-        let mut b = Ahead {
+        assert_eq!((b.lo, b.hi), (131, 154));
+        let mut c = Ahead {
             next: 40,
             ..Ahead::default()
         };
-        assert_eq!(b.plan(40).fetch, 41..56);
+        assert_eq!(c.plan(40).fetch, 41..56);
+    }
+
+    /// Reads at random make the window read around a slot shorter, down
+    /// to none; a window that serves a read makes it longer again.
+    #[test]
+    fn windows_that_serve_no_read_shrink_and_served_ones_grow() {
+        let mut a = Ahead::default();
+        let mut sizes = Vec::new();
+        for s in [1000u64, 5000, 9000, 13000, 17000] {
+            let p = a.plan(s);
+            assert!(!p.ahead);
+            sizes.push(p.fetch.end - p.fetch.start);
+        }
+        assert_eq!(sizes, vec![7, 3, 1, 0, 0]);
+        // Reads in order still read ahead: a long window, which serves.
+        assert_eq!(a.plan(17001).fetch, 17002..17017);
+        assert!(a.plan(17002).ahead);
+        // The next jump finds the window served: twice as long as before.
+        assert_eq!(a.plan(30000).fetch, 30001..30002);
+        assert!(a.plan(30001).ahead);
+        let p = a.plan(40000);
+        assert_eq!(p.fetch, 40001..40004);
+        assert_eq!(p.drop, [30001..30018, 0..0]);
     }
 
     /// Slots read in order are read in clusters: most come from the slots
