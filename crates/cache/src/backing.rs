@@ -19,12 +19,13 @@
 //! last. A window that served no read halves the next one read around a
 //! slot, down to the slot alone, and one that did doubles it back, as the
 //! kernel sizes its swap readahead by its hits: a program that reads its
-//! pages back at random asks the disk for no page it will not use. A read that follows inside the window and finds half of it or less
-//! ahead asks for the next window at once, so that reads in order find
-//! their slots read before they ask, as the kernel's swap readahead starts
-//! a cluster's reads and waits only for the page it needs. Pages written
-//! back together lie in adjacent slots, and a program that reads its data
-//! again in order faults them back one after another.
+//! pages back at random asks the disk for no page it will not use. A read
+//! that follows inside the window and finds half of it or less ahead asks
+//! for the next window at once, so that reads in order find their slots
+//! read before they ask, as the kernel's swap readahead starts a cluster's
+//! reads and waits only for the page it needs. Pages written back together
+//! lie in adjacent slots, and a program that reads its data again in order
+//! faults them back one after another.
 //!
 //! What is read ahead is the file's own page cache, which writes, hole
 //! punches and reads keep coherent: a page read from it is the slot's last
@@ -33,9 +34,9 @@
 //! pages it leaves behind are dropped (`POSIX_FADV_DONTNEED`), so about
 //! two windows of pages (a few dozen) are in the page cache for a file,
 //! outside the budget; a page still being read when its window is dropped
-//! stays until the kernel reclaims it. Until 814aba5 the file read the cluster itself, in one
-//! `preadv2` that the program waited for whole, and kept it in buffers of
-//! its own.
+//! stays until the kernel reclaims it. Until 814aba5 the file read the
+//! cluster itself, in one `preadv2` that the program waited for whole, and
+//! kept it in buffers of its own.
 //!
 //! A page written back must leave memory, as the kernel's swap-out frees
 //! it: [`FileBacking`] reads and writes with `RWF_DONTCACHE` (Linux 6.14
@@ -453,7 +454,7 @@ impl FileBacking {
         let page = PAGE_SIZE as u64;
         self.advise(
             slots.start * page,
-            (slots.end.saturating_sub(slots.start)) * page,
+            slots.end.saturating_sub(slots.start) * page,
             advice,
         );
     }
