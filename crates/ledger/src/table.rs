@@ -17,9 +17,14 @@
 //! - the other owner words are written only by the process holding the
 //!   slot, under a sequence counter (`seq` odd while it writes), so that a
 //!   reader sees one consistent report or retries;
-//! - the arbiter line and the header are written only by the arbiter.
-//!   `allot` is meant for the process named by `allot_pid`: a new holder of
-//!   the slot ignores what the arbiter decided for the one before it.
+//! - the arbiter line and the header are written only by the arbiter,
+//!   but for `unallotted`, which the arbiter sets at each decision and
+//!   a joining process takes half of with a compare-and-swap
+//!   (`Ledger::take_grant`: what it may hold until the arbiter has
+//!   decided for it; those that join between two decisions share it and
+//!   never hold more than it together). `allot` is meant for the process
+//!   named by `allot_pid`: a new holder of the slot ignores what the
+//!   arbiter decided for the one before it.
 //!
 //! No lock is shared between processes, so a process that dies at any
 //! instruction leaves nobody waiting: at worst its slot holds a half-written
@@ -32,7 +37,7 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"uzsledg1");
-const VERSION: u64 = 3;
+const VERSION: u64 = 4;
 const HEADER_WORDS: usize = 8;
 const OWNER_WORDS: usize = 16;
 const SLOT_WORDS: usize = OWNER_WORDS + 8;
@@ -310,6 +315,22 @@ impl Ledger {
         self.word(H_UNALLOTTED).load(Ordering::Relaxed)
     }
 
+    /// Takes half of what is unallotted now for a process that joins: what
+    /// it may hold until the arbiter's first decision about it. Taken out
+    /// of the word, so that processes joining between two decisions share
+    /// it (a half, a quarter, ...) and never hold more than it together.
+    fn take_grant(&self) -> u64 {
+        let w = self.word(H_UNALLOTTED);
+        let mut had = w.load(Ordering::Relaxed);
+        loop {
+            let grant = had / 2;
+            match w.compare_exchange_weak(had, had - grant, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return grant,
+                Err(now) => had = now,
+            }
+        }
+    }
+
     /// How many decisions the arbiter has made.
     pub fn decisions(&self) -> u64 {
         self.word(H_DECISIONS).load(Ordering::Relaxed)
@@ -390,6 +411,7 @@ impl Ledger {
             index,
             pid,
             carried,
+            grant: self.take_grant(),
         })
     }
 
@@ -488,6 +510,9 @@ pub struct Member {
     /// The cumulative counters of the process's earlier program images
     /// (`claim`), added to every report.
     carried: Usage,
+    /// What it took of the unallotted memory when it joined
+    /// (`Ledger::take_grant`): its limit until its first allotment.
+    grant: u64,
 }
 
 impl Member {
@@ -530,9 +555,9 @@ impl Member {
     }
 
     /// What this process may hold now: its allotment, or until the first
-    /// one, what nobody has been allotted.
+    /// one, what it took of the unallotted memory when it joined.
     pub fn limit(&self) -> u64 {
-        self.allotment().unwrap_or_else(|| self.ledger.unallotted())
+        self.allotment().unwrap_or(self.grant)
     }
 }
 
@@ -561,10 +586,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn processes_that_start_between_decisions_share_the_unallotted() {
+        let l = Arc::new(Ledger::create(8, 64 << 20).unwrap());
+        l.set_unallotted(16 << 20);
+        let a = l.claim(4001, 1, "a").unwrap();
+        let b = l.claim(4002, 1, "b").unwrap();
+        let c = l.claim(4003, 1, "c").unwrap();
+        assert_eq!(
+            [a.limit(), b.limit(), c.limit()],
+            [8 << 20, 4 << 20, 2 << 20]
+        );
+        // Never more than there was, together.
+        assert_eq!(a.limit() + b.limit() + c.limit() + l.unallotted(), 16 << 20);
+        // A decision gives each its allotment, and the next starter takes
+        // from what it left unallotted.
+        l.set_allot(a.index(), 4001, 20 << 20);
+        assert_eq!(a.limit(), 20 << 20);
+        l.set_unallotted(6 << 20);
+        let d = l.claim(4004, 1, "d").unwrap();
+        assert_eq!(d.limit(), 3 << 20);
+    }
+
+    #[test]
     fn a_slot_is_claimed_reported_allotted_and_given_back() {
         let l = Arc::new(Ledger::create(4, 1 << 30).unwrap());
         let m = l.claim(4242, 7, "cc1plus-with-a-long-name").unwrap();
-        assert_eq!(m.limit(), 1 << 30, "before a decision: the unallotted");
+        assert_eq!(m.limit(), 1 << 29, "before a decision: half the unallotted");
         let u = Usage {
             resident: 1,
             pool: 2,
