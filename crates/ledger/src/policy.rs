@@ -90,7 +90,7 @@ pub fn share(budget: u64, demands: &[Demand]) -> Decision {
     // a process that grows through runs of zero pages faults too seldom to
     // count as pressed, and held to what it used it evicted its own pages
     // to grow. With both rules, a `make -j8` of 47 units with room to
-    // spare (`--memory-max 4G`) evicted 5-6 k pages instead of 58-85 k
+    // spare (`--memory-max 4G`) evicted 5-6 k pages instead of 58 k
     // (2026-11-28).
     let roomy: Vec<u64> = demands.iter().map(room).collect();
     if roomy.iter().sum::<u64>() <= spare {
