@@ -211,7 +211,8 @@ impl Ahead {
             AHEAD
         } else {
             // A window that served no read halves the next one read
-            // around a slot, down to none; one that did doubles it back.
+            // around a slot, down to the slot alone; one that did doubles
+            // it back.
             if self.lo < self.hi {
                 self.short = if self.hit {
                     self.short.saturating_sub(1)
@@ -222,7 +223,7 @@ impl Ahead {
             FILE_READ_AROUND as u64 >> self.short
         };
         self.hit = false;
-        let fetch = slot + 1..slot + n.max(1);
+        let fetch = slot + 1..slot + n;
         // The old window less the new one: up to two pieces.
         let (lo, hi) = (self.lo, self.hi);
         let piece = |a: u64, b: u64| if a < b { a..b } else { 0..0 };

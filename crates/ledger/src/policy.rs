@@ -12,7 +12,8 @@
 //! - If the wants fit, every process gets its want and the slack left over
 //!   goes to the processes under pressure (to all, by want, when none is),
 //!   less an eighth of the budget kept unallotted for processes that start
-//!   before the next decision.
+//!   before the next decision. While they all fit with room to grow, the
+//!   idle ones are given that room too.
 //! - If they do not fit, the deficit is taken from the idle processes
 //!   first, in proportion to what they use (an idle process gives pages to
 //!   a busy one, as a shared LRU would), and only then from the busy ones:
@@ -71,31 +72,20 @@ pub fn share(budget: u64, demands: &[Demand]) -> Decision {
         .iter()
         .map(|d| d.fault_rate >= PRESSURE_RATE)
         .collect();
-    let room = |d: &Demand| {
-        let used = d.usage.saturating_sub(d.floor);
-        used + (used / 4).max(GROW_MIN)
-    };
-    let mut want: Vec<u64> = demands
-        .iter()
-        .zip(&pressed)
-        .map(|(d, &p)| {
-            if p {
-                room(d)
-            } else {
-                d.usage.saturating_sub(d.floor)
-            }
-        })
-        .collect();
+    let used = |d: &Demand| d.usage.saturating_sub(d.floor);
+    let room = |d: &Demand| used(d) + (used(d) / 4).max(GROW_MIN);
     // While all of them fit with room to grow, the idle get that room too:
     // a process that grows through runs of zero pages faults too seldom to
     // count as pressed, and held to what it used it evicted its own pages
     // to grow. With both rules, a `make -j8` of 47 units with room to
     // spare (`--memory-max 4G`) evicted 5-6 k pages instead of 58 k
     // (2026-11-28).
-    let roomy: Vec<u64> = demands.iter().map(room).collect();
-    if roomy.iter().sum::<u64>() <= spare {
-        want = roomy;
-    }
+    let all_room = demands.iter().map(room).sum::<u64>() <= spare;
+    let want: Vec<u64> = demands
+        .iter()
+        .zip(&pressed)
+        .map(|(d, &p)| if p || all_room { room(d) } else { used(d) })
+        .collect();
     let want_sum: u64 = want.iter().sum();
     let mut extra = vec![0u64; demands.len()];
     if want_sum <= spare {

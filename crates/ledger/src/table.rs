@@ -320,15 +320,13 @@ impl Ledger {
     /// of the word, so that processes joining between two decisions share
     /// it (a half, a quarter, ...) and never hold more than it together.
     fn take_grant(&self) -> u64 {
-        let w = self.word(H_UNALLOTTED);
-        let mut had = w.load(Ordering::Relaxed);
-        loop {
-            let grant = had / 2;
-            match w.compare_exchange_weak(had, had - grant, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return grant,
-                Err(now) => had = now,
-            }
-        }
+        let had = self
+            .word(H_UNALLOTTED)
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |had| {
+                Some(had - had / 2)
+            })
+            .unwrap_or_else(|had| had);
+        had / 2
     }
 
     /// How many decisions the arbiter has made.
