@@ -200,7 +200,8 @@ enum Cmd {
     /// with plain swap (root; every setting is restored).
     Tree(bench_tree::Args),
     /// Real programs (a Python dict, a node Map, a JVM HashMap, a cgo Go
-    /// map, xz -9, sort), each checking or hashing its result,
+    /// map, xz -9, sort; on request `go-ext`, the Go map in pure Go linked
+    /// by the system's linker), each checking or hashing its result,
     /// unconstrained, under `uzswap run --memory-max B` (B a quarter of the
     /// footprint), and under the kernel's zswap and plain swap in a memory
     /// cgroup of the same limit (root; every setting is restored).

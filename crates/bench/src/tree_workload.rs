@@ -11,7 +11,9 @@
 //! - the real programs of `uzswap-bench programs`, each checking or
 //!   hashing its own result: a Python dict of records made from real text
 //!   (`pydict`), a node Map (`node`), a JVM HashMap (`jvm`), a Go map in a
-//!   cgo build (`go`), `xz -9` and `sort` of real text (`xz`, `sort`). Their
+//!   cgo build (`go`), the same map in pure Go linked by the system's
+//!   linker (`go-ext`, the build uzswap's refusal of a static Go binary
+//!   asks for), `xz -9` and `sort` of real text (`xz`, `sort`). Their
 //!   text is the machine's C headers (/usr/include), concatenated.
 
 use anyhow::{bail, ensure, Context, Result};
@@ -44,6 +46,10 @@ pub enum Kind {
     Jvm,
     /// A Go map of records in a cgo build, read back twice.
     Go,
+    /// The same Go map in pure Go, linked by the system's linker
+    /// (`CGO_ENABLED=1 go build -tags purego -ldflags=-linkmode=external`).
+    #[serde(rename = "go-ext")]
+    GoExt,
     /// `xz -9` of real text.
     Xz,
     /// `sort` of the lines of real text, in memory.
@@ -60,6 +66,7 @@ impl Kind {
             Kind::Node => "node".into(),
             Kind::Jvm => "jvm".into(),
             Kind::Go => "go".into(),
+            Kind::GoExt => "go-ext".into(),
             Kind::Xz => "xz".into(),
             Kind::Sort => "sort".into(),
         }
@@ -72,7 +79,7 @@ impl Kind {
             Kind::Python | Kind::Pydict => ("python3", "--version"),
             Kind::Node => ("node", "--version"),
             Kind::Jvm => ("javac", "-version"),
-            Kind::Go => ("go", "version"),
+            Kind::Go | Kind::GoExt => ("go", "version"),
             Kind::Xz => ("xz", "--version"),
             Kind::Sort => ("sort", "--version"),
         }
@@ -256,19 +263,30 @@ impl Workload {
                 w.sources
                     .push("HashMapCheck.java (crates/cli/tests/programs)".into());
             }
-            Kind::Go => {
+            Kind::Go | Kind::GoExt => {
                 let src = w.dir().join("gomap");
                 std::fs::create_dir(&src)?;
-                std::fs::write(src.join("main.go"), GO_MAIN)?;
-                std::fs::write(src.join("go.mod"), GO_MOD)?;
+                for (name, text) in GO_FILES {
+                    std::fs::write(src.join(name), text)?;
+                }
+                let (how, flags): (&str, &[&str]) = if kind == Kind::Go {
+                    ("a cgo build", &[])
+                } else {
+                    (
+                        "pure Go linked by the system's linker",
+                        &["-tags", "purego", "-ldflags=-linkmode=external"],
+                    )
+                };
                 w.build_with(
                     Command::new("go")
-                        .args(["build", "-o", "../gomap-bin", "."])
+                        .arg("build")
+                        .args(flags)
+                        .args(["-o", "../gomap-bin", "."])
                         .current_dir(&src)
                         .env("CGO_ENABLED", "1"),
                 )?;
                 w.sources
-                    .push("gomap, a cgo build (crates/cli/tests/programs/gomap)".into());
+                    .push(format!("gomap, {how} (crates/cli/tests/programs/gomap)"));
             }
             Kind::Xz => w.write_corpus(size::XZ_BYTES * scale)?,
             Kind::Sort => w.write_corpus(size::SORT_BYTES * scale)?,
@@ -350,7 +368,7 @@ impl Workload {
                 "HashMapCheck",
                 &n(size::JVM_ENTRIES),
             ]),
-            Kind::Go => v(&["./gomap-bin", &n(size::GO_ENTRIES)]),
+            Kind::Go | Kind::GoExt => v(&["./gomap-bin", &n(size::GO_ENTRIES)]),
             Kind::Xz => v(&["xz", "-9", "-T1", "-k", "-f", "data.txt"]),
             Kind::Sort => v(&[
                 "sort",
@@ -379,7 +397,7 @@ impl Workload {
         match self.kind {
             Kind::Python => Some("tree.py: "),
             Kind::Pydict => Some("pydict: "),
-            Kind::Node | Kind::Jvm | Kind::Go => Some("ok "),
+            Kind::Node | Kind::Jvm | Kind::Go | Kind::GoExt => Some("ok "),
             _ => None,
         }
     }
@@ -642,8 +660,25 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
 const PYDICT: &str = include_str!("../programs/pydict.py");
 const NODE: &str = include_str!("../../cli/tests/programs/mapcheck.js");
 const JAVA: &str = include_str!("../../cli/tests/programs/HashMapCheck.java");
-const GO_MAIN: &str = include_str!("../../cli/tests/programs/gomap/main.go");
-const GO_MOD: &str = include_str!("../../cli/tests/programs/gomap/go.mod");
+/// gomap's files (crates/cli/tests/programs/gomap), by name.
+const GO_FILES: [(&str, &str); 4] = [
+    (
+        "main.go",
+        include_str!("../../cli/tests/programs/gomap/main.go"),
+    ),
+    (
+        "cgo.go",
+        include_str!("../../cli/tests/programs/gomap/cgo.go"),
+    ),
+    (
+        "purego.go",
+        include_str!("../../cli/tests/programs/gomap/purego.go"),
+    ),
+    (
+        "go.mod",
+        include_str!("../../cli/tests/programs/gomap/go.mod"),
+    ),
+];
 
 /// The python program's last line when every check passed.
 const PYTHON_OK: &str = "tree.py: ok";

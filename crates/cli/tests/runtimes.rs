@@ -110,34 +110,42 @@ fn a_node_heap_is_managed() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// Go's heap in a cgo build (a map of 400 k records, 55 MB resident
-/// unmanaged) in 48 MiB: Go reserves its arenas `PROT_NONE` and commits
-/// them with `mmap(MAP_FIXED)` through the C library; managed, evicted
-/// from, every record checked twice, the tree near the budget. Go's
-/// runtime exits without the C library's exit handlers, so the figures
-/// come from the process's last report (`--stats-json` says why the final
-/// statistics are missing).
-#[test]
-fn a_cgo_go_heap_is_managed() {
-    require_uffd!();
+/// Builds tests/programs/gomap into `dir` with `go build FLAGS`, cgo on
+/// or off; None (with a note) where the machine lacks Go or gcc.
+fn build_gomap(dir: &std::path::Path, cgo: bool, flags: &[&str]) -> Option<std::path::PathBuf> {
     if missing("go", &["go", "version"]) || missing("gcc", &["gcc", "--version"]) {
-        return;
+        return None;
     }
-    let dir = scratch("go");
     let bin = dir.join("gomap");
     let built = std::process::Command::new("go")
-        .args(["build", "-o"])
+        .arg("build")
+        .args(flags)
+        .arg("-o")
         .arg(&bin)
         .arg(".")
         .current_dir(programs().join("gomap"))
-        .env("CGO_ENABLED", "1")
+        .env("CGO_ENABLED", if cgo { "1" } else { "0" })
         .env("GOFLAGS", "-mod=mod")
         .status()
         .unwrap();
-    assert!(built.success(), "go build of tests/programs/gomap failed");
+    assert!(
+        built.success(),
+        "go build {flags:?} of tests/programs/gomap failed"
+    );
+    Some(bin)
+}
+
+/// Go's heap (a map of 400 k records, 55 MB resident unmanaged) in
+/// 48 MiB: Go reserves its arenas `PROT_NONE` and commits them with
+/// `mmap(MAP_FIXED)` through the C library; managed, evicted from, every
+/// record checked twice, the tree near the budget. Go's runtime exits
+/// without the C library's exit handlers, so the figures come from the
+/// process's last report (`--stats-json` says why the final statistics
+/// are missing).
+fn go_heap_is_managed(dir: &std::path::Path, bin: &std::path::Path) {
     let stats = dir.join("stats.json");
     let r = run(
-        &dir,
+        dir,
         &[
             "--memory-max",
             "48M",
@@ -170,5 +178,49 @@ fn a_cgo_go_heap_is_managed() {
         v["tree"]
     );
     assert_within(&r, 48 * MIB);
+}
+
+/// A cgo build (the program calls into C).
+#[test]
+fn a_cgo_go_heap_is_managed() {
+    require_uffd!();
+    let dir = scratch("go");
+    let Some(bin) = build_gomap(&dir, true, &[]) else {
+        return;
+    };
+    go_heap_is_managed(&dir, &bin);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Pure Go, as most Go programs are: built as Go builds it by default it
+/// is static, and refused with the build that works; built that way
+/// (linked by the system's linker, `-ldflags=-linkmode=external`) it is
+/// dynamic, and its heap is managed.
+#[test]
+fn a_pure_go_program_is_refused_static_and_managed_linked_externally() {
+    require_uffd!();
+    let dir = scratch("go-pure");
+    let Some(stat) = build_gomap(&dir, false, &[]) else {
+        return;
+    };
+    let r = run(
+        &dir,
+        &["--memory-max", "48M", "--", stat.to_str().unwrap(), "1000"],
+    );
+    assert_eq!(r.code, Some(125), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("a Go program linked statically")
+            && r.stderr
+                .contains("CGO_ENABLED=1 go build -ldflags=-linkmode=external"),
+        "the refusal does not give Go's remedy: {}",
+        r.stderr
+    );
+    let bin = build_gomap(
+        &dir,
+        true,
+        &["-tags", "purego", "-ldflags=-linkmode=external"],
+    )
+    .expect("built once already");
+    go_heap_is_managed(&dir, &bin);
     std::fs::remove_dir_all(dir).unwrap();
 }
