@@ -244,6 +244,8 @@ const LEAVES: &[(&str, Kind)] = &[
     ("pager.evict_moved_pages", Counter),
     ("pager.evict_moved_first", Counter),
     ("pager.evict_moved_back", Counter),
+    ("pager.evict_zero_mapped", Counter),
+    ("pager.zero_mapped_pages", Gauge),
     ("pager.store_rejected", Counter),
     ("pager.load_errors", Counter),
     ("pager.load_retries", Counter),

@@ -284,16 +284,63 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     }
 }
 
+/// Blocks of `calloc` from this size on are zeroed by discarding their
+/// whole pages (see [`calloc`]); smaller ones by `mi_calloc`.
+const CALLOC_DISCARD_MIN: usize = 64 << 10;
+
 /// # Safety
 /// The C `calloc` contract.
+///
+/// mimalloc writes zeros over a block whose memory it has used before,
+/// and a program that uses only part of a large zeroed block (a hash
+/// table, a bitmap) then holds every page of it. glibc gives such blocks
+/// fresh mappings, whose untouched pages take no memory: `cc1` held 27 MB
+/// (a third) more under mimalloc's `calloc` on one unit of the `tree`
+/// build (docs/benchmarks/notes/2026-11-28-calloc-and-zero-pages.md). So
+/// a large block's whole pages are discarded instead (`MADV_DONTNEED`: the
+/// pager sees a remove event and maps zeros where the program touches
+/// them), and only its partial first and last pages are written.
 #[no_mangle]
 pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
-    // SAFETY: plain allocator calls (both check n * size for overflow).
+    // SAFETY: plain allocator calls (both check n * size for overflow);
+    // the block `mi_malloc` returned is ours to write and discard.
     unsafe {
-        if managed().is_some() {
-            mi::mi_calloc(n, size)
+        if managed().is_none() {
+            return __libc_calloc(n, size);
+        }
+        match n.checked_mul(size) {
+            Some(len) if len >= CALLOC_DISCARD_MIN => {
+                let p = mi::mi_malloc(len);
+                if !p.is_null() {
+                    zero_by_discard(p.cast(), len, managed().map(|rt| rt.space.pager()));
+                }
+                p
+            }
+            _ => mi::mi_calloc(n, size),
+        }
+    }
+}
+
+/// Zeros `len` bytes at `p`: the whole pages by discarding them, the rest
+/// by writing (everything by writing if the discard fails). Whole pages
+/// the pager holds as never touched (fresh memory) already read as zeros:
+/// then nothing is discarded, which spares a remove event's round trip
+/// through the pager's handler.
+///
+/// # Safety
+/// `p..p + len` is a block of the managed heap that the caller owns.
+unsafe fn zero_by_discard(p: *mut u8, len: usize, pager: Option<&Pager>) {
+    let start = p as usize;
+    let lo = start.next_multiple_of(PAGE_SIZE);
+    let hi = (start + len) / PAGE_SIZE * PAGE_SIZE;
+    let fresh = hi > lo && pager.is_some_and(|pg| pg.untouched(lo, hi - lo));
+    // SAFETY: every range written lies in the caller's block.
+    unsafe {
+        if hi > lo && (fresh || sys::discard(lo, hi - lo).is_ok()) {
+            std::ptr::write_bytes(p, 0, lo - start);
+            std::ptr::write_bytes(hi as *mut u8, 0, start + len - hi);
         } else {
-            __libc_calloc(n, size)
+            std::ptr::write_bytes(p, 0, len);
         }
     }
 }
@@ -781,6 +828,9 @@ fn start() -> Result<(), String> {
         pcfg.floor_pages = Some(share::FLOOR_PAGES.min(budget_pages));
     }
     pcfg.keep_clean = config.keep_clean;
+    // The budget is the program's memory: pages that map the zero page
+    // hold none.
+    pcfg.uncharged_zero_pages = true;
     pcfg.cpu_handlers = config.cpu_handlers;
     let pager = Pager::new(cache.clone(), pcfg).map_err(|e| e.to_string())?;
     let reserve = config.reserve;

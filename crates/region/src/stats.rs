@@ -176,6 +176,14 @@ pub struct PagerStats {
     pub evict_moved_first: u64,
     /// Moved-out pages the store refused, copied back in place.
     pub evict_moved_back: u64,
+    /// Of the resident pages, those that mapped the shared zero page at the
+    /// evictor's last look (a gauge): they hold no memory, and the budget
+    /// does not count them.
+    pub zero_mapped_pages: u64,
+    /// Victims that mapped the shared zero page when their eviction began
+    /// (a first touch or a read mapped them as zeros, nothing wrote them
+    /// since): evicting one frees no memory.
+    pub evict_zero_mapped: u64,
     /// Evictions abandoned because the store refused the page.
     pub store_rejected: u64,
     /// Loads that failed (the access gets SIGBUS through a poison marker).
@@ -192,7 +200,8 @@ pub struct PagerStats {
     pub fork_prefault_pages: u64,
     /// Resident pages now (mapped in some region).
     pub resident_pages: u64,
-    /// Highest `resident_pages` seen.
+    /// Highest count of resident pages that hold memory seen (less those
+    /// that mapped the zero page, with `PagerConfig::uncharged_zero_pages`).
     pub peak_resident_pages: u64,
     /// Times the store refused a whole eviction batch (its pool full and
     /// nowhere to write back): until a store succeeds again the budget is

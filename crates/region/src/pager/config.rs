@@ -96,6 +96,14 @@ pub struct PagerConfig {
     /// event, instead of `MADV_DONTNEED` on the region (see `crate` docs,
     /// "Eviction").
     pub evict_by_move: bool,
+    /// Leave resident pages that map the shared zero page out of the
+    /// budget (see `pager/zeros.rs`): the budget then bounds the pages that
+    /// hold memory, and a region may have more pages mapped than the budget
+    /// (`Region::mincore_resident` counts zero-mapped pages). Off by
+    /// default: every mapped page counts. `uzswap run` turns it on, as its
+    /// budget is the program's memory. Without `PAGEMAP_SCAN` (before Linux
+    /// 6.7) or with `in_thread_faults` it does nothing.
+    pub uncharged_zero_pages: bool,
     /// Called first on each helper thread the pager starts (the handler
     /// and the evictor), e.g. to mark them as the runtime's own threads.
     pub thread_start: Option<fn()>,
@@ -166,6 +174,7 @@ impl PagerConfig {
             fork: ForkChild::Managed,
             fork_manage_min_pages: super::fork::MANAGE_MIN_PAGES,
             evict_by_move: true,
+            uncharged_zero_pages: false,
             keep_clean: true,
             thread_start: None,
             charge: None,

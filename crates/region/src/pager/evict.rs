@@ -100,9 +100,10 @@ impl Shared {
     /// pages and the limit then. Called by the evictor without the state
     /// lock.
     pub(super) fn recharge(&self) -> (usize, usize) {
+        self.refresh_zero_mapped();
         let Some(Charge(f)) = &self.cfg.charge else {
             let s = self.state.lock();
-            return (s.resident, s.limit);
+            return (s.charged(), s.limit);
         };
         let bytes = f();
         let budget = self.cfg.budget_pages;
@@ -111,7 +112,7 @@ impl Shared {
         s.limit = budget - charged;
         s.stats.charged_bytes = bytes;
         s.stats.limit_pages = s.limit as u64;
-        (s.resident, s.limit)
+        (s.charged(), s.limit)
     }
 
     /// [`Shared::recharge`], and the time until the next reading:
@@ -162,11 +163,20 @@ impl Shared {
                         s.reserve_queues();
                         self.notify_settled();
                     }
-                    if s.resident > self.start_threshold(&s) {
+                    if s.charged() > self.start_threshold(&s) {
                         break;
                     }
                     if !charging {
-                        self.work_cv.wait(&mut s);
+                        if s.zero_mapped == 0 {
+                            self.work_cv.wait(&mut s);
+                            continue;
+                        }
+                        // Pages mapped as zeros may be written, and take
+                        // memory, without a fault: look again soon.
+                        self.work_cv
+                            .wait_until(&mut s, Instant::now() + IDLE_CHARGE_PERIOD);
+                        drop(s);
+                        self.refresh_zero_mapped();
                         continue;
                     }
                     // A charge can grow while nothing faults: look again
@@ -204,10 +214,12 @@ impl Shared {
                     self.recharge();
                     charged_at = Instant::now();
                 }
+                // Runs mapped as zeros since the last look hold no memory.
+                self.refresh_zero_mapped();
                 let gate = self.gate.lock();
                 let n = {
                     let s = self.state.lock();
-                    s.resident
+                    s.charged()
                         .saturating_sub(self.stop_threshold(&s))
                         .min(self.cfg.evict_batch)
                 };
@@ -320,6 +332,7 @@ impl Shared {
         // EAGAIN), and each call flushes the TLB of every CPU the program
         // runs on.
         victims.sort_unstable_by_key(|v| v.addr);
+        self.count_zero_mapped(&victims);
         let (gone_first, refused_first) = self.move_out(&mut victims);
         refused += refused_first;
         let wp_spans = self.state.lock().spans(&victims, |v| !v.clean && !v.moved);

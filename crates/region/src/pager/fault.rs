@@ -170,7 +170,7 @@ impl Shared {
                 Outcome::Done
             }
             PageState::Absent => {
-                if s.resident >= s.limit && !m.claimed && !s.store_full {
+                if s.charged() >= s.limit && !m.claimed && !s.store_full {
                     if !f.retried {
                         s.stats.faults_throttled += 1;
                     }
@@ -184,6 +184,7 @@ impl Shared {
                     Err(e) => return self.failed_map(&e, w, f.addr),
                 };
                 s.areas.get_mut(&area).expect("area").zr.next = page + mapped as u64;
+                s.note_zeros(f.addr, mapped);
                 for i in 0..mapped as u64 {
                     s.meta(area, page + i).st = PageState::Dirty;
                     s.enqueue_new(area, page + i, false);
@@ -191,7 +192,7 @@ impl Shared {
                 s.resident += mapped;
                 s.stats.faults_zero += 1;
                 s.stats.zero_readahead_pages += mapped as u64 - 1;
-                s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.resident as u64);
+                s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.charged() as u64);
                 s.lat_zero.record(f.t0.elapsed().as_nanos() as u64);
                 self.kick(s, w);
                 Outcome::Done
@@ -254,7 +255,7 @@ impl Shared {
         let free = if s.store_full {
             window
         } else {
-            let free = s.limit.saturating_sub(s.resident + 1);
+            let free = s.limit.saturating_sub(s.charged() + 1);
             if free > s.limit / 4 {
                 window = window.max(self.wide_zero_window());
             }
@@ -347,7 +348,7 @@ impl Shared {
             // see new ones: retried once it is done.
             return Outcome::Defer;
         }
-        let mut free = s.limit.saturating_sub(s.resident);
+        let mut free = s.limit.saturating_sub(s.charged());
         if s.store_full {
             free = free.max(1); // the budget is soft (see `store_full`)
         }
@@ -369,7 +370,7 @@ impl Shared {
     /// Wakes the evictor when the resident set nears the budget (after the
     /// faulting thread, with deferred wakes).
     pub(super) fn kick(&self, s: &State, w: &mut Wakes) {
-        if s.resident > self.start_threshold(s) {
+        if s.charged() > self.start_threshold(s) {
             if w.defer {
                 w.kick = true;
             } else {

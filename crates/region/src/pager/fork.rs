@@ -306,7 +306,7 @@ impl Shared {
                 limit_pages: limit,
                 ..Default::default()
             };
-            s.stats.peak_resident_pages = s.resident as u64;
+            s.stats.peak_resident_pages = s.charged() as u64;
             (segs, clean)
         };
         for (addr, _, _, len) in segs {
@@ -366,7 +366,7 @@ impl Shared {
         let mut s = self.state.lock();
         s.stats.fork_prefaults += 1;
         s.stats.fork_prefault_pages += n as u64;
-        s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.resident as u64);
+        s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.charged() as u64);
         n
     }
 }

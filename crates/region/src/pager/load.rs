@@ -224,7 +224,7 @@ impl Shared {
             Loaded::SameFilled => s.stats.faults_same_filled += 1,
         }
         s.areas.get_mut(&area).expect("area").ra.next = page + 1;
-        s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.resident as u64);
+        s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.charged() as u64);
         self.kick(s, w);
         drop(g);
         drop(d);
@@ -283,7 +283,7 @@ impl Shared {
         self.unload(s, l, mapped..n, w);
         s.stats.readahead_pages += (mapped - 1) as u64;
         s.areas.get_mut(&l.area).expect("area").ra.next = l.page + mapped as u64;
-        s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.resident as u64);
+        s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.charged() as u64);
         self.kick(s, w);
         drop(g);
         drop(d);

@@ -14,6 +14,8 @@
 //!   re-check and map), readahead;
 //! - `events.rs`: remove, unmap and remap events;
 //! - `evict.rs`: the evictor thread and an eviction batch's steps;
+//! - `zeros.rs`: resident pages that map the zero page, which the budget
+//!   does not count, found with `PAGEMAP_SCAN`;
 //! - `fork.rs`: the fork hooks;
 //! - `inthread.rs`: in-thread faults (the SIGBUS handler, its buffer pool,
 //!   the settle sequence faults wait on) and pins;
@@ -30,8 +32,10 @@
 //!    the evictor takes it, holding nothing else but the gate,
 //!    after each discard: a barrier behind which every event of that call
 //!    was handled). Handlers never take the gate.
-//! 3. `Shared::state`
-//! 4. the store's internal locks (taken inside `PageStore` calls)
+//! 3. `Shared::zero_scan` (the evictor's alone; it takes `state` inside it
+//!    briefly, never the reverse)
+//! 4. `Shared::state`
+//! 5. the store's internal locks (taken inside `PageStore` calls)
 //!
 //! No thread holds `state` across a call that may need the handler to make
 //! progress: `madvise` on a registered range (it waits until the handler has
@@ -54,6 +58,7 @@ mod handler;
 mod inthread;
 mod load;
 mod state;
+mod zeros;
 
 pub use config::{
     Charge, ForkChild, PagerConfig, PagerError, RegionError, VictimPolicy, CHARGE_PERIOD,
@@ -73,6 +78,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use uzswap_os::lock::{Condvar, Mutex};
 use uzswap_os::Helper;
+use zeros::ZeroLook;
 
 pub(crate) struct Shared {
     uffd: Uffd,
@@ -117,6 +123,12 @@ pub(crate) struct Shared {
     /// event (see `evict`); None without `UFFDIO_MOVE` or with
     /// `evict_by_move` off. Used by the evictor under `gate`.
     staging: Option<sys::Staging>,
+    /// Finds resident pages that map the zero page (`State::zero_mapped`)
+    /// and victims that do (`PagerStats::evict_zero_mapped`); None without
+    /// `PAGEMAP_SCAN`. Used by the evictor only (its lock is never
+    /// contended, and taken only around a scan; never with the state
+    /// lock held).
+    zero_scan: Option<Mutex<ZeroLook>>,
     /// Faults a CPU handler resolved on the CPU they came from (as far as
     /// it can tell), and faults it took over from another CPU.
     faults_local: AtomicU64,
@@ -237,9 +249,16 @@ impl Pager {
             None
         };
         let (cfg_in_thread, cfg_ra) = (cfg.in_thread_faults, cfg.readahead_max);
+        // A pager whose faults run in signal handlers looks at no zero
+        // runs: noting them could not allocate, and its zero pages stay
+        // charged.
+        let zero_look = cfg.uncharged_zero_pages && !cfg.in_thread_faults;
         let sh = Arc::new(Shared {
             uffd,
             staging,
+            zero_scan: zero_look
+                .then(|| ZeroLook::new(state::ZERO_RUNS_KEPT).map(Mutex::new))
+                .flatten(),
             store,
             margin: (cfg.budget_pages / 32).clamp(2, 256),
             state: Mutex::new(State {
@@ -249,6 +268,8 @@ impl Pager {
                 active: VecDeque::new(),
                 n_active: 0,
                 resident: 0,
+                zero_mapped: 0,
+                zero_runs: Vec::with_capacity(if zero_look { state::ZERO_RUNS_KEPT } else { 0 }),
                 evict_clock: 0,
                 own: Vec::new(),
                 loading: 0,
@@ -383,11 +404,30 @@ impl Pager {
         let s = self.owner.sh.state.lock();
         let st = &s.stats;
         PagerUsage {
-            resident_pages: s.resident as u64,
+            resident_pages: s.charged() as u64,
             faults: st.faults_zero + st.faults_pool + st.faults_backing + st.faults_same_filled,
             evictions: st.evictions,
             store_full: s.store_full,
         }
+    }
+
+    /// Whether every page of `[addr, addr + len)` lies in a region of this
+    /// pager and was never touched or was discarded since (`Absent`): such
+    /// pages read as zeros, and only a fault maps them. A page that another
+    /// thread touches meanwhile stops being so: the caller must own the
+    /// range (a block it just allocated).
+    pub fn untouched(&self, addr: usize, len: usize) -> bool {
+        let s = self.owner.sh.state.lock();
+        (addr..addr.saturating_add(len))
+            .step_by(PAGE_SIZE)
+            .all(|a| match state::lookup(&s.segs, a) {
+                Some((area, page)) => s
+                    .areas
+                    .get(&area)
+                    .and_then(|ar| ar.meta.get(page as usize))
+                    .is_some_and(|m| m.st == state::PageState::Absent),
+                None => false,
+            })
     }
 
     /// How long a fault has waited unread: `Some` while the userfaultfd has
@@ -505,6 +545,7 @@ impl Shared {
             let s = self.state.lock();
             let mut st = s.stats.clone();
             st.resident_pages = s.resident as u64;
+            st.zero_mapped_pages = s.zero_mapped as u64;
             st.over_budget = s.store_full;
             st.fault_latency = s.lat_store.summary();
             st.zero_fault_latency = s.lat_zero.summary();

@@ -251,6 +251,10 @@ pub(super) struct QEntry {
     pub(super) qgen: u32,
 }
 
+/// Runs mapped as zeros that the state keeps for the evictor between two
+/// looks ([`State::zero_runs`]).
+pub(super) const ZERO_RUNS_KEPT: usize = 1024;
+
 pub(super) struct State {
     pub(super) areas: HashMap<u32, Area>,
     pub(super) segs: BTreeMap<usize, Seg>,
@@ -260,6 +264,17 @@ pub(super) struct State {
     pub(super) n_active: usize,
     /// Pages in a resident state, over all areas.
     pub(super) resident: usize,
+    /// Of those, pages that mapped the shared zero page at the evictor's
+    /// last look (`Shared::refresh_zero_mapped`): mapped as zeros by a
+    /// first touch or its zero run and not written since, they hold no
+    /// memory. The budget counts `resident` less these
+    /// ([`State::charged`]).
+    pub(super) zero_mapped: usize,
+    /// Runs `(address, pages)` mapped as zeros since the evictor's last
+    /// look, for it to look at. Never grown past its capacity (a fault in
+    /// a signal handler may not allocate): runs beyond it are not looked
+    /// at, and their pages stay charged.
+    pub(super) zero_runs: Vec<(usize, usize)>,
     /// Pages of loads between their start and their end (`Loading`, or
     /// taken from a load by an event and not yet seen so by it).
     pub(super) loading: usize,
@@ -299,6 +314,19 @@ pub(super) fn lookup(segs: &BTreeMap<usize, Seg>, addr: usize) -> Option<(u32, u
 }
 
 impl State {
+    /// Resident pages that hold memory: the budget's count.
+    pub(super) fn charged(&self) -> usize {
+        self.resident.saturating_sub(self.zero_mapped)
+    }
+
+    /// Notes `pages` pages from `addr` as mapped to the zero page (some may
+    /// not be: the evictor's look tells).
+    pub(super) fn note_zeros(&mut self, addr: usize, pages: usize) {
+        if pages > 0 && self.zero_runs.len() < self.zero_runs.capacity() {
+            self.zero_runs.push((addr, pages));
+        }
+    }
+
     pub(super) fn meta(&mut self, area: u32, page: u64) -> &mut PageMeta {
         &mut self.areas.get_mut(&area).expect("area of a segment").meta[page as usize]
     }

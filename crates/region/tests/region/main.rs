@@ -16,3 +16,4 @@ mod soak;
 mod staging;
 mod stress;
 mod syscalls;
+mod zeros;
