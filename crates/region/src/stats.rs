@@ -180,9 +180,9 @@ pub struct PagerStats {
     /// evictor's last look (a gauge): they hold no memory, and the budget
     /// does not count them.
     pub zero_mapped_pages: u64,
-    /// Victims that mapped the shared zero page when their eviction began
-    /// (a first touch or a read mapped them as zeros, nothing wrote them
-    /// since): evicting one frees no memory.
+    /// Victims that lay in runs the evictor found mapping the shared zero
+    /// page (a first touch or a read mapped them as zeros, nothing wrote
+    /// them since its look): evicting one frees no memory.
     pub evict_zero_mapped: u64,
     /// Evictions abandoned because the store refused the page.
     pub store_rejected: u64,

@@ -214,14 +214,25 @@ impl Shared {
                     self.recharge();
                     charged_at = Instant::now();
                 }
-                // Runs mapped as zeros since the last look hold no memory.
+                // Runs mapped as zeros since the last look hold no memory:
+                // looked at first, and again if faults noted more before
+                // the count (two looks at most a batch).
                 self.refresh_zero_mapped();
                 let gate = self.gate.lock();
-                let n = {
+                let over = || {
                     let s = self.state.lock();
-                    s.charged()
+                    let n = s
+                        .charged()
                         .saturating_sub(self.stop_threshold(&s))
-                        .min(self.cfg.evict_batch)
+                        .min(self.cfg.evict_batch);
+                    (n, !s.zero_runs.is_empty())
+                };
+                let n = match over() {
+                    (n, true) if n > 0 => {
+                        self.refresh_zero_mapped();
+                        over().0
+                    }
+                    (n, _) => n,
                 };
                 let gone = if n > 0 {
                     let victims = {

@@ -31,9 +31,12 @@ fn pages_mapped_as_zeros_are_not_charged_until_written() {
             });
         }
     });
+    // Charged, they would all have been evicted but 64. A fault that maps
+    // a run between the evictor's last look and its count can still cost
+    // a batch of them.
     let st = pager.stats();
-    assert_eq!(
-        st.evictions, 0,
+    assert!(
+        st.evictions <= 64,
         "pages mapped as zeros were evicted: {st:?}"
     );
     assert!(
