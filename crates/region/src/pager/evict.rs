@@ -175,6 +175,9 @@ impl Shared {
                         // memory, without a fault: look again soon.
                         self.work_cv
                             .wait_until(&mut s, Instant::now() + IDLE_CHARGE_PERIOD);
+                        // The look takes the state lock itself; the loop
+                        // takes it again and re-checks shutdown and the
+                        // threshold.
                         drop(s);
                         self.refresh_zero_mapped();
                         continue;

@@ -124,8 +124,9 @@ pub(crate) struct Shared {
     /// `evict_by_move` off. Used by the evictor under `gate`.
     staging: Option<sys::Staging>,
     /// Finds resident pages that map the zero page (`State::zero_mapped`)
-    /// and victims that do (`PagerStats::evict_zero_mapped`); None without
-    /// `PAGEMAP_SCAN`. Used by the evictor only (its lock is never
+    /// and counts victims among them (`PagerStats::evict_zero_mapped`);
+    /// None without `PagerConfig::uncharged_zero_pages`, with in-thread
+    /// faults, or without `PAGEMAP_SCAN`. Used by the evictor only (its lock is never
     /// contended, and taken only around a scan; never with the state
     /// lock held).
     zero_scan: Option<Mutex<ZeroLook>>,
