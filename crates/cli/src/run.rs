@@ -719,6 +719,14 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
             human(sum(|p| p.backing_bytes)),
             tier_noun(a),
         );
+        if t.start_waits > 0 {
+            s += &format!(
+                "uzswap: {} {} waited at start for the others to give memory back, {:.2} s in all\n",
+                t.start_waits,
+                if t.start_waits > 1 { "processes" } else { "process" },
+                t.start_wait_seconds,
+            );
+        }
     }
     if t.cpu_seconds > 0.0 {
         s += &format!(

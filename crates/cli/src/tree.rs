@@ -109,6 +109,10 @@ pub struct TreeReport {
     pub runtime_cpu_seconds: f64,
     /// CPU time of `uzswap run` itself (the arbiter, the sampling).
     pub run_cpu_seconds: f64,
+    /// Processes that waited at their start for the others to give memory
+    /// back (`uzswap_ledger::Member::wait_for_room`), and how long in all.
+    pub start_waits: u64,
+    pub start_wait_seconds: f64,
 }
 
 /// Where the arbiter sends its samples for `--record`.
@@ -281,6 +285,9 @@ fn arbitrate(
             rep.cpu_seconds = rep.processes.values().map(|p| p.cpu_seconds).sum();
             rep.runtime_cpu_seconds = rep.processes.values().map(|p| p.runtime_cpu_seconds).sum();
             rep.run_cpu_seconds = uzswap_os::cpu::process_cpu_seconds();
+            let (waits, waited) = ledger.start_waits();
+            rep.start_waits = waits;
+            rep.start_wait_seconds = waited.as_secs_f64();
             if let Some(r) = recording {
                 r.recorder.finish();
             }

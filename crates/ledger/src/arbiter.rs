@@ -5,7 +5,7 @@
 
 use crate::policy::{self, Demand};
 use crate::sys::{self, proc_identity};
-use crate::table::{Ledger, SlotView};
+use crate::table::{Ledger, SlotView, Usage};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -36,6 +36,9 @@ pub struct Tick {
     pub charged: u64,
     /// Set when the floors alone need more than the budget.
     pub floors_over: Option<u64>,
+    /// What the members held above their new allotments (that they can
+    /// give back).
+    pub excess: u64,
 }
 
 /// Shares a ledger's budget among its members.
@@ -154,6 +157,18 @@ impl Arbiter {
         self.rates = rates;
         let budget = self.ledger.budget().saturating_sub(self.reserve);
         let d = policy::share(budget, &demands);
+        // What the members hold above their new allotments, of what they
+        // can give back (a store that refuses, a backing file that fails,
+        // keeps it): starts wait for it (`Member::wait_for_room`).
+        let can_shed = Usage::STORE_REFUSING | Usage::BACKING_FAILING;
+        let excess: u64 = live
+            .iter()
+            .zip(&d.allot)
+            .filter(|(v, _)| v.usage.flags & can_shed == 0)
+            .map(|(v, &a)| v.usage.charged().saturating_sub(a))
+            .sum();
+        self.ledger.set_excess(excess);
+        tick.excess = excess;
         for (v, &a) in live.iter().zip(&d.allot) {
             self.ledger.set_allot(v.index, v.pid, a);
         }
@@ -178,7 +193,6 @@ impl Arbiter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::Usage;
 
     const MIB: u64 = 1 << 20;
 
@@ -214,6 +228,63 @@ mod tests {
         assert_eq!(t.members[0].allot, 256 * MIB - room);
         assert_eq!(a.limit(), 256 * MIB - room);
         assert_eq!(l.unallotted(), room);
+    }
+
+    /// The excess is what members hold above their new allotments, less
+    /// what a member whose store refuses cannot give back.
+    #[test]
+    fn the_excess_counts_what_members_can_give_back() {
+        let l = Arc::new(Ledger::create(8, 64 * MIB).unwrap());
+        let mut arb = Arbiter::new(Arc::clone(&l), 0, MIB);
+        let me = crate::sys::getpid();
+        let start = crate::self_start_time();
+        let a = l.claim(me, start, "me").unwrap();
+        a.publish(&Usage {
+            resident: 40 * MIB,
+            runtime: MIB,
+            ..Usage::default()
+        });
+        arb.tick(Instant::now());
+        assert_eq!(l.excess(), 0, "alone, it is allotted what it holds");
+        // A second member (a live process) that holds as much: together
+        // over the budget.
+        let mut kid = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let b = l
+            .claim(kid.id(), proc_identity(kid.id()).unwrap().1, "twin")
+            .unwrap();
+        let twin = Usage {
+            resident: 40 * MIB,
+            runtime: MIB,
+            ..Usage::default()
+        };
+        b.publish(&twin);
+        let t = arb.tick(Instant::now());
+        let over: u64 = t
+            .members
+            .iter()
+            .map(|m| m.slot.usage.charged().saturating_sub(m.allot))
+            .sum();
+        assert!(over >= 18 * MIB, "over {over}");
+        assert_eq!(t.excess, over);
+        assert_eq!(l.excess(), over);
+        // A store that refuses keeps what it holds: not counted.
+        b.publish(&Usage {
+            flags: Usage::STORE_REFUSING,
+            ..twin
+        });
+        let t = arb.tick(Instant::now());
+        let _ = kid.kill();
+        let _ = kid.wait();
+        let a_over = t.members[0]
+            .slot
+            .usage
+            .charged()
+            .saturating_sub(t.members[0].allot);
+        assert_eq!(t.excess, a_over);
+        assert!(t.excess < over);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! A memory file (memfd) made by `uzswap run`, mapped shared by it and by
 //! every process of the program's tree:
 //! ```text
-//! header  [magic, version, slots, budget, arbiter pid, unallotted, decisions, 0]   64 bytes
+//! header  [magic, version, slots, budget, arbiter pid, unallotted, decisions, high,
+//!          excess, start waits, start wait µs, 0, 0, 0, 0, 0]                  128 bytes
 //! slot 0  owner lines  [pid, start, seq, resident, pool, runtime, backing, faults,
 //!                       evictions, stored, flags, comm0, comm1, 0, 0, 0]         128 bytes
 //!         arbiter line [allot_pid, allot, 0, 0, 0, 0, 0, 0]                      64 bytes
@@ -22,7 +23,9 @@
 //!   a joining process takes half of with a compare-and-swap
 //!   (`Ledger::take_grant`: what it may hold until the arbiter has
 //!   decided for it; those that join between two decisions share it and
-//!   never hold more than it together). `allot` is meant for the process
+//!   never hold more than it together), and the two start-wait counters,
+//!   which every process that waited at its start adds to
+//!   (`Member::wait_for_room`). `allot` is meant for the process
 //!   named by `allot_pid`: a new holder of the slot ignores what the
 //!   arbiter decided for the one before it.
 //!
@@ -35,10 +38,11 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"uzsledg1");
-const VERSION: u64 = 4;
-const HEADER_WORDS: usize = 8;
+const VERSION: u64 = 5;
+const HEADER_WORDS: usize = 16;
 const OWNER_WORDS: usize = 16;
 const SLOT_WORDS: usize = OWNER_WORDS + 8;
 
@@ -55,7 +59,14 @@ const H_DECISIONS: usize = 6;
 /// all [`MAX_SLOTS`]-sized tables ten times a second cost a cache miss a
 /// slot).
 const H_HIGH: usize = 7;
-const _: () = assert!(H_HIGH < HEADER_WORDS);
+/// What the members held above their allotments at the last decision
+/// (those that can give it back): memory on its way out.
+const H_EXCESS: usize = 8;
+/// Processes that waited at their start for room (`Member::wait_for_room`),
+/// and how long in all (µs).
+const H_START_WAITS: usize = 9;
+const H_START_WAIT_US: usize = 10;
+const _: () = assert!(H_START_WAIT_US < HEADER_WORDS);
 
 // Owner words of a slot.
 const S_PID: usize = 0;
@@ -329,6 +340,21 @@ impl Ledger {
         had / 2
     }
 
+    /// What the members held above their allotments at the last decision,
+    /// of what they can give back (see [`Ledger::set_excess`]).
+    pub fn excess(&self) -> u64 {
+        self.word(H_EXCESS).load(Ordering::Relaxed)
+    }
+
+    /// How many processes waited at their start for room, and how long in
+    /// all ([`Member::wait_for_room`]).
+    pub fn start_waits(&self) -> (u64, Duration) {
+        (
+            self.word(H_START_WAITS).load(Ordering::Relaxed),
+            Duration::from_micros(self.word(H_START_WAIT_US).load(Ordering::Relaxed)),
+        )
+    }
+
     /// How many decisions the arbiter has made.
     pub fn decisions(&self) -> u64 {
         self.word(H_DECISIONS).load(Ordering::Relaxed)
@@ -482,6 +508,13 @@ impl Ledger {
             .store(u64::from(pid), Ordering::Release);
     }
 
+    /// Records what the members hold above the allotments about to be set
+    /// (arbiter side; before [`Ledger::set_allot`], so that a process that
+    /// sees an allotment of this decision sees this excess or a later one).
+    pub fn set_excess(&self, bytes: u64) {
+        self.word(H_EXCESS).store(bytes, Ordering::Relaxed);
+    }
+
     /// Records what is left unallotted and counts a decision (arbiter side).
     pub fn set_unallotted(&self, bytes: u64) {
         self.word(H_UNALLOTTED).store(bytes, Ordering::Relaxed);
@@ -557,7 +590,47 @@ impl Member {
     pub fn limit(&self) -> u64 {
         self.allotment().unwrap_or(self.grant)
     }
+
+    /// Called by a process that starts, before it runs: waits until the
+    /// tree has room for it, at most `max`; returns how long it waited.
+    ///
+    /// A process that joins a tree whose budget is all allotted takes its
+    /// room from the others, and they give it up only as fast as their
+    /// evictors run. Started at once, it would fill that room while they
+    /// still hold it: four Python workers spawned together took 15 MiB of
+    /// a 64 MiB budget in 100 ms while their parent, cut by as much, was
+    /// still evicting, and the tree held 1.2 x its budget on a busy machine.
+    /// So, as the kernel makes a task that allocates in a full memory
+    /// cgroup reclaim before it gets its page, the new process waits: until
+    /// the arbiter has decided for it and what the members hold above
+    /// their allotments (the memory on its way out) is within a sixteenth
+    /// of the budget. A process that took that much of the unallotted room
+    /// when it joined does not wait.
+    pub fn wait_for_room(&self, max: Duration) -> Duration {
+        let l = &self.ledger;
+        let room = l.budget() / START_ROOM_SHARE;
+        if self.grant >= room {
+            return Duration::ZERO;
+        }
+        let t0 = Instant::now();
+        // The allotment is published after the decision's excess (see
+        // `set_excess`): seen, that excess or a later one is read.
+        while !(self.allotment().is_some() && l.excess() <= room) && t0.elapsed() < max {
+            std::thread::sleep(START_POLL);
+        }
+        let waited = t0.elapsed();
+        l.word(H_START_WAITS).fetch_add(1, Ordering::Relaxed);
+        l.word(H_START_WAIT_US)
+            .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
+        waited
+    }
 }
+
+/// A process that starts waits while the memory on its way out exceeds
+/// this share of the budget (1/16): see [`Member::wait_for_room`].
+pub const START_ROOM_SHARE: u64 = 16;
+/// How often a waiting start looks again.
+const START_POLL: Duration = Duration::from_millis(1);
 
 impl Member {
     /// Gives the slot back, if it is still this process's (the arbiter
@@ -603,6 +676,55 @@ mod tests {
         l.set_unallotted(6 << 20);
         let d = l.claim(4004, 1, "d").unwrap();
         assert_eq!(d.limit(), 3 << 20);
+    }
+
+    /// A start into a tree whose budget is all allotted waits for the
+    /// arbiter's decision about it and for the memory on its way out; one
+    /// that took room enough at its join does not wait at all.
+    #[test]
+    fn a_start_waits_for_room_only_while_the_tree_gives_memory_back() {
+        const MIB: u64 = 1 << 20;
+        let l = Arc::new(Ledger::create(8, 64 * MIB).unwrap());
+        // Room at the join (half of 16 MiB > 64/16 MiB): no wait.
+        l.set_unallotted(16 * MIB);
+        let roomy = l.claim(5001, 1, "roomy").unwrap();
+        assert_eq!(roomy.wait_for_room(Duration::from_secs(5)), Duration::ZERO);
+        assert_eq!(l.start_waits().0, 0);
+        // All allotted: the next one waits. The arbiter decides for it
+        // after 30 ms with 20 MiB still on its way out, which is given
+        // back 50 ms later.
+        l.set_unallotted(0);
+        let new = l.claim(5002, 1, "new").unwrap();
+        let idx = new.index();
+        let arbiter = {
+            let l = Arc::clone(&l);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(30));
+                l.set_excess(20 * MIB);
+                l.set_allot(idx, 5002, 2 * MIB);
+                l.set_unallotted(0);
+                std::thread::sleep(Duration::from_millis(50));
+                l.set_excess(MIB);
+                l.set_unallotted(0);
+            })
+        };
+        let waited = new.wait_for_room(Duration::from_secs(5));
+        arbiter.join().unwrap();
+        assert!(
+            waited >= Duration::from_millis(80) && waited < Duration::from_secs(5),
+            "waited {waited:?}"
+        );
+        assert_eq!(new.limit(), 2 * MIB);
+        let (n, total) = l.start_waits();
+        assert_eq!(n, 1);
+        assert!(total >= waited.min(total) && total >= Duration::from_millis(80));
+        // Memory that never goes: the wait ends at its bound.
+        l.set_excess(40 * MIB);
+        let stuck = l.claim(5003, 1, "stuck").unwrap();
+        l.set_allot(stuck.index(), 5003, 2 * MIB);
+        let waited = stuck.wait_for_room(Duration::from_millis(60));
+        assert!(waited >= Duration::from_millis(60), "waited {waited:?}");
+        assert_eq!(l.start_waits().0, 2);
     }
 
     #[test]

@@ -32,6 +32,10 @@ use uzswap_region::{Pager, PAGE_SIZE};
 pub(crate) const FLOOR_PAGES: usize = 256;
 /// The least pool limit ever set.
 const MIN_POOL: u64 = 1 << 20;
+/// The longest a process waits at its start for the tree to give memory
+/// back (`Member::wait_for_room`): past it, it runs and the arbiter's
+/// figures say the tree is over its budget.
+const START_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A process's slot and what it last did with it.
 pub(crate) struct Share {
@@ -76,6 +80,10 @@ impl Share {
             Err(e) => return Err(e.to_string()),
         };
         let member = claim(&ledger)?;
+        // Before the program runs: the room it takes comes from the others,
+        // who give it up as fast as their evictors run (a fork, below in
+        // `rejoin`, already holds its memory and does not wait).
+        member.wait_for_room(START_WAIT_MAX);
         Ok(Some(Share {
             member: std::sync::Mutex::new(member),
             budget,
