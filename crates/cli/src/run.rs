@@ -721,9 +721,9 @@ pub fn summary(a: &Args, o: &Outcome) -> String {
         );
         if t.start_waits > 0 {
             s += &format!(
-                "uzswap: {} {} waited at start for the others to give memory back, {:.2} s in all\n",
+                "uzswap: {} program {} waited for the others to give memory back, {:.2} s in all\n",
                 t.start_waits,
-                if t.start_waits > 1 { "processes" } else { "process" },
+                if t.start_waits > 1 { "starts" } else { "start" },
                 t.start_wait_seconds,
             );
         }

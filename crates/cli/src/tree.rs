@@ -109,8 +109,9 @@ pub struct TreeReport {
     pub runtime_cpu_seconds: f64,
     /// CPU time of `uzswap run` itself (the arbiter, the sampling).
     pub run_cpu_seconds: f64,
-    /// Processes that waited at their start for the others to give memory
-    /// back (`uzswap_ledger::Member::wait_for_room`), and how long in all.
+    /// Program starts (a process, or a new image it executed) that waited
+    /// for the others to give memory back
+    /// (`uzswap_ledger::Member::wait_for_room`), and how long in all.
     pub start_waits: u64,
     pub start_wait_seconds: f64,
 }

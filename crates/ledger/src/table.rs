@@ -24,7 +24,7 @@
 //!   (`Ledger::take_grant`: what it may hold until the arbiter has
 //!   decided for it; those that join between two decisions share it and
 //!   never hold more than it together), and the two start-wait counters,
-//!   which every process that waited at its start adds to
+//!   which every program image that waited at its start adds to
 //!   (`Member::wait_for_room`). `allot` is meant for the process
 //!   named by `allot_pid`: a new holder of the slot ignores what the
 //!   arbiter decided for the one before it.
@@ -62,8 +62,9 @@ const H_HIGH: usize = 7;
 /// What the members held above their allotments at the last decision
 /// (those that can give it back): memory on its way out.
 const H_EXCESS: usize = 8;
-/// Processes that waited at their start for room (`Member::wait_for_room`),
-/// and how long in all (µs).
+/// Program images that waited at their start for room (a process counts
+/// once per `execve` that joined; `Member::wait_for_room`), and how long
+/// in all (µs).
 const H_START_WAITS: usize = 9;
 const H_START_WAIT_US: usize = 10;
 const _: () = assert!(H_START_WAIT_US < HEADER_WORDS);
@@ -346,8 +347,9 @@ impl Ledger {
         self.word(H_EXCESS).load(Ordering::Relaxed)
     }
 
-    /// How many processes waited at their start for room, and how long in
-    /// all ([`Member::wait_for_room`]).
+    /// How many program images waited at their start for room (a shell
+    /// that execs its program counts twice), and how long in all
+    /// ([`Member::wait_for_room`]).
     pub fn start_waits(&self) -> (u64, Duration) {
         (
             self.word(H_START_WAITS).load(Ordering::Relaxed),

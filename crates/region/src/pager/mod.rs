@@ -126,9 +126,9 @@ pub(crate) struct Shared {
     /// Finds resident pages that map the zero page (`State::zero_mapped`)
     /// and counts victims among them (`PagerStats::evict_zero_mapped`);
     /// None without `PagerConfig::uncharged_zero_pages`, with in-thread
-    /// faults, or without `PAGEMAP_SCAN`. Used by the evictor only (its lock is never
-    /// contended, and taken only around a scan; never with the state
-    /// lock held).
+    /// faults, or without `PAGEMAP_SCAN`. Used by the evictor only (its
+    /// lock is never contended; taken around a scan or a count; the state
+    /// lock may be taken inside it, never it inside the state lock).
     zero_scan: Option<Mutex<ZeroLook>>,
     /// Faults a CPU handler resolved on the CPU they came from (as far as
     /// it can tell), and faults it took over from another CPU.
