@@ -146,10 +146,11 @@ fn refaults_near_count_short_distances_only() {
         near.refaults_near * 2 > near.refaults,
         "a loop just over the budget refaults near: {near:?}"
     );
-    // Not none: a page dropped clean (its copy kept) ticks no eviction
-    // clock, so a few of the second pass's come back near.
+    // Near none. A zero run that crossed the eviction threshold lost its
+    // own pages to the evictor just ahead of the writing thread, each
+    // then faulted back near: up to 259 of 4096 (a budget's worth).
     assert!(
-        far.refaults_near * 20 < far.refaults,
+        far.refaults_near * 100 < far.refaults,
         "a stream 8 x the budget: {far:?}"
     );
 }
