@@ -243,16 +243,16 @@ impl Shared {
     /// How many pages a first-touch fault at `page` maps as zeros: itself
     /// and the run of `Absent` pages after it, up to the zero readahead
     /// window (which doubles while first touches land right after the last
-    /// run and halves otherwise; `zero_readahead_wide` while more than a
-    /// quarter of the limit is free), the room left below where eviction
-    /// starts and the segment's end. Not into a discard in flight or a page
-    /// the evictor will drop.
+    /// run and halves otherwise), the free budget and the segment's end.
+    /// Not into a discard in flight or a page the evictor will drop.
     ///
-    /// The room ends where eviction starts, not at the limit: a run that
-    /// crossed it would wake the evictor, whose oldest inactive pages are
-    /// then the run's own, evicted before the program reaches them (seen:
-    /// the first 256 pages of a sequential fill in 256 each evicted a few
-    /// pages ahead of the writing thread, and faulted back).
+    /// While more than a quarter of the limit is free the window is
+    /// `zero_readahead_wide`, and the run ends where eviction starts, not
+    /// at the limit: so little is resident then that the run's own pages
+    /// would be the oldest on the list, and the evictor it woke would take
+    /// them before the program reached them (seen: the first 256 pages of
+    /// a sequential fill in 256, each evicted a few pages ahead of the
+    /// writing thread and faulted back).
     fn zero_run(&self, s: &mut State, addr: usize, area: u32, page: u64) -> usize {
         let max = self.cfg.zero_readahead_max;
         if max == 0 {
@@ -262,11 +262,13 @@ impl Shared {
         let free = if s.store_full {
             window
         } else {
-            let free = self.start_threshold(s).saturating_sub(s.charged() + 1);
+            let free = s.limit.saturating_sub(s.charged() + 1);
             if free > s.limit / 4 {
                 window = window.max(self.wide_zero_window());
+                self.start_threshold(s).saturating_sub(s.charged() + 1)
+            } else {
+                free
             }
-            free
         };
         if window == 0 {
             return 1;

@@ -37,14 +37,26 @@ fn read_held(base: usize, store: &TestStore) -> JoinHandle<Vec<u8>> {
     reader
 }
 
-/// Runs `f` on another thread; whether it returned within 2 s.
+/// Lets a held load go when dropped: a test that fails while a load is
+/// held then reports its failure, where dropping the pager would wait for
+/// the load for ever.
+struct ReleaseOnDrop(Arc<TestStore>);
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        self.0.release.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Runs `f` on another thread; whether it returned within 10 s (a held
+/// load is held for ever: anything that waited for it would not return).
 fn returns_soon(f: impl FnOnce() + Send + 'static) -> bool {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         f();
         let _ = tx.send(());
     });
-    rx.recv_timeout(Duration::from_secs(2)).is_ok()
+    rx.recv_timeout(Duration::from_secs(10)).is_ok()
 }
 
 fn wants(p: usize) -> Vec<u8> {
@@ -60,6 +72,7 @@ fn wants(p: usize) -> Vec<u8> {
 fn a_slow_load_leaves_the_pager_and_the_evictor_free() {
     let _w = watchdog("a_slow_load_leaves_the_pager_and_the_evictor_free", 60);
     let (pager, store, r) = setup(PagerConfig::new(64));
+    let _release = ReleaseOnDrop(store.clone());
     let pager = Arc::new(pager);
     let r = Arc::new(r);
     let base = r.as_ptr() as usize;
@@ -101,6 +114,7 @@ fn another_fault_completes_while_a_load_waits() {
     let Some((pager, store, r)) = with_cpu_handlers() else {
         return;
     };
+    let _release = ReleaseOnDrop(store.clone());
     let base = r.as_ptr() as usize;
     let reader = read_held(base, &store);
     assert!(returns_soon(move || {
@@ -123,6 +137,7 @@ fn a_discard_during_a_load_wins() {
     let Some((pager, store, r)) = with_cpu_handlers() else {
         return;
     };
+    let _release = ReleaseOnDrop(store.clone());
     let base = r.as_ptr() as usize;
     let reader = read_held(base, &store);
     assert!(returns_soon(move || {
@@ -136,7 +151,11 @@ fn a_discard_during_a_load_wins() {
         };
         assert_eq!(rc, 0);
     }));
-    assert!(eventually(|| r.page_state(HELD) == Some(PageState::Absent)));
+    assert!(
+        eventually(|| r.page_state(HELD) == Some(PageState::Absent)),
+        "page {HELD} is {:?}",
+        r.page_state(HELD)
+    );
     assert!(!store.inner.contains(r.area(), HELD as u64));
     pager.check_invariants().unwrap();
     store.release.store(true, Ordering::SeqCst);
