@@ -5,7 +5,10 @@
 //! tree's CPUs; once it starts a thread of its own it is let go. The same
 //! with a second thread that waits all the while (as a runtime's JIT, GC
 //! and I/O threads do): the busy thread is pinned, the waiting one is not.
-//! With `--no-cosched` it is never pinned. Every record is checked.
+//! With `--no-cosched` it is never pinned. With a busy loop on every CPU
+//! the pin is let go for crowding, and the program ends as it would
+//! unpinned (the helpers at idle priority once got no CPU at all there,
+//! and the program never ended). Every record is checked.
 //!
 //! Skipped, with a note, where the machine cannot run it (no userfaultfd,
 //! no python3, one CPU). Where the runtime may not leave idle priority
@@ -33,11 +36,55 @@ fn report(r: &Ran) -> HashMap<String, String> {
         .collect()
 }
 
-/// The program's report and its final statistics (`--stats-json`).
+/// Threads that spin, one per CPU, until dropped: something else keeps
+/// every CPU busy.
+struct BusyCpus(
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    Vec<std::thread::JoinHandle<()>>,
+);
+
+impl BusyCpus {
+    fn start() -> BusyCpus {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let n = uzswap_os::sched::affinity(0).unwrap().count();
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        BusyCpus(stop, threads)
+    }
+}
+
+impl Drop for BusyCpus {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.1.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The program's report and its final statistics (`--stats-json`); with
+/// `busy`, run beside a busy loop on every CPU.
 fn run_program(
     name: &str,
     extra: &[&str],
     mode: Option<&str>,
+) -> Option<(HashMap<String, String>, serde_json::Value)> {
+    run_program_beside(name, extra, mode, false)
+}
+
+fn run_program_beside(
+    name: &str,
+    extra: &[&str],
+    mode: Option<&str>,
+    busy: bool,
 ) -> Option<(HashMap<String, String>, serde_json::Value)> {
     if missing("python3", &["python3", "-c", "pass"]) {
         return None;
@@ -61,10 +108,13 @@ fn run_program(
     args.extend(mode);
     // Where a pin is expected, the program reads on (30 s at most) until
     // it comes: on a loaded machine it may come late, or after a back-off.
-    if !extra.contains(&"--no-cosched") && uzswap_os::sched::may_leave_idle() {
+    if !busy && !extra.contains(&"--no-cosched") && uzswap_os::sched::may_leave_idle() {
         args.push("wait-pin=30");
     }
-    let r = report(&run(&dir, &args));
+    let busy = busy.then(BusyCpus::start);
+    let ran = run(&dir, &args);
+    drop(busy);
+    let r = report(&ran);
     Some((r, final_stats(&stats)))
 }
 
@@ -144,4 +194,29 @@ fn with_no_cosched_nothing_is_pinned() {
     assert_eq!(v["cosched"]["active"], false, "{v}");
     assert_eq!(number(&v, "/cosched/pins"), 0, "{v}");
     assert_eq!(v["config"]["cosched"], false, "{v}");
+}
+
+#[test]
+fn a_pin_on_a_cpu_something_else_keeps_busy_is_let_go() {
+    require_uffd!();
+    let Some((r, v)) = run_program_beside("cosched-crowded", &[], None, true) else {
+        return;
+    };
+    // The program ended, every record right (`report`), with its CPUs.
+    assert_eq!(r["seen"], r["seen-before"], "{r:?}");
+    assert_eq!(&r["real-after"], &r["real-before"], "{r:?}");
+    assert!(
+        number(&v, "/pager/evictions") > 0,
+        "nothing was evicted: {v}"
+    );
+    let pins = number(&v, "/cosched/pins");
+    if pins > 0 {
+        // Every pin was let go, for crowding.
+        assert_eq!(number(&v, "/cosched/releases"), pins, "{}", v["cosched"]);
+        assert!(number(&v, "/cosched/crowded") >= 1, "{}", v["cosched"]);
+    }
+    eprintln!(
+        "pinned {pins} times beside the busy loops: {}",
+        v["cosched"]
+    );
 }

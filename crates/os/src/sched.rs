@@ -214,6 +214,12 @@ pub fn runnable(tid: i32) -> Option<bool> {
     Some(rest.split_whitespace().next()? == "R")
 }
 
+/// Whether thread `tid` of this process sleeps in a userfaultfd fault (its
+/// `wchan`): it waits for a page.
+pub fn waits_for_page(tid: i32) -> Option<bool> {
+    Some(thread_file(tid, "wchan")?.trim() == "handle_userfault")
+}
+
 /// How long thread `tid` of this process has waited, runnable, for a CPU
 /// (the second field of its `schedstat`), in nanoseconds.
 pub fn run_delay_ns(tid: i32) -> Option<u64> {
@@ -326,6 +332,10 @@ mod tests {
         assert!(me.has(cpu), "{me:?} lacks {cpu}");
         assert!(thread_count().unwrap() >= 1);
         assert!(run_delay_ns(tid).is_some());
+        // Running, it waits for no page; a thread of another process is
+        // not read.
+        assert_eq!(waits_for_page(tid), Some(false));
+        assert_eq!(waits_for_page(1), None);
     }
 
     /// `may_leave_idle` says what the kernel then does: a thread that took

@@ -31,10 +31,18 @@
 //! pinned thread waits for its CPU for more than a quarter of [`PERIOD`]
 //! in [`CROWDED_PERIODS`] periods in a row (something else runs there: the
 //! scheduler may then place it elsewhere; one such period alone is a
-//! kernel worker's or an interrupt's work, which passes); or when a fault
-//! has waited unread for [`STUCK`] (another thread faulted, and the
-//! helpers at idle priority wait for the busy one to block). After the
-//! last two, not again for [`BACKOFF`].
+//! kernel worker's or an interrupt's work, which passes), or sits in a
+//! fault at the end of as many periods in which it and its helpers
+//! together ran less than a quarter of each (something else runs there,
+//! and at idle priority the helpers that would serve its page get next to
+//! none of the CPU);
+//! or when a fault has waited unread for [`STUCK`] (another thread
+//! faulted, and the helpers at idle priority wait for the busy one to
+//! block). After the last two, not again for [`BACKOFF`]. The watcher
+//! itself is never pinned nor at idle priority, or it could not see the
+//! CPU crowded. Measured on 2026-11-28 with a busy loop on each CPU: `sort`
+//! under 48 MiB, killed at 120 s where it took 44 s without co-scheduling;
+//! three forked Python workers, two pinned to one CPU, never ended.
 //!
 //! What the program sees: `sched_getaffinity` (libc's, which this library
 //! replaces) answers the affinity the thread had before it was pinned, so
@@ -50,7 +58,7 @@
 //! (`uzswap_os::sched::may_leave_idle`: root, `CAP_SYS_NICE` or
 //! `RLIMIT_NICE`), and not with CPU handlers (they are bound per CPU).
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use uzswap_os::sched::{self, CpuSet};
 
@@ -90,6 +98,8 @@ static ACTIVE: AtomicBool = AtomicBool::new(false);
 static PINS: AtomicU64 = AtomicU64::new(0);
 static RELEASES: AtomicU64 = AtomicU64::new(0);
 static CROWDED: AtomicU64 = AtomicU64::new(0);
+/// The watcher's thread, which stays out of the pin (0 before it runs).
+static WATCHER: AtomicI32 = AtomicI32::new(0);
 
 /// What co-scheduling has done in this process.
 pub fn stats() -> uzswap_contract::CoschedStats {
@@ -145,6 +155,10 @@ pub struct Look {
     pub evictions: u64,
     /// How long the pinned thread waited for its CPU this period, ns.
     pub waited_ns: u64,
+    /// The pinned thread waits for a page, and it and its helpers ran
+    /// less than a quarter of this period: the helpers do not get the CPU
+    /// to serve the page.
+    pub starved: bool,
     /// A fault has waited unread for at least [`STUCK`] while the pinned
     /// thread runs: another thread faulted, and the helpers wait for the
     /// pinned one to block.
@@ -210,7 +224,8 @@ impl Watch {
                 // A thread started (it inherited the pin) or ended.
                 return Step::Release { crowded: false };
             }
-            if look.waited_ns > PERIOD.as_nanos() as u64 / 4 {
+            let quarter = PERIOD.as_nanos() as u64 / 4;
+            if look.waited_ns > quarter || look.starved {
                 self.waiting += 1;
             } else {
                 self.waiting = 0;
@@ -286,8 +301,13 @@ fn own_threads(helpers: &[i32]) -> Vec<(i32, u64)> {
 }
 
 fn watch() {
+    // SAFETY: gettid has no preconditions.
+    WATCHER.store(unsafe { libc::gettid() }, Ordering::Relaxed);
     let mut w = Watch::default();
     let mut waited = 0;
+    // While a thread is pinned: when the last look was, and the CPU time
+    // it and its helpers had used then.
+    let mut ran_then: Option<(Instant, u64)> = None;
     let mut helpers_pinned = 0;
     let mut last_evictions = 0;
     let mut pause = PERIOD;
@@ -310,10 +330,20 @@ fn watch() {
         let threads = own_threads(&helpers);
         let pinned = pinned_tid();
         let now_waited = pinned.and_then(sched::run_delay_ns).unwrap_or(0);
+        let ran = pinned.map(|p| (Instant::now(), pinned_and_helpers_cpu_ns(p, &threads)));
+        let starved = match (ran_then, ran, pinned) {
+            (Some((t0, then)), Some((t1, now)), Some(tid)) => {
+                now.saturating_sub(then) < t1.duration_since(t0).as_nanos() as u64 / 4
+                    && sched::waits_for_page(tid) == Some(true)
+            }
+            _ => false,
+        };
+        ran_then = ran;
         let look = Look {
             threads,
             evictions,
             waited_ns: now_waited.saturating_sub(waited),
+            starved,
             // Not its own fault: the pinned thread runs meanwhile.
             fault_stuck: rt
                 .space
@@ -355,6 +385,21 @@ fn watch() {
     }
 }
 
+/// The CPU time the pinned thread (`pinned`, among `threads`) and its
+/// helpers (all but the watcher) have used, ns.
+fn pinned_and_helpers_cpu_ns(pinned: i32, threads: &[(i32, u64)]) -> u64 {
+    let watcher = WATCHER.load(Ordering::Relaxed);
+    let own = threads
+        .iter()
+        .find(|&&(t, _)| t == pinned)
+        .map_or(0, |&(_, ns)| ns);
+    let helpers: u64 = uzswap_os::fork::helper_tids()
+        .filter(|&t| t != watcher)
+        .filter_map(uzswap_os::cpu::thread_cpu_ns)
+        .sum();
+    own + helpers
+}
+
 /// Pins thread `tid` where it last ran, and the helpers with it at idle
 /// priority.
 fn pin(tid: i32) -> std::io::Result<()> {
@@ -375,8 +420,10 @@ fn pin(tid: i32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Pins the helpers but the watcher to `one`, at idle priority.
 fn pin_helpers(one: &CpuSet) {
-    for tid in uzswap_os::fork::helper_tids() {
+    let watcher = WATCHER.load(Ordering::Relaxed);
+    for tid in uzswap_os::fork::helper_tids().filter(|&t| t != watcher) {
         let _ = sched::set_affinity(tid, one);
         let _ = sched::set_idle(tid, true);
     }
@@ -490,6 +537,7 @@ mod tests {
             threads: threads.to_vec(),
             evictions,
             waited_ns,
+            starved: false,
             fault_stuck: false,
         }
     }
@@ -598,6 +646,22 @@ mod tests {
         stuck.fault_stuck = true;
         assert_eq!(
             w.step(t2 + BACKOFF, &stuck),
+            Step::Release { crowded: true }
+        );
+        // The helpers starve while the pinned thread waits for a page, as
+        // many periods in a row as CROWDED_PERIODS.
+        let t3 = t2 + BACKOFF * 2;
+        w.released(t2 + BACKOFF, true);
+        w.step(t3, &one(9));
+        assert_eq!(w.step(t3 + SETTLE, &one(10)), Step::Pin(10));
+        w.pinned(10, &one(10).threads);
+        let mut starved = one(11);
+        starved.starved = true;
+        for i in 1..CROWDED_PERIODS {
+            assert_eq!(w.step(t3 + SETTLE + PERIOD * i, &starved), Step::Nothing);
+        }
+        assert_eq!(
+            w.step(t3 + SETTLE * 2, &starved),
             Step::Release { crowded: true }
         );
     }
