@@ -19,7 +19,8 @@ mod common;
 
 use common::*;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// One run at a time: two programs on two CPUs would crowd each other's,
 /// and a crowded thread is let go (as it should be).
@@ -38,20 +39,17 @@ fn report(r: &Ran) -> HashMap<String, String> {
 
 /// Threads that spin, one per CPU, until dropped: something else keeps
 /// every CPU busy.
-struct BusyCpus(
-    std::sync::Arc<std::sync::atomic::AtomicBool>,
-    Vec<std::thread::JoinHandle<()>>,
-);
+struct BusyCpus(Arc<AtomicBool>, Vec<std::thread::JoinHandle<()>>);
 
 impl BusyCpus {
     fn start() -> BusyCpus {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
         let n = uzswap_os::sched::affinity(0).unwrap().count();
         let threads = (0..n)
             .map(|_| {
                 let stop = stop.clone();
                 std::thread::spawn(move || {
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    while !stop.load(Ordering::Relaxed) {
                         std::hint::spin_loop();
                     }
                 })
@@ -63,7 +61,7 @@ impl BusyCpus {
 
 impl Drop for BusyCpus {
     fn drop(&mut self) {
-        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.0.store(true, Ordering::Relaxed);
         for t in self.1.drain(..) {
             let _ = t.join();
         }

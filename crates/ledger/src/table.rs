@@ -719,7 +719,7 @@ mod tests {
         assert_eq!(new.limit(), 2 * MIB);
         let (n, total) = l.start_waits();
         assert_eq!(n, 1);
-        assert!(total >= waited.min(total) && total >= Duration::from_millis(80));
+        assert!(total >= Duration::from_millis(80), "{total:?}");
         // Memory that never goes: the wait ends at its bound.
         l.set_excess(40 * MIB);
         let stuck = l.claim(5003, 1, "stuck").unwrap();
