@@ -730,6 +730,8 @@ fn kernel_side(
     v["zswpout"] = json!(end.zswpout - start.zswpout);
     v["zswpin"] = json!(end.zswpin - start.zswpin);
     v["zswpwb"] = json!(end.zswpwb - start.zswpwb);
+    v["swpout_zero"] = json!(end.swpout_zero - start.swpout_zero);
+    v["swpin_zero"] = json!(end.swpin_zero - start.swpin_zero);
     if oom || !ran.status.success() {
         // A failed configuration has no time.
         v["wall_seconds"] = Value::Null;
@@ -983,10 +985,9 @@ fn case(
                 }
                 // Where the time goes: faults against the kernel's (pages
                 // swapped in, from zswap or the disk).
-                let kernel_in =
-                    k["zswpin"].as_u64().unwrap_or(0) + k["pswpin"].as_u64().unwrap_or(0);
                 if let Some(ours_in) = ours["tree_faults"].as_u64() {
-                    out["faults_ratio_vs_kernel"] = json!(ours_in as f64 / kernel_in.max(1) as f64);
+                    out["faults_ratio_vs_kernel"] =
+                        json!(ours_in as f64 / kernel_in(k).max(1) as f64);
                 }
                 identical &= k["outputs_identical"].as_bool().unwrap_or(false);
             }
@@ -1009,14 +1010,34 @@ fn case(
     Ok(out)
 }
 
+/// Pages a kernel side swapped out: into zswap, to the disk, and the
+/// zero-filled ones that go to neither (uzswap's evictions count its
+/// same-filled pages too).
+fn kernel_out(k: &Value) -> u64 {
+    ["zswpout", "pswpout", "swpout_zero"]
+        .iter()
+        .map(|key| k[*key].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// Pages a kernel side swapped in, zero-filled ones included.
+fn kernel_in(k: &Value) -> u64 {
+    ["zswpin", "pswpin", "swpin_zero"]
+        .iter()
+        .map(|key| k[*key].as_u64().unwrap_or(0))
+        .sum()
+}
+
 /// The CPU that moving pages out and in cost beyond the unconstrained
 /// run's, per page moved, for a uzswap side and the kernel's (issue 29's
 /// "uzswap's CPU per fault and per eviction at most the kernel's"). Pages
 /// moved: uzswap's evictions and faults over the tree (its faults include
 /// each page's first touch, which the kernel serves as an ordinary fault:
 /// their extra cost is uzswap's, their count makes its per-page figure
-/// smaller); the kernel's pages stored into zswap or written to swap and
-/// read back from either. A side killed at the deadline has no CPU time,
+/// smaller); the kernel's pages stored into zswap, written to swap or
+/// noted zero-filled, and read back from any of them (since 2026-11-28:
+/// before, the zero-filled ones were left out of the kernel's count but
+/// not of uzswap's). A side killed at the deadline has no CPU time,
 /// and a side that moved no page no figure.
 fn swap_cpu(side: &Value, kernel: &Value, free: &Value) -> Value {
     let extra = |v: &Value| Some((f(v, "cpu_seconds")? - f(free, "cpu_seconds")?).max(0.0));
@@ -1024,7 +1045,7 @@ fn swap_cpu(side: &Value, kernel: &Value, free: &Value) -> Value {
         keys.iter().map(|k| v[*k].as_u64().unwrap_or(0)).sum()
     };
     let ours = count(side, &["tree_evictions", "tree_faults"]);
-    let theirs = count(kernel, &["zswpout", "pswpout", "zswpin", "pswpin"]);
+    let theirs = kernel_out(kernel) + kernel_in(kernel);
     let per =
         |cpu: Option<f64>, pages: u64| cpu.filter(|_| pages > 0).map(|c| c * 1e6 / pages as f64);
     let (eu, ek) = (extra(side), extra(kernel));
@@ -1280,21 +1301,21 @@ pub fn table(v: &Value) -> String {
             row(
                 k["config"].as_str().unwrap_or(""),
                 k,
-                &json!(k["pswpout"].as_u64().unwrap_or(0) + k["zswpout"].as_u64().unwrap_or(0)),
-                &json!(k["pswpin"].as_u64().unwrap_or(0) + k["zswpin"].as_u64().unwrap_or(0)),
+                &json!(kernel_out(k)),
+                &json!(kernel_in(k)),
             );
         }
         if c.get("swap").is_some() {
             let k = &c["swap"];
-            row("plain swap", k, &k["pswpout"], &k["pswpin"]);
+            row("plain swap", k, &json!(kernel_out(k)), &json!(kernel_in(k)));
         }
         if c.get("kernel_pool_inside").is_some() {
             let k = &c["kernel_pool_inside"];
             row(
                 "zswap, pool inside B",
                 k,
-                &json!(k["pswpout"].as_u64().unwrap_or(0) + k["zswpout"].as_u64().unwrap_or(0)),
-                &json!(k["pswpin"].as_u64().unwrap_or(0) + k["zswpin"].as_u64().unwrap_or(0)),
+                &json!(kernel_out(k)),
+                &json!(kernel_in(k)),
             );
         }
         if c.get("uzswap_equal_total").is_some() {

@@ -184,6 +184,11 @@ pub struct ZswapSample {
     pub pswpout: u64,
     /// Pages read back from swap.
     pub pswpin: u64,
+    /// Zero-filled pages swapped out and in (since Linux 6.12 these go
+    /// to neither zswap nor the disk: the swap map notes them, and their
+    /// pages count in neither `zswpout` nor `pswpout`).
+    pub swpout_zero: u64,
+    pub swpin_zero: u64,
 }
 
 impl ZswapSample {
@@ -215,6 +220,8 @@ impl ZswapSample {
                 "zswpwb" => s.zswpwb = v,
                 "pswpout" => s.pswpout = v,
                 "pswpin" => s.pswpin = v,
+                "swpout_zero" => s.swpout_zero = v,
+                "swpin_zero" => s.swpin_zero = v,
                 _ => {}
             }
         }

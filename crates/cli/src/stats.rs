@@ -207,7 +207,13 @@ pub fn tree(pid: u32, brief: bool) -> Result<TreeView> {
             ledger.arbiter_pid()
         );
     }
-    let mut rows: Vec<Row> = ledger.read().iter().map(Row::from).collect();
+    // A process that has left is exiting: its slot waits for the arbiter.
+    let mut rows: Vec<Row> = ledger
+        .read()
+        .iter()
+        .filter(|v| !v.left)
+        .map(Row::from)
+        .collect();
     rows.sort_by_key(|r| (r.pid, r.slot));
     let shown = match found.role {
         Role::Member => Some(pid),

@@ -1,7 +1,8 @@
 //! One budget for the whole program, from `uzswap run`'s side: it makes
 //! the ledger every process of the program joins, and a thread (the
-//! *arbiter*) that every [`TICK`] shares the budget among them
-//! (`uzswap_ledger::Arbiter`) and every [`SAMPLE`] measures what the whole
+//! *arbiter*) that every [`TICK`], and at once when a process that starts
+//! waits for room rings it (`Ledger::wait_for_ring`), shares the budget
+//! among them (`uzswap_ledger::Arbiter`) and every [`SAMPLE`] measures what the whole
 //! tree holds as the kernel counts it (`Pss_Anon` of every process, and of
 //! this one), so that:
 //! - memory no process reports (a child forked without exec runs
@@ -177,6 +178,27 @@ impl Watch {
     }
 }
 
+/// Keeps a process's report (`allot`: what this tick allotted it, if it is
+/// still a member).
+fn note_report(rep: &mut TreeReport, v: &uzswap_ledger::SlotView, allot: Option<u64>) {
+    let u = &v.usage;
+    let p = rep.processes.entry(v.pid).or_default();
+    p.pid = v.pid;
+    p.comm.clone_from(&v.comm);
+    p.resident_bytes = u.resident;
+    p.pool_bytes = u.pool;
+    p.runtime_bytes = u.runtime;
+    p.backing_bytes = u.backing;
+    p.faults = u.faults;
+    p.evictions = u.evictions;
+    p.peak_bytes = p.peak_bytes.max(u.charged());
+    if let Some(a) = allot {
+        p.allot_bytes = a;
+    }
+    p.cpu_seconds = p.cpu_seconds.max(u.cpu_ms as f64 / 1000.0);
+    p.runtime_cpu_seconds = p.runtime_cpu_seconds.max(u.runtime_cpu_ms as f64 / 1000.0);
+}
+
 fn arbitrate(
     ledger: Arc<Ledger>,
     root: u32,
@@ -200,6 +222,9 @@ fn arbitrate(
     let mut last_flags: BTreeMap<u32, (String, u64)> = BTreeMap::new();
     let mut sampler = tree::Sampler::new();
     loop {
+        // Read before the decision: a start that rings after this read
+        // wakes the wait below at once, and is decided for next.
+        let rings = ledger.rings();
         let now = Instant::now();
         let tick = arb.tick(now);
         let floors_over = tick.floors_over;
@@ -208,23 +233,14 @@ fn arbitrate(
         for m in &tick.members {
             let u = &m.slot.usage;
             reported += u.charged();
-            let p = rep.processes.entry(m.slot.pid).or_default();
-            p.pid = m.slot.pid;
-            p.comm.clone_from(&m.slot.comm);
-            p.resident_bytes = u.resident;
-            p.pool_bytes = u.pool;
-            p.runtime_bytes = u.runtime;
-            p.backing_bytes = u.backing;
-            p.faults = u.faults;
-            p.evictions = u.evictions;
-            p.peak_bytes = p.peak_bytes.max(u.charged());
-            p.allot_bytes = m.allot;
-            p.cpu_seconds = p.cpu_seconds.max(u.cpu_ms as f64 / 1000.0);
-            p.runtime_cpu_seconds = p.runtime_cpu_seconds.max(u.runtime_cpu_ms as f64 / 1000.0);
+            note_report(&mut rep, &m.slot, Some(m.allot));
             last_flags.insert(m.slot.pid, (m.slot.comm.clone(), u.flags));
         }
-        for pid in &tick.reaped {
-            last_flags.remove(pid);
+        // A process's last report, also of one that started and ended
+        // between two ticks.
+        for v in &tick.reaped {
+            note_report(&mut rep, v, None);
+            last_flags.remove(&v.pid);
         }
         if now >= next_sample {
             next_sample = now + SAMPLE;
@@ -294,7 +310,7 @@ fn arbitrate(
             }
             return rep;
         }
-        std::thread::sleep(TICK);
+        ledger.wait_for_ring(rings, TICK);
     }
 }
 

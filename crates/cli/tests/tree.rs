@@ -137,6 +137,49 @@ fn workers_by_fork(budget_mib: u64) {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// Processes that start and end between two of the arbiter's decisions
+/// (a start with room does not wait for one) still reach the tree's
+/// figures: each leaves its slot marked, and the arbiter reads its last
+/// report before it gives the slot back.
+#[test]
+fn short_lived_processes_all_count_in_the_tree() {
+    require_uffd!();
+    if missing("python3", &["python3", "-c", "pass"]) || missing("true", &["true"]) {
+        return;
+    }
+    let dir = scratch("brief");
+    let stats = dir.join("stats.json");
+    let r = run(
+        &dir,
+        &[
+            "--memory-max",
+            "1G",
+            "--stats-json",
+            stats.to_str().unwrap(),
+            "--",
+            "python3",
+            "-c",
+            "import subprocess\nfor _ in range(20): subprocess.run(['true'], check=True)\nprint('ran 20')",
+        ],
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("ran 20"), "{}", r.stdout);
+    let snap = final_stats(&stats);
+    let procs = snap["tree"]["processes"]
+        .as_object()
+        .expect("tree.processes, by pid");
+    let brief = procs.values().filter(|p| p["comm"] == "true").count();
+    assert_eq!(brief, 20, "{procs:?}");
+    // And the summary with them (`python3` may be a shim that runs more).
+    let line = format!("uzswap: {} processes (", procs.len());
+    assert!(
+        procs.len() > 20 && r.stderr.contains(&line),
+        "the summary counts them: {}",
+        r.stderr
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// The real C sources this test compiles: the zstd library that the
 /// project's zstd binding builds from the cargo registry.
 fn zstd_sources() -> Option<PathBuf> {

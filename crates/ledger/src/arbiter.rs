@@ -30,8 +30,9 @@ pub struct Seen {
 pub struct Tick {
     /// The live processes.
     pub members: Vec<Seen>,
-    /// Pids whose slots were reaped (the process had died).
-    pub reaped: Vec<u32>,
+    /// The slots reaped, with their last reports: the process had left
+    /// (its exit code ran) or died.
+    pub reaped: Vec<SlotView>,
     /// What the tree holds by its own reports, plus the reserve.
     pub charged: u64,
     /// Set when the floors alone need more than the budget.
@@ -118,13 +119,14 @@ impl Arbiter {
             } else {
                 matches!(proc_identity(v.pid), Some((true, start)) if start == v.start)
             };
-            if alive {
+            if alive && !v.left {
                 live.push(v);
             } else {
-                // Dead, a zombie, or the pid now names another process.
+                // Left, dead, a zombie, or the pid now names another
+                // process.
                 self.watched.remove(&key(&v));
                 if self.ledger.reap(v.index, v.pid) {
-                    tick.reaped.push(v.pid);
+                    tick.reaped.push(v);
                 }
             }
         }
@@ -221,13 +223,45 @@ mod tests {
         });
         std::mem::forget(b); // it died: no exit code gave its slot back
         let t = arb.tick(Instant::now());
-        assert_eq!(t.reaped, vec![cpid]);
+        let reaped: Vec<u32> = t.reaped.iter().map(|v| v.pid).collect();
+        assert_eq!(reaped, vec![cpid]);
+        assert_eq!(t.reaped[0].usage.resident, 100 * MIB, "its last report");
         assert_eq!(t.members.len(), 1);
         // The whole budget but the room kept for processes that start.
         let room = 256 * MIB / policy::HEADROOM;
         assert_eq!(t.members[0].allot, 256 * MIB - room);
         assert_eq!(a.limit(), 256 * MIB - room);
         assert_eq!(l.unallotted(), room);
+    }
+
+    /// A live process that has left (its exit code ran) is reaped at the
+    /// next tick with its last report, as a dead one: a process that
+    /// starts and leaves between two ticks is counted all the same.
+    #[test]
+    fn a_member_that_left_is_reaped_with_its_last_report() {
+        let l = Arc::new(Ledger::create(8, 256 * MIB).unwrap());
+        let mut arb = Arbiter::new(Arc::clone(&l), 0, MIB);
+        let me = crate::sys::getpid();
+        let m = l.claim(me, crate::self_start_time(), "brief").unwrap();
+        m.publish(&Usage {
+            resident: 3 * MIB,
+            faults: 77,
+            evictions: 5,
+            ..Usage::default()
+        });
+        m.leave();
+        let t = arb.tick(Instant::now());
+        assert!(t.members.is_empty(), "{:?}", t.members);
+        assert_eq!(t.reaped.len(), 1);
+        assert_eq!(t.reaped[0].pid, me);
+        assert_eq!(
+            (t.reaped[0].usage.faults, t.reaped[0].usage.evictions),
+            (77, 5)
+        );
+        assert!(l.read().is_empty(), "the slot is free again");
+        // Its drop leaves again: nothing happens.
+        drop(m);
+        assert!(arb.tick(Instant::now()).reaped.is_empty());
     }
 
     /// The excess is what members hold above their new allotments, less

@@ -5,16 +5,21 @@
 //! every process of the program's tree:
 //! ```text
 //! header  [magic, version, slots, budget, arbiter pid, unallotted, decisions, high,
-//!          excess, start waits, start wait µs, 0, 0, 0, 0, 0]                  128 bytes
+//!          excess, start waits, start wait µs, decided, doorbell, waiting,
+//!          0, 0]                                                               128 bytes
 //! slot 0  owner lines  [pid, start, seq, resident, pool, runtime, backing, faults,
-//!                       evictions, stored, flags, comm0, comm1, 0, 0, 0]         128 bytes
+//!                       evictions, stored, flags, cpu, runtime cpu, comm0, comm1,
+//!                       left]                                                    128 bytes
 //!         arbiter line [allot_pid, allot, 0, 0, 0, 0, 0, 0]                      64 bytes
 //! slot 1  ...
 //! ```
 //! Every word is an `AtomicU64` and has exactly one writer:
 //! - `pid` is claimed by a process with a compare-and-swap from 0 and given
-//!   back by it at exit, or by the arbiter once that process is dead (a
-//!   SIGKILL runs no exit code);
+//!   back by the arbiter, once it has read the slot's last report: when the
+//!   process has left (at exit it writes its own pid into `left`) or is
+//!   dead (a SIGKILL runs no exit code). So the arbiter sees every
+//!   process's final counters, also those of a process that started and
+//!   ended between two of its decisions;
 //! - the other owner words are written only by the process holding the
 //!   slot, under a sequence counter (`seq` odd while it writes), so that a
 //!   reader sees one consistent report or retries;
@@ -25,23 +30,32 @@
 //!   decided for it; those that join between two decisions share it and
 //!   never hold more than it together), and the two start-wait counters,
 //!   which every program image that waited at its start adds to
-//!   (`Member::wait_for_room`). `allot` is meant for the process
+//!   (`Member::wait_for_room`), as they ring the `doorbell` and count
+//!   themselves in `waiting` while they wait. `allot` is meant for the process
 //!   named by `allot_pid`: a new holder of the slot ignores what the
 //!   arbiter decided for the one before it.
 //!
 //! No lock is shared between processes, so a process that dies at any
 //! instruction leaves nobody waiting: at worst its slot holds a half-written
 //! report (odd `seq`), which readers skip, until the arbiter reaps it.
+//! Two header words are futexes shared between the processes (their first
+//! 32 bits, never read as 64): `decided`, bumped by the arbiter at the end
+//! of each decision, on which a start that waits for room sleeps; and
+//! `doorbell`, which such a start rings so that the arbiter decides for it
+//! at once instead of at its next tick. Every sleep on either has a
+//! timeout, so a process that dies before it wakes anyone costs the others
+//! at most that timeout, and a stale `waiting` count (a start killed while
+//! it waited) only costs the arbiter a wake-up call per decision.
 
 use crate::sys::{self, Shared};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"uzsledg1");
-const VERSION: u64 = 5;
+const VERSION: u64 = 6;
 const HEADER_WORDS: usize = 16;
 const OWNER_WORDS: usize = 16;
 const SLOT_WORDS: usize = OWNER_WORDS + 8;
@@ -67,7 +81,14 @@ const H_EXCESS: usize = 8;
 /// in all (µs).
 const H_START_WAITS: usize = 9;
 const H_START_WAIT_US: usize = 10;
-const _: () = assert!(H_START_WAIT_US < HEADER_WORDS);
+/// A futex (32 bits): bumped at the end of every decision.
+const H_DECIDED: usize = 11;
+/// A futex (32 bits): rung by a start that waits, to have the arbiter
+/// decide now.
+const H_DOORBELL: usize = 12;
+/// Starts waiting for room now (the arbiter wakes `decided` only then).
+const H_WAITING: usize = 13;
+const _: () = assert!(H_WAITING < HEADER_WORDS);
 
 // Owner words of a slot.
 const S_PID: usize = 0;
@@ -77,7 +98,11 @@ const S_USAGE: usize = 3; // USAGE_WORDS words of `Usage`, then comm
 const USAGE_WORDS: usize = 10;
 const S_COMM: usize = S_USAGE + USAGE_WORDS;
 // The command's two words end the owner's part.
-const _: () = assert!(S_COMM + 2 <= OWNER_WORDS);
+/// The pid of the holder once it has left (0 before): its report is final.
+/// A pid, not a flag, so that a leave that comes after its slot was reaped
+/// and taken anew marks nothing (the new holder has another pid).
+const S_LEFT: usize = S_COMM + 2;
+const _: () = assert!(S_LEFT < OWNER_WORDS);
 // Arbiter words of a slot.
 const S_ALLOT_PID: usize = OWNER_WORDS;
 const S_ALLOT: usize = OWNER_WORDS + 1;
@@ -207,6 +232,8 @@ pub struct SlotView {
     pub usage: Usage,
     /// What the arbiter last allotted it (None: not decided yet).
     pub allot: Option<u64>,
+    /// The process has left (its exit code ran): this report is final.
+    pub left: bool,
 }
 
 /// A mapped ledger.
@@ -370,6 +397,38 @@ impl Ledger {
         unsafe { &*(self.map.ptr as *const AtomicU64).add(i) }
     }
 
+    /// Header word `i` as the 32-bit futex it is (`H_DECIDED`,
+    /// `H_DOORBELL`: words never accessed as 64 bits).
+    fn futex_word(&self, i: usize) -> &AtomicU32 {
+        debug_assert!(i == H_DECIDED || i == H_DOORBELL);
+        // SAFETY: as `word`; the 8-byte word is 4-byte aligned, and these
+        // words are only ever accessed through this 32-bit view.
+        unsafe {
+            &*(self.map.ptr as *const AtomicU64)
+                .add(i)
+                .cast::<AtomicU32>()
+        }
+    }
+
+    /// How often the doorbell has been rung (arbiter side: read before a
+    /// decision, then given to [`Ledger::wait_for_ring`]).
+    pub fn rings(&self) -> u32 {
+        self.futex_word(H_DOORBELL).load(Ordering::SeqCst)
+    }
+
+    /// Sleeps until the doorbell is rung past `seen` (a start waits for a
+    /// decision), at most `max` (arbiter side, between decisions).
+    pub fn wait_for_ring(&self, seen: u32, max: Duration) {
+        uzswap_os::lock::futex_wait_shared(self.futex_word(H_DOORBELL), seen, Some(max));
+    }
+
+    /// Has the arbiter decide now (a start that waits for room).
+    fn ring(&self) {
+        let bell = self.futex_word(H_DOORBELL);
+        bell.fetch_add(1, Ordering::SeqCst);
+        uzswap_os::lock::futex_wake_shared(bell, 1);
+    }
+
     fn slot_word(&self, slot: usize, i: usize) -> &AtomicU64 {
         assert!(slot < self.slots);
         self.word(HEADER_WORDS + slot * SLOT_WORDS + i)
@@ -420,6 +479,7 @@ impl Ledger {
         self.slot_word(i, S_SEQ).fetch_add(1, Ordering::Relaxed);
         fence(Ordering::Release);
         self.slot_word(i, S_START).store(start, Ordering::Relaxed);
+        self.slot_word(i, S_LEFT).store(0, Ordering::Relaxed);
         self.slot_word(i, S_COMM).store(
             u64::from_le_bytes(c[..8].try_into().unwrap()),
             Ordering::Relaxed,
@@ -467,6 +527,9 @@ impl Ledger {
             if pid == 0 {
                 return None;
             }
+            // Before the report: seen, the report read below is the last
+            // one the process published before it left, or a later one.
+            let left = self.slot_word(i, S_LEFT).load(Ordering::Acquire) == pid;
             let s1 = self.slot_word(i, S_SEQ).load(Ordering::Acquire);
             if s1 % 2 == 1 {
                 std::hint::spin_loop();
@@ -495,6 +558,7 @@ impl Ledger {
                 comm: String::from_utf8_lossy(&c[..n]).into_owned(),
                 usage,
                 allot,
+                left,
             });
         }
         None
@@ -517,17 +581,35 @@ impl Ledger {
         self.word(H_EXCESS).store(bytes, Ordering::Relaxed);
     }
 
-    /// Records what is left unallotted and counts a decision (arbiter side).
+    /// Records what is left unallotted and counts a decision (arbiter
+    /// side; last of a decision): wakes the starts that wait for one.
     pub fn set_unallotted(&self, bytes: u64) {
         self.word(H_UNALLOTTED).store(bytes, Ordering::Relaxed);
         self.word(H_DECISIONS).fetch_add(1, Ordering::Relaxed);
+        // SeqCst, as `wait_for_room`'s count and read: either it is counted
+        // here and woken, or its read of `decided` comes after this bump
+        // and it re-checks before it sleeps.
+        let decided = self.futex_word(H_DECIDED);
+        decided.fetch_add(1, Ordering::SeqCst);
+        if self.word(H_WAITING).load(Ordering::SeqCst) > 0 {
+            uzswap_os::lock::futex_wake_shared(decided, i32::MAX);
+        }
     }
 
-    /// Frees the slot of a process that died holding it (arbiter side):
-    /// nothing happens if the slot was meanwhile given back or taken anew.
+    /// Frees the slot of a process that left or died holding it (arbiter
+    /// side, once it has read the slot's last report): nothing happens if
+    /// the slot was meanwhile taken anew.
     pub fn reap(&self, index: usize, pid: u32) -> bool {
         self.slot_word(index, S_ALLOT_PID)
             .store(0, Ordering::Relaxed);
+        // Cleared with the slot, so that its next holder has not left;
+        // only its holder's pid there means anything to a reader.
+        let _ = self.slot_word(index, S_LEFT).compare_exchange(
+            u64::from(pid),
+            0,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
         self.slot_word(index, S_PID)
             .compare_exchange(u64::from(pid), 0, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
@@ -606,20 +688,47 @@ impl Member {
     /// cgroup reclaim before it gets its page, the new process waits: until
     /// the arbiter has decided for it and what the members hold above
     /// their allotments (the memory on its way out) is within a sixteenth
-    /// of the budget. A process that took that much of the unallotted room
-    /// when it joined does not wait.
+    /// of the budget.
+    ///
+    /// A process that took at least a thirty-second of the budget when it
+    /// joined does not wait: it joined while the arbiter kept room for
+    /// starts (`policy::HEADROOM`, an eighth of what it shares, of which
+    /// the first process to join takes half). The bound was a sixteenth
+    /// until 2026-11-28, which that half just misses (the arbiter shares
+    /// the budget less its own memory): every start waited, 49 of the 50
+    /// of a shell loop under a budget of 4 GiB that it used 1.2 MiB of.
+    ///
+    /// A start that waits rings the arbiter's doorbell, so that the first
+    /// decision about it comes now rather than at the arbiter's next tick,
+    /// and sleeps until each decision: a waited start took 5.6 ms on
+    /// average in a `make -j8` under 198 MiB (2026-11-28), polled every
+    /// millisecond, mostly until the arbiter's next tick (every 10 ms).
     pub fn wait_for_room(&self, max: Duration) -> Duration {
         let l = &self.ledger;
         let room = l.budget() / START_ROOM_SHARE;
-        if self.grant >= room {
+        if self.grant >= room / 2 {
             return Duration::ZERO;
         }
         let t0 = Instant::now();
-        // The allotment is published after the decision's excess (see
-        // `set_excess`): seen, that excess or a later one is read.
-        while !(self.allotment().is_some() && l.excess() <= room) && t0.elapsed() < max {
-            std::thread::sleep(START_POLL);
+        l.word(H_WAITING).fetch_add(1, Ordering::SeqCst);
+        l.ring();
+        let decided = l.futex_word(H_DECIDED);
+        loop {
+            // Read before the check: a decision after it changes the word,
+            // and the sleep below returns at once.
+            let seen = decided.load(Ordering::SeqCst);
+            // The allotment is published after the decision's excess (see
+            // `set_excess`): seen, that excess or a later one is read.
+            if self.allotment().is_some() && l.excess() <= room {
+                break;
+            }
+            let Some(left) = max.checked_sub(t0.elapsed()).filter(|d| !d.is_zero()) else {
+                break;
+            };
+            // Bounded: an arbiter that has ended wakes nobody.
+            uzswap_os::lock::futex_wait_shared(decided, seen, Some(left.min(START_POLL)));
         }
+        l.word(H_WAITING).fetch_sub(1, Ordering::SeqCst);
         let waited = t0.elapsed();
         l.word(H_START_WAITS).fetch_add(1, Ordering::Relaxed);
         l.word(H_START_WAIT_US)
@@ -631,20 +740,22 @@ impl Member {
 /// A process that starts waits while the memory on its way out exceeds
 /// this share of the budget (1/16): see [`Member::wait_for_room`].
 pub const START_ROOM_SHARE: u64 = 16;
-/// How often a waiting start looks again.
-const START_POLL: Duration = Duration::from_millis(1);
+/// The longest a waiting start sleeps before it looks again without a
+/// decision (the arbiter decides every 10 ms and wakes it at each).
+const START_POLL: Duration = Duration::from_millis(50);
 
 impl Member {
-    /// Gives the slot back, if it is still this process's (the arbiter
-    /// reaps only dead holders, so it is, unless the slot was reaped
-    /// because the pid check failed). Idempotent.
+    /// Marks the slot left: the last report published is final, and the
+    /// arbiter gives the slot back once it has read it. Idempotent; marks
+    /// nothing if the slot was reaped and taken by another process
+    /// meanwhile (`S_LEFT`).
     pub fn leave(&self) {
-        let _ = self.ledger.slot_word(self.index, S_PID).compare_exchange(
-            u64::from(self.pid),
-            0,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
+        // Not under the sequence count: after a reap the slot's count is
+        // its new holder's. Released after the last report: a reader that
+        // sees the mark reads that report or a later one.
+        self.ledger
+            .slot_word(self.index, S_LEFT)
+            .store(u64::from(self.pid), Ordering::Release);
     }
 }
 
@@ -729,6 +840,57 @@ mod tests {
         assert_eq!(l.start_waits().0, 2);
     }
 
+    /// The room the arbiter keeps for starts is an eighth of the budget
+    /// less its own memory: the first start takes half of it, a hair under
+    /// a sixteenth of the budget, and does not wait; the next, with a
+    /// quarter, does.
+    #[test]
+    fn a_start_into_the_kept_room_does_not_wait() {
+        const MIB: u64 = 1 << 20;
+        let l = Arc::new(Ledger::create(8, 4096 * MIB).unwrap());
+        l.set_unallotted((4096 * MIB - 3 * MIB) / 8);
+        let first = l.claim(5101, 1, "first").unwrap();
+        assert_eq!(first.wait_for_room(Duration::from_secs(5)), Duration::ZERO);
+        let second = l.claim(5102, 1, "second").unwrap();
+        let waited = second.wait_for_room(Duration::from_millis(20));
+        assert!(waited >= Duration::from_millis(20), "waited {waited:?}");
+        assert_eq!(l.start_waits().0, 1);
+    }
+
+    /// A start that waits rings the arbiter's doorbell, and the decision
+    /// the ring brought wakes it: the arbiter here sleeps for a minute
+    /// unless rung.
+    #[test]
+    fn a_waiting_start_rings_the_arbiter_and_its_decision_wakes_it() {
+        const MIB: u64 = 1 << 20;
+        let l = Arc::new(Ledger::create(8, 64 * MIB).unwrap());
+        l.set_unallotted(0);
+        let seen = l.rings();
+        let arbiter = {
+            let l = Arc::clone(&l);
+            std::thread::spawn(move || {
+                let t0 = Instant::now();
+                while l.rings() == seen && t0.elapsed() < Duration::from_secs(60) {
+                    l.wait_for_ring(seen, Duration::from_secs(60));
+                }
+                let rung = l.rings() != seen;
+                // Decide for whoever joined.
+                for v in l.read() {
+                    l.set_allot(v.index, v.pid, 4 * MIB);
+                }
+                l.set_excess(0);
+                l.set_unallotted(0);
+                rung
+            })
+        };
+        let new = l.claim(5201, 1, "new").unwrap();
+        let waited = new.wait_for_room(Duration::from_secs(120));
+        assert!(arbiter.join().unwrap(), "the arbiter was not rung");
+        assert_eq!(new.limit(), 4 * MIB);
+        assert!(waited < Duration::from_secs(60), "waited {waited:?}");
+        assert_eq!(l.word(H_WAITING).load(Ordering::SeqCst), 0);
+    }
+
     #[test]
     fn a_slot_is_claimed_reported_allotted_and_given_back() {
         let l = Arc::new(Ledger::create(4, 1 << 30).unwrap());
@@ -757,6 +919,10 @@ mod tests {
         l.set_allot(v[0].index, 4242, 123);
         assert_eq!(m.allotment(), Some(123));
         drop(m);
+        // Left: read once more (by the arbiter, who gives it back).
+        let v = l.read();
+        assert!(v.len() == 1 && v[0].left, "{v:?}");
+        assert!(l.reap(v[0].index, 4242));
         assert!(l.read().is_empty());
         // The next holder does not see the old decision.
         let m2 = l.claim(777, 1, "x").unwrap();
@@ -774,7 +940,9 @@ mod tests {
         let c = l.claim(3, 1, "c").unwrap();
         assert_eq!(c.index(), a.index());
         drop(a); // the old holder's drop must not free c's slot
-        assert_eq!(l.read().len(), 2);
+        let v = l.read();
+        assert_eq!(v.len(), 2);
+        assert!(v.iter().all(|v| !v.left), "nor mark it left: {v:?}");
     }
 
     #[test]

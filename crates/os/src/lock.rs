@@ -36,6 +36,27 @@ const YIELD_ROUNDS: u32 = 7;
 /// returns are possible; callers re-check). Async-signal-safe: one system
 /// call, nothing allocated.
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+    futex_wait_in(word, expected, timeout, libc::FUTEX_PRIVATE_FLAG);
+}
+
+/// Wakes at most `n` threads sleeping on `word`. Async-signal-safe.
+pub fn futex_wake(word: &AtomicU32, n: i32) {
+    futex_wake_in(word, n, libc::FUTEX_PRIVATE_FLAG);
+}
+
+/// [`futex_wait`] on a word in memory shared between processes (a
+/// `MAP_SHARED` mapping): woken by [`futex_wake_shared`] from any process
+/// that maps it.
+pub fn futex_wait_shared(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+    futex_wait_in(word, expected, timeout, 0);
+}
+
+/// [`futex_wake`] for a word in memory shared between processes.
+pub fn futex_wake_shared(word: &AtomicU32, n: i32) {
+    futex_wake_in(word, n, 0);
+}
+
+fn futex_wait_in(word: &AtomicU32, expected: u32, timeout: Option<Duration>, flags: i32) {
     let ts = timeout.map(|d| libc::timespec {
         tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
         tv_nsec: d.subsec_nanos() as libc::c_long,
@@ -50,23 +71,17 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            libc::FUTEX_WAIT | flags,
             expected,
             ts_ptr,
         );
     }
 }
 
-/// Wakes at most `n` threads sleeping on `word`. Async-signal-safe.
-pub fn futex_wake(word: &AtomicU32, n: i32) {
+fn futex_wake_in(word: &AtomicU32, n: i32, flags: i32) {
     // SAFETY: `word` is a live 32-bit atomic; waking has no other effect.
     unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            n,
-        );
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | flags, n);
     }
 }
 

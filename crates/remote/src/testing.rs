@@ -35,13 +35,29 @@ pub fn cli_binary() -> Option<PathBuf> {
     on_path(&["redis-cli", "valkey-cli"])
 }
 
-/// A loopback port nothing listens on now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+/// A loopback port nothing listens on now. A cluster node also listens
+/// on its port + 10000 (its bus), so for one that port must be at most
+/// 55535 and free too: the kernel hands out ports up to 60999 here, and a
+/// node given one above 55535 exits at once (a cluster test failed so,
+/// 2026-11-28).
+fn free_port(cluster: bool) -> u16 {
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free loopback port");
+        let bus_free = || {
+            port.checked_add(BUS_OFFSET)
+                .is_some_and(|bus| TcpListener::bind(("127.0.0.1", bus)).is_ok())
+        };
+        if !cluster || bus_free() {
+            return port;
+        }
+    }
 }
+
+/// A cluster node's bus port is its port plus this.
+const BUS_OFFSET: u16 = 10_000;
 
 /// One running server process.
 pub struct Server {
@@ -66,7 +82,7 @@ impl Server {
         // A free port may be taken by another test before the server binds
         // it: then another port.
         for _ in 0..5 {
-            let port = free_port();
+            let port = free_port(cluster);
             let dir =
                 std::env::temp_dir().join(format!("uzswap-redis-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("a directory for the server's files");
@@ -106,6 +122,15 @@ impl Server {
         self.child = Some(child);
         let until = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            // One that exited (its port taken meanwhile): another port.
+            if self
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
+            {
+                self.child = None;
+                return false;
+            }
             assert!(Instant::now() < until, "redis-server never listened");
             std::thread::sleep(Duration::from_millis(10));
         }
