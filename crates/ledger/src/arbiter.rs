@@ -259,9 +259,20 @@ mod tests {
             (77, 5)
         );
         assert!(l.read().is_empty(), "the slot is free again");
-        // Its drop leaves again: nothing happens.
+        // Another process takes the slot; a late report of the one that
+        // left (its evictor runs until it is gone) is not written there.
+        // (Another pid: the one that left is alive while it exits.)
+        let next = l.claim(me + 1, 1, "next").unwrap();
+        assert_eq!(next.index(), t.reaped[0].index);
+        m.publish(&Usage {
+            faults: 1 << 40,
+            ..Usage::default()
+        });
+        assert_eq!(l.read()[0].usage, Usage::default(), "written over");
+        // Its drop leaves again: the new holder is not marked left.
         drop(m);
-        assert!(arb.tick(Instant::now()).reaped.is_empty());
+        assert!(!l.read()[0].left);
+        drop(next);
     }
 
     /// The excess is what members hold above their new allotments, less

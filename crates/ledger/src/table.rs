@@ -50,7 +50,7 @@
 use crate::sys::{self, Shared};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -498,6 +498,7 @@ impl Ledger {
             pid,
             carried,
             grant: self.take_grant(),
+            left: AtomicBool::new(false),
         })
     }
 
@@ -628,6 +629,11 @@ pub struct Member {
     /// What it took of the unallotted memory when it joined
     /// (`Ledger::take_grant`): its limit until its first allotment.
     grant: u64,
+    /// Set by [`Member::leave`]: no report is published after it. The
+    /// arbiter gives a left slot back once it has read it, and another
+    /// process may take it; a report of this one's evictor then (it runs
+    /// until the process is gone) would be written over the new holder's.
+    left: AtomicBool,
 }
 
 impl Member {
@@ -648,6 +654,9 @@ impl Member {
 
     /// Publishes a new report.
     pub fn publish(&self, u: &Usage) {
+        if self.left.load(Ordering::Acquire) {
+            return;
+        }
         let u = &u.after(&self.carried);
         let l = &self.ledger;
         l.slot_word(self.index, S_SEQ)
@@ -750,6 +759,9 @@ impl Member {
     /// nothing if the slot was reaped and taken by another process
     /// meanwhile (`S_LEFT`).
     pub fn leave(&self) {
+        // The caller serialises leave and publish (the runtime's share
+        // holds its member under a mutex): no report starts after this.
+        self.left.store(true, Ordering::Release);
         // Not under the sequence count: after a reap the slot's count is
         // its new holder's. Released after the last report: a reader that
         // sees the mark reads that report or a later one.
