@@ -1010,22 +1010,21 @@ fn case(
     Ok(out)
 }
 
+/// The sum of the counters `keys` of a side (a missing one counts 0).
+fn sum_of(v: &Value, keys: &[&str]) -> u64 {
+    keys.iter().map(|k| v[*k].as_u64().unwrap_or(0)).sum()
+}
+
 /// Pages a kernel side swapped out: into zswap, to the disk, and the
 /// zero-filled ones that go to neither (uzswap's evictions count its
 /// same-filled pages too).
 fn kernel_out(k: &Value) -> u64 {
-    ["zswpout", "pswpout", "swpout_zero"]
-        .iter()
-        .map(|key| k[*key].as_u64().unwrap_or(0))
-        .sum()
+    sum_of(k, &["zswpout", "pswpout", "swpout_zero"])
 }
 
 /// Pages a kernel side swapped in, zero-filled ones included.
 fn kernel_in(k: &Value) -> u64 {
-    ["zswpin", "pswpin", "swpin_zero"]
-        .iter()
-        .map(|key| k[*key].as_u64().unwrap_or(0))
-        .sum()
+    sum_of(k, &["zswpin", "pswpin", "swpin_zero"])
 }
 
 /// The CPU that moving pages out and in cost beyond the unconstrained
@@ -1041,10 +1040,7 @@ fn kernel_in(k: &Value) -> u64 {
 /// and a side that moved no page no figure.
 fn swap_cpu(side: &Value, kernel: &Value, free: &Value) -> Value {
     let extra = |v: &Value| Some((f(v, "cpu_seconds")? - f(free, "cpu_seconds")?).max(0.0));
-    let count = |v: &Value, keys: &[&str]| -> u64 {
-        keys.iter().map(|k| v[*k].as_u64().unwrap_or(0)).sum()
-    };
-    let ours = count(side, &["tree_evictions", "tree_faults"]);
+    let ours = sum_of(side, &["tree_evictions", "tree_faults"]);
     let theirs = kernel_out(kernel) + kernel_in(kernel);
     let per =
         |cpu: Option<f64>, pages: u64| cpu.filter(|_| pages > 0).map(|c| c * 1e6 / pages as f64);

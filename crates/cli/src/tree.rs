@@ -2,9 +2,9 @@
 //! the ledger every process of the program joins, and a thread (the
 //! *arbiter*) that every [`TICK`], and at once when a process that starts
 //! waits for room rings it (`Ledger::wait_for_ring`), shares the budget
-//! among them (`uzswap_ledger::Arbiter`) and every [`SAMPLE`] measures what the whole
-//! tree holds as the kernel counts it (`Pss_Anon` of every process, and of
-//! this one), so that:
+//! among them (`uzswap_ledger::Arbiter`) and every [`SAMPLE`] measures
+//! what the whole tree holds as the kernel counts it (`Pss_Anon` of every
+//! process, and of this one), so that:
 //! - memory no process reports (a child forked without exec runs
 //!   unmanaged; thread stacks, `brk`) is reserved out of the budget before
 //!   it is shared;

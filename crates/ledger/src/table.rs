@@ -97,7 +97,7 @@ const S_SEQ: usize = 2;
 const S_USAGE: usize = 3; // USAGE_WORDS words of `Usage`, then comm
 const USAGE_WORDS: usize = 10;
 const S_COMM: usize = S_USAGE + USAGE_WORDS;
-// The command's two words end the owner's part.
+// The command's two words, then `left`, end the owner's part.
 /// The pid of the holder once it has left (0 before): its report is final.
 /// A pid, not a flag, so that a leave that comes after its slot was reaped
 /// and taken anew marks nothing (the new holder has another pid).
@@ -715,7 +715,7 @@ impl Member {
     pub fn wait_for_room(&self, max: Duration) -> Duration {
         let l = &self.ledger;
         let room = l.budget() / START_ROOM_SHARE;
-        if self.grant >= room / 2 {
+        if self.grant >= l.budget() / START_GRANT_SHARE {
             return Duration::ZERO;
         }
         let t0 = Instant::now();
@@ -749,6 +749,9 @@ impl Member {
 /// A process that starts waits while the memory on its way out exceeds
 /// this share of the budget (1/16): see [`Member::wait_for_room`].
 pub const START_ROOM_SHARE: u64 = 16;
+/// A process that took this share of the budget (1/32) or more when it
+/// joined does not wait at its start: see [`Member::wait_for_room`].
+pub const START_GRANT_SHARE: u64 = 32;
 /// The longest a waiting start sleeps before it looks again without a
 /// decision (the arbiter decides every 10 ms and wakes it at each).
 const START_POLL: Duration = Duration::from_millis(50);

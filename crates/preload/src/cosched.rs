@@ -37,9 +37,9 @@
 //! and at idle priority the helpers that would serve its page get next to
 //! none of the CPU); or when a fault has waited unread for [`STUCK`]
 //! (another thread faulted, and the helpers at idle priority wait for the
-//! busy one to block). After the last two, not again for [`BACKOFF`]. The watcher
-//! itself is never pinned nor at idle priority, or it could not see the
-//! CPU crowded. Measured on 2026-11-28 with a busy loop on each CPU: `sort`
+//! busy one to block). After the last two, not again for [`BACKOFF`]. The
+//! watcher itself is never pinned nor at idle priority, or it could not
+//! see the CPU crowded. Measured on 2026-11-28 with a busy loop on each CPU: `sort`
 //! under 48 MiB, killed at 120 s where it took 44 s without co-scheduling;
 //! three forked Python workers, two pinned to one CPU, never ended.
 //!
