@@ -20,7 +20,14 @@
 //! did the work: the only one, or one that used at least 5 % of a CPU
 //! while the others together used less than a tenth of what it did (node's
 //! main thread beside V8's and libuv's waiting threads; a JVM's main
-//! thread beside its compiler and GC threads). The watcher reads /proc
+//! thread beside its compiler and GC threads), and that thread, when it
+//! is the process's first, waited for a CPU less than a quarter of the
+//! settle time (another thread's `schedstat` is not read while it is not
+//! pinned: see `first_thread_run_delay`): one that shares the CPUs
+//! with others (a `make -j8`'s compilers on two CPUs wait three quarters)
+//! would lose the CPU that comes free, and its helpers at idle priority
+//! would get next to none (a `make -j8` under 198 MiB took 1.08 × the time
+//! it took without co-scheduling, 2026-11-28). The watcher reads /proc
 //! only while its pager evicts, or while a thread is pinned. Only the busy
 //! thread is pinned: the others keep their affinity, and a runtime sizing
 //! a thread pool at start-up has not evicted for a settle time yet.
@@ -178,11 +185,12 @@ pub enum Step {
 }
 
 /// The watcher's state: since when the process has had the same threads,
-/// with their CPU times and the evictions then; the thread pinned and the
-/// threads there were when it was; when it may be pinned again.
+/// with their CPU times, the evictions and how long each had waited for a
+/// CPU then; the thread pinned and the threads there were when it was;
+/// when it may be pinned again.
 #[derive(Debug, Default)]
 pub struct Watch {
-    since: Option<(Instant, u64, Threads)>,
+    since: Option<(Instant, u64, Threads, Threads)>,
     pinned: Option<(i32, Vec<i32>)>,
     not_before: Option<Instant>,
     /// Periods in a row the pinned thread has waited for its CPU.
@@ -216,8 +224,17 @@ fn the_busy_one(then: &[(i32, u64)], now: &[(i32, u64)], elapsed: Duration) -> O
 
 impl Watch {
     /// The decision at `now` (the caller carries it out and then calls
-    /// [`Watch::pinned`] or [`Watch::released`]).
-    pub fn step(&mut self, now: Instant, look: &Look) -> Step {
+    /// [`Watch::pinned`] or [`Watch::released`]). `run_delay`: how long a
+    /// thread of the process has waited, runnable, for a CPU so far (ns;
+    /// asked when a settle time starts, for each thread, and at its end,
+    /// for the busy one; `None`: not known, and a busy thread's crowding
+    /// is then not judged).
+    pub fn step(
+        &mut self,
+        now: Instant,
+        look: &Look,
+        run_delay: &dyn Fn(i32) -> Option<u64>,
+    ) -> Step {
         if let Some((_, at_pin)) = &self.pinned {
             if tids(&look.threads) != *at_pin {
                 // A thread started (it inherited the pin) or ended.
@@ -237,12 +254,12 @@ impl Watch {
         let same = self
             .since
             .as_ref()
-            .is_some_and(|(_, _, th)| tids(th) == tids(&look.threads));
+            .is_some_and(|(_, _, th, _)| tids(th) == tids(&look.threads));
         if !same {
-            self.since = Some((now, look.evictions, look.threads.clone()));
+            self.start_settle(now, look, run_delay);
             return Step::Nothing;
         }
-        let Some((since, evictions_then, then)) = &self.since else {
+        let Some((since, evictions_then, then, delays_then)) = &self.since else {
             return Step::Nothing;
         };
         let elapsed = now.duration_since(*since);
@@ -252,12 +269,40 @@ impl Watch {
         let evicting = look.evictions > *evictions_then;
         let busy = the_busy_one(then, &look.threads, elapsed);
         let allowed = self.not_before.is_none_or(|t| now >= t);
-        // Whatever happens, the next settle time starts here.
-        self.since = Some((now, look.evictions, look.threads.clone()));
-        match busy {
-            Some(t) if evicting && allowed => Step::Pin(t),
+        // A busy thread that waited for its CPU more than a quarter of the
+        // settle time shares it with others (a parallel build's compilers,
+        // another program): pinned, it could not move to the CPU that comes
+        // free, and its helpers at idle priority would get next to none.
+        let crowded = |t: i32| {
+            let then = delays_then
+                .iter()
+                .find(|&&(d, _)| d == t)
+                .map(|&(_, ns)| ns);
+            match (then, run_delay(t)) {
+                (Some(a), Some(b)) => b.saturating_sub(a) > elapsed.as_nanos() as u64 / 4,
+                // No `schedstat` (a kernel without it): as before this
+                // check, and the release for crowding cannot see it either.
+                _ => false,
+            }
+        };
+        let step = match busy {
+            Some(t) if evicting && allowed && !crowded(t) => Step::Pin(t),
             _ => Step::Nothing,
-        }
+        };
+        // Whatever happens, the next settle time starts here.
+        self.start_settle(now, look, run_delay);
+        step
+    }
+
+    /// A settle time starts at `now`: the threads of `look`, with their
+    /// CPU times and run delays.
+    fn start_settle(&mut self, now: Instant, look: &Look, run_delay: &dyn Fn(i32) -> Option<u64>) {
+        let delays = look
+            .threads
+            .iter()
+            .filter_map(|&(t, _)| Some((t, run_delay(t)?)))
+            .collect();
+        self.since = Some((now, look.evictions, look.threads.clone(), delays));
     }
 
     /// Whether a thread is pinned now.
@@ -353,7 +398,7 @@ fn watch() {
         };
         waited = now_waited;
         let now = Instant::now();
-        match w.step(now, &look) {
+        match w.step(now, &look, &first_thread_run_delay) {
             Step::Pin(tid) => match pin(tid) {
                 Ok(()) => {
                     w.pinned(tid, &look.threads);
@@ -382,6 +427,16 @@ fn watch() {
             Step::Nothing => {}
         }
     }
+}
+
+/// The run delay of the process's first thread (`sched::run_delay_ns`);
+/// `None` for any other, whose `/proc` files the watcher opens only while
+/// it is pinned (the invariant in crates/os: a file of another thread
+/// makes the reaping of the process dearer).
+fn first_thread_run_delay(tid: i32) -> Option<u64> {
+    (u32::try_from(tid).ok() == Some(std::process::id()))
+        .then(|| sched::run_delay_ns(tid))
+        .flatten()
 }
 
 /// The CPU time the pinned thread (`pinned`, among `threads`) and its
@@ -541,6 +596,11 @@ mod tests {
         }
     }
 
+    /// A thread that never waited for a CPU.
+    fn never_waits(_: i32) -> Option<u64> {
+        Some(0)
+    }
+
     /// One thread of its own, with no CPU time to speak of.
     fn one(evictions: u64) -> Look {
         look(&[(10, 0)], evictions, 0)
@@ -568,54 +628,104 @@ mod tests {
     fn a_single_thread_that_evicts_for_the_settle_time_is_pinned() {
         let mut w = Watch::default();
         let t0 = Instant::now();
-        assert_eq!(w.step(t0, &one(0)), Step::Nothing);
-        assert_eq!(w.step(t0 + SETTLE / 2, &one(50)), Step::Nothing);
-        assert_eq!(w.step(t0 + SETTLE, &one(100)), Step::Pin(10));
+        assert_eq!(w.step(t0, &one(0), &never_waits), Step::Nothing);
+        assert_eq!(
+            w.step(t0 + SETTLE / 2, &one(50), &never_waits),
+            Step::Nothing
+        );
+        assert_eq!(w.step(t0 + SETTLE, &one(100), &never_waits), Step::Pin(10));
         w.pinned(10, &one(100).threads);
-        assert_eq!(w.step(t0 + SETTLE * 2, &one(200)), Step::Nothing);
+        assert_eq!(
+            w.step(t0 + SETTLE * 2, &one(200), &never_waits),
+            Step::Nothing
+        );
+    }
+
+    #[test]
+    fn a_busy_thread_that_waited_for_its_cpu_a_quarter_of_the_settle_time_is_not_pinned() {
+        use std::cell::Cell;
+        let t0 = Instant::now();
+        let quarter = SETTLE.as_nanos() as u64 / 4;
+        // Its run delay: 5 ms at the start of the settle time, then as the
+        // test sets it.
+        let delay = Cell::new(5 * MS);
+        let read = |_: i32| Some(delay.get());
+        let mut w = Watch::default();
+        assert_eq!(w.step(t0, &one(0), &read), Step::Nothing);
+        // Waited just over a quarter (eight compilers on two CPUs wait
+        // three quarters): not pinned.
+        delay.set(5 * MS + quarter + 1);
+        assert_eq!(w.step(t0 + SETTLE, &one(10), &read), Step::Nothing);
+        // The next settle time counts from there: a quarter exactly is
+        // not crowded.
+        delay.set(delay.get() + quarter);
+        assert_eq!(w.step(t0 + SETTLE * 2, &one(20), &read), Step::Pin(10));
+        // A run delay that cannot be read says nothing either way.
+        let mut w = Watch::default();
+        w.step(t0, &one(0), &|_| None);
+        assert_eq!(w.step(t0 + SETTLE, &one(10), &read), Step::Pin(10));
     }
 
     #[test]
     fn no_pin_without_eviction_or_with_a_second_thread_at_work() {
         let mut w = Watch::default();
         let t0 = Instant::now();
-        assert_eq!(w.step(t0, &one(7)), Step::Nothing);
-        assert_eq!(w.step(t0 + SETTLE, &one(7)), Step::Nothing);
+        assert_eq!(w.step(t0, &one(7), &never_waits), Step::Nothing);
+        assert_eq!(w.step(t0 + SETTLE, &one(7), &never_waits), Step::Nothing);
         // A thread started resets the clock.
         let mut w = Watch::default();
         let two = |a, b, ev| look(&[(10, a), (11, b)], ev, 0);
-        assert_eq!(w.step(t0, &one(0)), Step::Nothing);
-        assert_eq!(w.step(t0 + SETTLE / 2, &two(0, 0, 10)), Step::Nothing);
-        assert_eq!(w.step(t0 + SETTLE, &two(0, 0, 20)), Step::Nothing);
+        assert_eq!(w.step(t0, &one(0), &never_waits), Step::Nothing);
+        assert_eq!(
+            w.step(t0 + SETTLE / 2, &two(0, 0, 10), &never_waits),
+            Step::Nothing
+        );
+        assert_eq!(
+            w.step(t0 + SETTLE, &two(0, 0, 20), &never_waits),
+            Step::Nothing
+        );
         // Both at work (a Go program's threads, a JVM's parallel GC).
         let t1 = t0 + SETTLE / 2 + SETTLE;
-        assert_eq!(w.step(t1, &two(400 * MS, 300 * MS, 30)), Step::Nothing);
+        assert_eq!(
+            w.step(t1, &two(400 * MS, 300 * MS, 30), &never_waits),
+            Step::Nothing
+        );
         // One at work, the other waiting: the busy one is pinned.
         let t2 = t1 + SETTLE;
         assert_eq!(
-            w.step(t2, &two(400 * MS + 300 * MS, 300 * MS + 5 * MS, 40)),
+            w.step(
+                t2,
+                &two(400 * MS + 300 * MS, 300 * MS + 5 * MS, 40),
+                &never_waits
+            ),
             Step::Pin(10)
         );
         // Nobody at work (each waits for the other): no pin.
         let mut w = Watch::default();
-        w.step(t0, &two(0, 0, 0));
-        assert_eq!(w.step(t0 + SETTLE, &two(MS, MS / 2, 1)), Step::Nothing);
+        w.step(t0, &two(0, 0, 0), &never_waits);
+        assert_eq!(
+            w.step(t0 + SETTLE, &two(MS, MS / 2, 1), &never_waits),
+            Step::Nothing
+        );
     }
 
     #[test]
     fn a_new_thread_a_crowded_cpu_or_a_stuck_fault_lets_go_and_crowding_backs_off() {
         let mut w = Watch::default();
         let t0 = Instant::now();
-        w.step(t0, &one(0));
-        assert_eq!(w.step(t0 + SETTLE, &one(1)), Step::Pin(10));
+        w.step(t0, &one(0), &never_waits);
+        assert_eq!(w.step(t0 + SETTLE, &one(1), &never_waits), Step::Pin(10));
         w.pinned(10, &one(1).threads);
         let t1 = t0 + SETTLE;
         let two = look(&[(10, 0), (11, 0)], 2, 0);
-        assert_eq!(w.step(t1, &two), Step::Release { crowded: false });
+        assert_eq!(
+            w.step(t1, &two, &never_waits),
+            Step::Release { crowded: false }
+        );
         w.released(t1, false);
         // Not crowded: pinned again after a settle time.
-        w.step(t1, &one(2));
-        assert_eq!(w.step(t1 + SETTLE, &one(3)), Step::Pin(10));
+        w.step(t1, &one(2), &never_waits);
+        assert_eq!(w.step(t1 + SETTLE, &one(3), &never_waits), Step::Pin(10));
         w.pinned(10, &one(3).threads);
         let busy = PERIOD.as_nanos() as u64 / 2;
         // A period of waiting alone passes, and so do two in a row; as
@@ -623,44 +733,53 @@ mod tests {
         let waits = [busy, 0, busy, busy, 0];
         for (i, &waited) in waits.iter().enumerate() {
             let at = t1 + SETTLE + PERIOD * i as u32;
-            assert_eq!(w.step(at, &look(&[(10, 0)], 4, waited)), Step::Nothing);
+            assert_eq!(
+                w.step(at, &look(&[(10, 0)], 4, waited), &never_waits),
+                Step::Nothing
+            );
         }
         for i in 1..CROWDED_PERIODS {
             let at = t1 + SETTLE + PERIOD * (waits.len() as u32 + i);
-            assert_eq!(w.step(at, &look(&[(10, 0)], 4, busy)), Step::Nothing);
+            assert_eq!(
+                w.step(at, &look(&[(10, 0)], 4, busy), &never_waits),
+                Step::Nothing
+            );
         }
         assert_eq!(
-            w.step(t1 + SETTLE * 2, &look(&[(10, 0)], 4, busy)),
+            w.step(t1 + SETTLE * 2, &look(&[(10, 0)], 4, busy), &never_waits),
             Step::Release { crowded: true }
         );
         let t2 = t1 + SETTLE;
         w.released(t2, true);
-        w.step(t2, &one(4));
-        assert_eq!(w.step(t2 + SETTLE, &one(5)), Step::Nothing);
-        w.step(t2 + BACKOFF - SETTLE, &one(6));
-        assert_eq!(w.step(t2 + BACKOFF, &one(7)), Step::Pin(10));
+        w.step(t2, &one(4), &never_waits);
+        assert_eq!(w.step(t2 + SETTLE, &one(5), &never_waits), Step::Nothing);
+        w.step(t2 + BACKOFF - SETTLE, &one(6), &never_waits);
+        assert_eq!(w.step(t2 + BACKOFF, &one(7), &never_waits), Step::Pin(10));
         w.pinned(10, &one(7).threads);
         // Another thread's fault waits behind the pinned one.
         let mut stuck = one(8);
         stuck.fault_stuck = true;
         assert_eq!(
-            w.step(t2 + BACKOFF, &stuck),
+            w.step(t2 + BACKOFF, &stuck, &never_waits),
             Step::Release { crowded: true }
         );
         // The helpers starve while the pinned thread waits for a page, as
         // many periods in a row as CROWDED_PERIODS.
         let t3 = t2 + BACKOFF * 2;
         w.released(t2 + BACKOFF, true);
-        w.step(t3, &one(9));
-        assert_eq!(w.step(t3 + SETTLE, &one(10)), Step::Pin(10));
+        w.step(t3, &one(9), &never_waits);
+        assert_eq!(w.step(t3 + SETTLE, &one(10), &never_waits), Step::Pin(10));
         w.pinned(10, &one(10).threads);
         let mut starved = one(11);
         starved.starved = true;
         for i in 1..CROWDED_PERIODS {
-            assert_eq!(w.step(t3 + SETTLE + PERIOD * i, &starved), Step::Nothing);
+            assert_eq!(
+                w.step(t3 + SETTLE + PERIOD * i, &starved, &never_waits),
+                Step::Nothing
+            );
         }
         assert_eq!(
-            w.step(t3 + SETTLE * 2, &starved),
+            w.step(t3 + SETTLE * 2, &starved, &never_waits),
             Step::Release { crowded: true }
         );
     }
