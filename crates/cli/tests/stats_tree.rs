@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{descendants, uzswap, MIB};
+use common::{end_run, uzswap, MIB};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -112,13 +112,7 @@ impl Tree {
 
 impl Drop for Tree {
     fn drop(&mut self) {
-        // The children first: `sh` does not pass a signal on to them.
-        for p in descendants(self.pid()).into_iter().rev() {
-            // SAFETY: a signal to a process this test started.
-            unsafe { libc::kill(p as i32, libc::SIGKILL) };
-        }
-        let _ = self.run.kill();
-        let _ = self.run.wait();
+        end_run(&mut self.run);
     }
 }
 
@@ -464,14 +458,7 @@ fn uzswap_run_serves_its_own_metrics() {
         )),
         "{body}"
     );
-    // Its program first: once `uzswap run` is gone its children are
-    // init's, and no longer found among its descendants.
-    for p in descendants(run.id()).into_iter().rev() {
-        // SAFETY: a signal to a process this test started.
-        unsafe { libc::kill(p as i32, libc::SIGKILL) };
-    }
-    let _ = run.kill();
-    let _ = run.wait();
+    end_run(&mut run);
 }
 
 #[test]

@@ -50,6 +50,23 @@ pub fn descendants(pid: u32) -> Vec<u32> {
     out
 }
 
+/// Ends a `uzswap run` the test started and its program: every
+/// descendant killed, children first (`sh` does not pass a signal on, and
+/// once `uzswap run` is gone its children are init's and no longer found
+/// among its descendants), then `uzswap run` itself asked to end with
+/// SIGTERM and reaped. Not SIGKILL: it would leave its private directory
+/// in `$TMPDIR` behind.
+pub fn end_run(run: &mut std::process::Child) {
+    for p in descendants(run.id()).into_iter().rev() {
+        // SAFETY: a signal to a process this test started.
+        unsafe { libc::kill(p as i32, libc::SIGKILL) };
+    }
+    // SAFETY: a signal to the process this test started (not reaped yet:
+    // its pid is still its own).
+    unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
+    let _ = run.wait();
+}
+
 /// `VmRSS` of a process, in bytes.
 pub fn vm_rss(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
