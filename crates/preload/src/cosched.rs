@@ -184,13 +184,11 @@ pub enum Step {
     },
 }
 
-/// The watcher's state: since when the process has had the same threads,
-/// with their CPU times, the evictions and how long each had waited for a
-/// CPU then; the thread pinned and the threads there were when it was;
-/// when it may be pinned again.
+/// The watcher's state: the settle time under way; the thread pinned and
+/// the threads there were when it was; when it may be pinned again.
 #[derive(Debug, Default)]
 pub struct Watch {
-    since: Option<(Instant, u64, Threads, Threads)>,
+    since: Option<Settle>,
     pinned: Option<(i32, Vec<i32>)>,
     not_before: Option<Instant>,
     /// Periods in a row the pinned thread has waited for its CPU.
@@ -199,6 +197,20 @@ pub struct Watch {
 
 /// Threads `(tid, CPU time so far, ns)`, sorted by tid.
 type Threads = Vec<(i32, u64)>;
+
+/// A settle time: since when the process has had the same threads, and
+/// what was seen then.
+#[derive(Debug)]
+struct Settle {
+    at: Instant,
+    /// The pager's evictions then.
+    evictions: u64,
+    /// The threads then, with their CPU times.
+    threads: Threads,
+    /// How long each thread whose run delay could be read had waited,
+    /// runnable, for a CPU then `(tid, ns)`.
+    delays: Vec<(i32, u64)>,
+}
 
 fn tids(threads: &[(i32, u64)]) -> Vec<i32> {
     threads.iter().map(|&(t, _)| t).collect()
@@ -254,39 +266,33 @@ impl Watch {
         let same = self
             .since
             .as_ref()
-            .is_some_and(|(_, _, th, _)| tids(th) == tids(&look.threads));
+            .is_some_and(|s| tids(&s.threads) == tids(&look.threads));
         if !same {
             self.start_settle(now, look, run_delay);
             return Step::Nothing;
         }
-        let Some((since, evictions_then, then, delays_then)) = &self.since else {
+        let Some(settle) = &self.since else {
             return Step::Nothing;
         };
-        let elapsed = now.duration_since(*since);
+        let elapsed = now.duration_since(settle.at);
         if elapsed < SETTLE {
             return Step::Nothing;
         }
-        let evicting = look.evictions > *evictions_then;
-        let busy = the_busy_one(then, &look.threads, elapsed);
+        let evicting = look.evictions > settle.evictions;
+        let busy = the_busy_one(&settle.threads, &look.threads, elapsed);
         let allowed = self.not_before.is_none_or(|t| now >= t);
         // A busy thread that waited for its CPU more than a quarter of the
         // settle time shares it with others (a parallel build's compilers,
         // another program): pinned, it could not move to the CPU that comes
         // free, and its helpers at idle priority would get next to none.
+        // A delay not known (no `schedstat`, or not the first thread):
+        // not judged, and the release for crowding cannot see it either.
         let crowded = |t: i32| {
-            let then = delays_then
-                .iter()
-                .find(|&&(d, _)| d == t)
-                .map(|&(_, ns)| ns);
-            match (then, run_delay(t)) {
-                (Some(a), Some(b)) => b.saturating_sub(a) > elapsed.as_nanos() as u64 / 4,
-                // No `schedstat` (a kernel without it): as before this
-                // check, and the release for crowding cannot see it either.
-                _ => false,
-            }
+            let &(_, then) = settle.delays.iter().find(|&&(d, _)| d == t)?;
+            Some(run_delay(t)?.saturating_sub(then) > elapsed.as_nanos() as u64 / 4)
         };
         let step = match busy {
-            Some(t) if evicting && allowed && !crowded(t) => Step::Pin(t),
+            Some(t) if evicting && allowed && crowded(t) != Some(true) => Step::Pin(t),
             _ => Step::Nothing,
         };
         // Whatever happens, the next settle time starts here.
@@ -302,7 +308,12 @@ impl Watch {
             .iter()
             .filter_map(|&(t, _)| Some((t, run_delay(t)?)))
             .collect();
-        self.since = Some((now, look.evictions, look.threads.clone(), delays));
+        self.since = Some(Settle {
+            at: now,
+            evictions: look.evictions,
+            threads: look.threads.clone(),
+            delays,
+        });
     }
 
     /// Whether a thread is pinned now.

@@ -55,7 +55,8 @@ pub fn descendants(pid: u32) -> Vec<u32> {
 /// once `uzswap run` is gone its children are init's and no longer found
 /// among its descendants), then `uzswap run` itself asked to end with
 /// SIGTERM and reaped. Not SIGKILL: it would leave its private directory
-/// in `$TMPDIR` behind.
+/// in `$TMPDIR` behind; only one that has not ended 10 s later (the test
+/// ends either way, never held up here) is killed.
 pub fn end_run(run: &mut std::process::Child) {
     for p in descendants(run.id()).into_iter().rev() {
         // SAFETY: a signal to a process this test started.
@@ -64,6 +65,11 @@ pub fn end_run(run: &mut std::process::Child) {
     // SAFETY: a signal to the process this test started (not reaped yet:
     // its pid is still its own).
     unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
+    let t0 = Instant::now();
+    while matches!(run.try_wait(), Ok(None)) && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = run.kill();
     let _ = run.wait();
 }
 
