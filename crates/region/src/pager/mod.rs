@@ -103,8 +103,8 @@ pub(crate) struct Shared {
     /// The helper threads (replaced, never joined, in a forked child).
     threads: Mutex<Vec<Helper>>,
     /// Eviction starts at `limit - margin` and stops at `limit - 2·margin`,
-    /// the margin taken no larger than a sixteenth of the limit (see
-    /// `Shared::margin_at`).
+    /// the margin a 32nd of the budget, at most `evict::MARGIN_MAX`, and
+    /// no larger than a sixteenth of the limit (see `Shared::margin_at`).
     margin: usize,
     /// Messages read and not yet handled (see [`Dispatch`]).
     dispatch: Mutex<Dispatch>,
@@ -261,7 +261,7 @@ impl Pager {
                 .then(|| ZeroLook::new(state::ZERO_RUNS_KEPT).map(Mutex::new))
                 .flatten(),
             store,
-            margin: (cfg.budget_pages / 32).clamp(2, 256),
+            margin: (cfg.budget_pages / 32).clamp(2, evict::MARGIN_MAX),
             state: Mutex::new(State {
                 areas: HashMap::new(),
                 segs: BTreeMap::new(),
