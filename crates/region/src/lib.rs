@@ -304,7 +304,7 @@
 //!
 //! # Eviction: write-protect (or move) before copy (evictor thread)
 //! The evictor sleeps until `resident > limit − margin` and then evicts in
-//! batches until `resident ≤ limit − 2·margin` (margin = budget/32, 2..64),
+//! batches until `resident ≤ limit − 2·margin` (margin = budget/32, 2..256),
 //! so faults rarely find the budget full. A batch (64 pages) is sorted by
 //! address and cut into *spans*: victims with no resident page between
 //! them (at most 512 pages apart, in one segment). Steps 2, 3 and 5 act on
