@@ -55,8 +55,8 @@ pub fn descendants(pid: u32) -> Vec<u32> {
 /// once `uzswap run` is gone its children are init's and no longer found
 /// among its descendants), then `uzswap run` itself asked to end with
 /// SIGTERM and reaped. Not SIGKILL: it would leave its private directory
-/// in `$TMPDIR` behind; only one that has not ended 10 s later (the test
-/// ends either way, never held up here) is killed.
+/// in `$TMPDIR` behind. One still running 10 s later is killed, so a test
+/// is held up here no longer than that.
 pub fn end_run(run: &mut std::process::Child) {
     for p in descendants(run.id()).into_iter().rev() {
         // SAFETY: a signal to a process this test started.
