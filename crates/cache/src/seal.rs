@@ -6,7 +6,8 @@
 //! reused under one key), and the associated data binds the ciphertext to
 //! its key `(area, offset)`, its slot and that sequence number: a tampered
 //! slot, a slot of another page, or an old write of the same slot all fail
-//! to open. The 16-byte tag stays in the in-memory index, never on disk.
+//! to open. The 16-byte tag stays in memory (the cache's seal table, by
+//! slot), never on disk.
 //!
 //! With encryption off, a keyed-by-position xxh3 checksum takes the tag's
 //! place, so corruption and stale slots are still detected.

@@ -24,7 +24,7 @@ impl Inner {
                 if shard_of(key) != i {
                     return Err(format!("{key:?} in shard {i}"));
                 }
-                if e.writeback {
+                if e.writeback() {
                     return Err(format!("{key:?} still marked for writeback"));
                 }
                 match e.place {
@@ -45,11 +45,11 @@ impl Inner {
                                 .entry(o.handle.to_raw())
                                 .or_insert((self.scope(key.0), o, 0));
                         r.2 += 1;
-                        if r.2 > 1 && (o.dedup.is_none() || r.0 != self.scope(key.0)) {
+                        if r.2 > 1 && (o.dedup().is_none() || r.0 != self.scope(key.0)) {
                             return Err(format!("{key:?} shares an object outside dedup"));
                         }
                     }
-                    Place::Backing { slot, .. } => {
+                    Place::Backing { slot } => {
                         backed += 1;
                         if !slots.is_used(slot) || !slots_seen.insert(slot) {
                             return Err(format!("{key:?}: slot {slot} free or shared"));
@@ -93,7 +93,7 @@ impl Inner {
             ));
         }
         for (scope, o, refs) in handles.values() {
-            if let Some(h) = o.dedup {
+            if let Some(h) = o.dedup() {
                 let have = self.dedup.refs(*scope, h, o.handle);
                 if have != *refs {
                     return Err(format!(
@@ -105,7 +105,7 @@ impl Inner {
         let (dedup_objects, _) = self.dedup.totals();
         let registered = handles
             .values()
-            .filter(|(_, o, _)| o.dedup.is_some())
+            .filter(|(_, o, _)| o.dedup().is_some())
             .count();
         if dedup_objects != registered as u64 {
             return Err(format!(

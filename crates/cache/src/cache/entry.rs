@@ -54,16 +54,7 @@ impl Inner {
             if matches!(place, Place::Pool(_)) {
                 s.lru.push_back(LruItem::new(key, gen));
             }
-            let old = s.map.insert(
-                key,
-                Entry {
-                    gen,
-                    born,
-                    referenced: false,
-                    writeback: false,
-                    place,
-                },
-            );
+            let old = s.map.insert(key, Entry { gen, born, place });
             s.trim_lru();
             old
         };
@@ -87,14 +78,14 @@ impl Inner {
         match place {
             Place::Same(_) => {}
             Place::Pool(obj) => self.free_obj(area, obj),
-            Place::Backing { slot, .. } => self.free_slot(slot),
+            Place::Backing { slot } => self.free_slot(slot),
         }
     }
 
     /// Lets go of an entry's pool object: frees it unless dedup sharers
     /// remain (then it only stops counting as saved bytes).
     pub(super) fn free_obj(&self, area: u32, obj: Obj) {
-        let last = match obj.dedup {
+        let last = match obj.dedup() {
             Some(h) => self.dedup.unref(self.scope(area), h, obj.handle),
             None => true,
         };

@@ -73,6 +73,7 @@ impl Cache {
         i.pool.fork_prepare();
         std::mem::forget(i.sealer.write());
         std::mem::forget(i.wake.0.lock());
+        std::mem::forget(i.seals.lock());
     }
 
     /// After `fork()`, in the parent: waits until the child has made its
@@ -167,6 +168,7 @@ impl Cache {
         // is the child's only thread (the caller's contract). The same
         // holds for every block below.
         unsafe {
+            i.seals.after_fork(side);
             i.wake.1.after_fork(side);
             i.wake.0.after_fork(side);
             i.sealer.after_fork(side);

@@ -14,7 +14,7 @@
 //! A failed load zeroes the caller's page and counts the failure by where
 //! it happened (`count_load`).
 
-use super::{Entry, Inner, LoadMode, Loaded, Obj, Place, RELAXED};
+use super::{Inner, LoadMode, Loaded, Obj, Place, SlotSeal, RELAXED};
 use crate::config::LoadError;
 use crate::seal::SealId;
 
@@ -55,7 +55,7 @@ impl Inner {
                     drop(s);
                     return Err(self.miss(page));
                 };
-                e.referenced = true;
+                e.mark_referenced();
                 (e.gen, e.place)
             };
             let res = self.read_place(area, offset, place, page);
@@ -84,7 +84,7 @@ impl Inner {
         };
         let res = match e.place {
             // Not shared through dedup: read and free in one pool call.
-            Place::Pool(obj) if obj.dedup.is_none() => {
+            Place::Pool(obj) if obj.dedup().is_none() => {
                 let res = self.take_pool(obj, page);
                 if res.is_ok() {
                     self.account(&e.place, false);
@@ -106,13 +106,9 @@ impl Inner {
             // batch that had picked it sees it as no longer its victim.
             let mut s = self.shard(key).lock();
             if !s.map.contains_key(&key) {
-                s.map.insert(
-                    key,
-                    Entry {
-                        writeback: false,
-                        ..e
-                    },
-                );
+                let mut e = e;
+                e.set_writeback(false);
+                s.map.insert(key, e);
             } else {
                 drop(s);
                 self.detach(area, e.place);
@@ -146,16 +142,21 @@ impl Inner {
                 });
                 pool_read(r.is_ok() && ok)
             }
-            Place::Backing { slot, seq, tag } => self.read_backing(
-                SealId {
-                    area,
-                    offset,
-                    slot,
-                    seq,
-                },
-                &tag,
-                page,
-            ),
+            Place::Backing { slot } => {
+                // Without the shard lock (see the lock order in mod.rs):
+                // the caller counts the read only if the entry is unchanged.
+                let SlotSeal { seq, tag } = self.seals.lock().get(slot);
+                self.read_backing(
+                    SealId {
+                        area,
+                        offset,
+                        slot,
+                        seq,
+                    },
+                    &tag,
+                    page,
+                )
+            }
         }
     }
 

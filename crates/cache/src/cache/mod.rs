@@ -54,6 +54,12 @@
 //!    lookup compares there. Such a callback never calls into the cache.
 //! 6. `Inner::wake.0` (the writer's wake-up flag, with `wake.1`, its
 //!    condvar): a leaf, taken with no other cache lock held.
+//! 7. `Inner::seals` (each backing slot's seal): a leaf, taken with no
+//!    other cache lock held but `wb_gate` (a batch records its seals before
+//!    it commits), and under `slots` only by `check_invariants`. A load
+//!    reads a slot's seal after it dropped the shard lock: the slot may
+//!    have been freed and written again meanwhile, so what it read counts
+//!    only if the entry's `gen` is unchanged afterwards (below).
 //!
 //! A backing store's own locks (`FaultInjector`'s switch) are leaves,
 //! reached under `slots` through `discard` and under none otherwise. The
@@ -156,21 +162,49 @@ pub enum LoadMode {
     Keep,
 }
 
-// A leaf slot costs what an entry does; a queue item is 16 bytes.
+// A leaf slot costs what an entry does (32 bytes); a queue item is 16.
 const _: () = assert!(std::mem::size_of::<LruItem>() == 16);
 const _: () = assert!(std::mem::size_of::<Option<Entry>>() == std::mem::size_of::<Entry>());
+const _: () = assert!(std::mem::size_of::<Entry>() == 32);
 
-/// A page's pool object.
+/// A page's pool object, laid out by hand in 24 bytes (with the flags of
+/// its entry that only a pool entry has), so that an [`Entry`] takes 32.
 #[derive(Clone, Copy, Debug)]
 struct Obj {
     /// The object; live while an entry (or, shared, several) names it.
     handle: Handle,
-    /// Its size in bytes (the encoded page).
-    size: u32,
+    /// The dedup hash the object is registered under, if `deduped`.
+    dedup_hash: u64,
+    /// Its size in bytes (the encoded page, at most a page).
+    size: u16,
     /// How the page is encoded in it (`Codec::Raw`: not compressed).
     codec: Codec,
+    /// The object is registered in the dedup index under `dedup_hash`.
+    deduped: bool,
+    /// Loaded (Keep) since it entered the LRU or was last passed over.
+    referenced: bool,
+    /// A writeback batch holds it: it is being sealed and written; loads
+    /// still read the pool object.
+    writeback: bool,
+}
+
+impl Obj {
+    fn new(handle: Handle, size: usize, codec: Codec, dedup: Option<u64>) -> Obj {
+        Obj {
+            handle,
+            dedup_hash: dedup.unwrap_or(0),
+            size: u16::try_from(size).expect("an encoded page is at most a page"),
+            codec,
+            deduped: dedup.is_some(),
+            referenced: false,
+            writeback: false,
+        }
+    }
+
     /// The dedup hash the object is registered under, if it is.
-    dedup: Option<u64>,
+    fn dedup(&self) -> Option<u64> {
+        self.deduped.then_some(self.dedup_hash)
+    }
 }
 
 /// Where a page lives.
@@ -180,9 +214,9 @@ enum Place {
     Same(u64),
     /// In the pool, and in its shard's LRU queue.
     Pool(Obj),
-    /// In backing slot `slot`, sealed with sequence number `seq` (unique
-    /// per write) and authentication tag `tag`.
-    Backing { slot: u64, seq: u64, tag: [u8; 16] },
+    /// In backing slot `slot`; its seal (sequence number and tag) is the
+    /// slot's in `Inner::seals`.
+    Backing { slot: u64 },
 }
 
 /// An index entry: one stored page.
@@ -194,13 +228,60 @@ struct Entry {
     gen: u32,
     /// Seconds since the cache was made, when stored.
     born: u32,
-    /// Loaded (Keep) since it entered the LRU or was last passed over.
-    referenced: bool,
-    /// A writeback batch holds it (only while `place` is `Pool`): it is
-    /// being sealed and written; loads still read the pool object.
-    writeback: bool,
     /// Where the page is.
     place: Place,
+}
+
+impl Entry {
+    /// A writeback batch holds the entry (only a pool entry can be held).
+    fn writeback(&self) -> bool {
+        matches!(self.place, Place::Pool(o) if o.writeback)
+    }
+
+    fn set_writeback(&mut self, on: bool) {
+        if let Place::Pool(o) = &mut self.place {
+            o.writeback = on;
+        }
+    }
+
+    /// Marks a pool entry loaded since it was queued (the LRU's second
+    /// chance); other entries are on no queue.
+    fn mark_referenced(&mut self) {
+        if let Place::Pool(o) = &mut self.place {
+            o.referenced = true;
+        }
+    }
+}
+
+/// The seal of a written backing slot: the sequence number it was sealed
+/// with (unique per write) and the authentication tag. Kept by slot rather
+/// than in the entry, so that the many entries in the pool do not carry
+/// the room of the few that are written back.
+#[derive(Clone, Copy, Debug, Default)]
+struct SlotSeal {
+    seq: u64,
+    tag: [u8; 16],
+}
+
+/// Seals by slot (`Inner::seals`): grows to the backing file's high mark;
+/// a freed slot keeps its stale seal until it is written again.
+#[derive(Debug, Default)]
+struct Seals(Vec<SlotSeal>);
+
+impl Seals {
+    fn set(&mut self, slot: u64, seq: u64, tag: [u8; 16]) {
+        let i = slot as usize;
+        if i >= self.0.len() {
+            self.0.resize(i + 1, SlotSeal::default());
+        }
+        self.0[i] = SlotSeal { seq, tag };
+    }
+
+    /// The seal last set for `slot` (all zeros, which opens nothing, if
+    /// none was).
+    fn get(&self, slot: u64) -> SlotSeal {
+        self.0.get(slot as usize).copied().unwrap_or_default()
+    }
 }
 
 /// A queued entry: its key and the `gen` it had when queued. Fields laid
@@ -280,7 +361,7 @@ fn shard_of(key: Key) -> usize {
 
 /// The cache's state, shared by the handle and the writer thread. Locks
 /// (see the order above): `wb_gate` (1), `slots` (2), `shards` (3), the
-/// dedup index's (4), the pool's (5), `wake.0` (6); the rest is immutable
+/// dedup index's (4), the pool's (5), `wake.0` (6), `seals` (7); the rest is immutable
 /// after creation or atomic.
 struct Inner {
     /// The allocator of the pool objects.
@@ -314,6 +395,8 @@ struct Inner {
     /// Seals what goes to the backing tier; written only by `fork_child`
     /// (a fresh key), read by every seal and open: a leaf lock.
     sealer: RwLock<Sealer>,
+    /// The seal of each written backing slot: lock 7, a leaf.
+    seals: Mutex<Seals>,
     /// The next seal sequence number (unique per sealed write).
     seq: AtomicU64,
     /// Pages per writeback batch.
@@ -418,6 +501,7 @@ impl Cache {
                 cfg.backing_max_bytes.map(|b| b / PAGE_SIZE as u64),
             )),
             sealer: RwLock::new(Sealer::new(cfg.encrypt).map_err(Error::Random)?),
+            seals: Mutex::default(),
             seq: AtomicU64::new(1),
             batch: cfg.writeback_batch,
             io_limits: cfg.io_limits,
@@ -631,7 +715,7 @@ impl Cache {
             .get(&(area, offset))?
             .place
         {
-            Place::Backing { slot, .. } => Some(slot),
+            Place::Backing { slot } => Some(slot),
             _ => None,
         }
     }
@@ -729,7 +813,8 @@ impl Inner {
                 s.map.heap_bytes() + s.lru.capacity() * item
             })
             .sum();
-        index as u64 + self.dedup.metadata_bytes()
+        let seals = self.seals.lock().0.capacity() * std::mem::size_of::<SlotSeal>();
+        (index + seals) as u64 + self.dedup.metadata_bytes()
     }
 }
 
@@ -741,14 +826,12 @@ mod tests {
         Entry {
             gen,
             born: 0,
-            referenced: false,
-            writeback: false,
-            place: Place::Pool(Obj {
-                handle: Handle::from_raw(1).expect("a non-zero handle"),
-                size: 100,
-                codec: Codec::Lz4,
-                dedup: None,
-            }),
+            place: Place::Pool(Obj::new(
+                Handle::from_raw(1).expect("a non-zero handle"),
+                100,
+                Codec::Lz4,
+                None,
+            )),
         }
     }
 

@@ -176,12 +176,7 @@ impl Inner {
                     }
                 },
             };
-            let obj = Obj {
-                handle,
-                size: size as u32,
-                codec,
-                dedup: dhash,
-            };
+            let obj = Obj::new(handle, size, codec, dhash);
             self.insert(area, offset, Place::Pool(obj));
             if cold_codec.is_some() && codec != Codec::Raw {
                 self.counters.cold_stores.fetch_add(1, RELAXED);
@@ -235,7 +230,9 @@ impl Inner {
         self.counters.backing_writes.fetch_add(1, RELAXED);
         match res {
             Ok(tag) => {
-                self.insert(area, offset, Place::Backing { slot, seq, tag });
+                // The seal first: a load that finds the entry reads it.
+                self.seals.lock().set(slot, seq, tag);
+                self.insert(area, offset, Place::Backing { slot });
                 self.counters.stores_to_backing.fetch_add(1, RELAXED);
                 Ok(Stored::Backing)
             }

@@ -71,7 +71,7 @@ impl Inner {
                             continue;
                         };
                         let Place::Pool(obj) = e.place else { continue };
-                        if e.gen != it.gen || e.writeback {
+                        if e.gen != it.gen || obj.writeback {
                             continue;
                         }
                         if let Some(age) = min_age {
@@ -80,14 +80,17 @@ impl Inner {
                                 break;
                             }
                         }
-                        if e.referenced {
-                            e.referenced = false;
+                        if obj.referenced {
+                            let Place::Pool(o) = &mut e.place else {
+                                unreachable!("matched above")
+                            };
+                            o.referenced = false;
                             s.lru.push_back(it);
                             passed[idx] += 1;
                             self.counters.writeback_second_chance.fetch_add(1, RELAXED);
                             continue;
                         }
-                        e.writeback = true;
+                        e.set_writeback(true);
                         taken += 1;
                         victims.push(Victim {
                             key: it.key(),
@@ -176,6 +179,16 @@ impl Inner {
             written[i..j].iter_mut().for_each(|w| *w = ok);
             i = j;
         }
+        // The seals of the written slots, before any entry names its slot
+        // (a load that finds the entry reads the seal).
+        {
+            let mut seals = self.seals.lock();
+            for (v, _) in victims.iter().zip(&written).filter(|(_, &ok)| ok) {
+                if let Some((slot, seq, tag)) = v.sealed {
+                    seals.set(slot, seq, tag);
+                }
+            }
+        }
         // Commit. No shard lock was held since the pick: under the lock
         // again, a victim is still ours only if its entry has the gen it
         // was picked with and its mark (a store or invalidation meanwhile
@@ -187,20 +200,19 @@ impl Inner {
             let ours = s
                 .map
                 .get(&v.key)
-                .is_some_and(|e| e.gen == v.gen && e.writeback);
+                .is_some_and(|e| e.gen == v.gen && e.writeback());
             match (ours, *ok, v.sealed) {
-                (true, true, Some((slot, seq, tag))) => {
+                (true, true, Some((slot, _, _))) => {
                     let gen = s.bump();
                     let e = s.map.get_mut(&v.key).expect("checked above");
                     e.gen = gen;
-                    e.writeback = false;
-                    e.place = Place::Backing { slot, seq, tag };
+                    e.place = Place::Backing { slot };
                     // The entry names the slot now: a reader that copied
                     // the pool place sees the new gen and retries, so the
                     // object is freed without the lock.
                     drop(s);
                     self.account(&Place::Pool(v.obj), false);
-                    self.account(&Place::Backing { slot, seq, tag }, true);
+                    self.account(&Place::Backing { slot }, true);
                     self.free_obj(v.key.0, v.obj);
                     done += 1;
                 }
@@ -208,7 +220,7 @@ impl Inner {
                     // Not written: back to the pool's LRU, to try later.
                     failed |= sealed.is_some();
                     let e = s.map.get_mut(&v.key).expect("checked above");
-                    e.writeback = false;
+                    e.set_writeback(false);
                     s.lru.push_back(LruItem::new(v.key, v.gen));
                     drop(s);
                     if let Some((slot, _, _)) = sealed {
