@@ -49,7 +49,7 @@ fn make_pool(args: &Args, kind: AllocatorKind) -> Result<Arc<dyn Zpool>> {
             max_pages_per_zspage: args.max_pages,
             ..ZsConfig::default()
         })?),
-        kind => new_pool(kind, None, None)?,
+        kind => new_pool(kind, None, None, None)?,
     })
 }
 

@@ -87,6 +87,13 @@ pub struct CacheConfig {
     pub compressor: Compressor,
     /// The allocator of the pool.
     pub allocator: AllocatorKind,
+    /// Shards of the pool's allocator. Stores made on different CPUs go to
+    /// different shards, each with all the size classes and so its own
+    /// partly filled zspage in each; more shards let stores on many
+    /// threads run apart, at that cost in memory. None: the allocator's
+    /// default (one per CPU, at most four). A user whose stores all come
+    /// from one thread (a pager's evictor) wants 1.
+    pub pool_shards: Option<usize>,
     /// The pool limit (changeable later).
     pub pool_limit: PoolLimit,
     /// Once full, stores are refused until the pool falls below this share
@@ -138,6 +145,7 @@ impl Default for CacheConfig {
         CacheConfig {
             compressor: Compressor::Lz4,
             allocator: AllocatorKind::Zsmalloc,
+            pool_shards: None,
             pool_limit: PoolLimit::default(),
             accept_threshold_percent: 90,
             max_compressed_percent: 100,

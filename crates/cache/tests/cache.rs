@@ -240,6 +240,14 @@ fn bad_arguments_are_typed_errors() {
             cold_compressor: Some(Compressor::Zstd { level: 99 }),
             ..CacheConfig::default()
         },
+        CacheConfig {
+            pool_shards: Some(0),
+            ..CacheConfig::default()
+        },
+        CacheConfig {
+            pool_shards: Some(99),
+            ..CacheConfig::default()
+        },
     ] {
         let e = Cache::new(bad).unwrap_err();
         assert!(!e.to_string().is_empty());
@@ -250,6 +258,52 @@ fn bad_arguments_are_typed_errors() {
     })
     .unwrap_err();
     assert!(matches!(e, Error::BackingCreate { .. }), "{e}");
+}
+
+/// A one-shard pool (as a pager's process uses) holds one partly filled
+/// zspage per class, whichever CPU stored: pages of one size stored from
+/// threads on every CPU share zspages, and read back.
+#[test]
+fn a_one_shard_pool_serves_stores_from_every_cpu() {
+    let c = Cache::new(CacheConfig {
+        pool_limit: PoolLimit::Unlimited,
+        pool_shards: Some(1),
+        ..CacheConfig::default()
+    })
+    .unwrap();
+    c.open_area(1).unwrap();
+    let c = std::sync::Arc::new(c);
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                for i in 0..200 {
+                    c.store(1, t * 1000 + i, &page(3, t * 1000 + i)).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for t in 0..4u64 {
+        for i in 0..200 {
+            c.load(1, t * 1000 + i, &mut buf, LoadMode::Keep).unwrap();
+            assert_eq!(buf, page(3, t * 1000 + i));
+        }
+    }
+    // Nothing was freed: each class has at most one zspage not full (two
+    // shards would keep one each).
+    for row in c.pool_stats().classes {
+        let partial = row.almost_full + row.almost_empty;
+        assert!(
+            partial <= 1,
+            "class {}: {partial} partial zspages",
+            row.class
+        );
+    }
+    c.check_invariants().unwrap();
 }
 
 /// `store_cold` compresses with the cold compressor (a zstd frame, smaller

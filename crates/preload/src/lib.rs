@@ -800,6 +800,10 @@ fn start() -> Result<(), String> {
             _ => Backing::None,
         },
         thread_start: Some(mark_thread_internal),
+        // Stores come from the evictor alone: one shard, one set of size
+        // classes, one partly filled zspage per class (a shard per CPU
+        // kept two on two CPUs, and every process of a tree pays them).
+        pool_shards: Some(1),
         dedup: config.dedup,
         // Every area belongs to this one program: a page may share with
         // any other it holds.

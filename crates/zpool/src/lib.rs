@@ -237,25 +237,32 @@ impl std::str::FromStr for AllocatorKind {
     }
 }
 
-/// Builds a pool of the given kind with a hard limit (None: unlimited);
+/// Builds a pool of the given kind with a hard limit (None: unlimited) and
+/// `shards` shards (None: the allocator's default, one per CPU up to four);
 /// `thread_start` is run first on any helper thread the pool starts (see
 /// [`uzswap_os::spawn_helper`]).
 #[allow(clippy::needless_update)] // the configs grow; defaults fill the rest
 pub fn new_pool(
     kind: AllocatorKind,
     limit_bytes: Option<u64>,
+    shards: Option<usize>,
     thread_start: Option<fn()>,
 ) -> Result<std::sync::Arc<dyn Zpool>, Error> {
     Ok(match kind {
         AllocatorKind::Zsmalloc => std::sync::Arc::new(ZsPool::new(ZsConfig {
             limit_bytes,
+            shards,
             thread_start,
             ..ZsConfig::default()
         })?),
-        AllocatorKind::Xcf => std::sync::Arc::new(xcf::XcfPool::new(xcf::XcfConfig {
-            limit_bytes,
-            ..xcf::XcfConfig::default()
-        })?),
+        AllocatorKind::Xcf => {
+            let d = xcf::XcfConfig::default();
+            std::sync::Arc::new(xcf::XcfPool::new(xcf::XcfConfig {
+                limit_bytes,
+                shards: shards.unwrap_or(d.shards),
+                ..d
+            })?)
+        }
     })
 }
 

@@ -15,7 +15,7 @@ fn kinds() -> Vec<AllocatorKind> {
 }
 
 fn pool(kind: AllocatorKind) -> Arc<dyn Zpool> {
-    new_pool(kind, None, None).expect("pool")
+    new_pool(kind, None, None, None).expect("pool")
 }
 
 /// A pool that compacts only when asked: zsmalloc's background compactor
@@ -295,7 +295,7 @@ fn freed_memory_is_wiped() {
 #[test]
 fn hard_limit_is_enforced_and_adjustable() {
     for kind in kinds() {
-        let p = new_pool(kind, Some(64 * 4096), None).unwrap();
+        let p = new_pool(kind, Some(64 * 4096), None, None).unwrap();
         let mut n = 0;
         let err = loop {
             match p.malloc_write(&[7; 4096]) {

@@ -14,7 +14,7 @@ fn emptied_pool_gives_memory_back_to_the_os() {
     }
     const FILL: usize = 128 << 20;
     for kind in [AllocatorKind::Zsmalloc, AllocatorKind::Xcf] {
-        let p = new_pool(kind, None, None).unwrap();
+        let p = new_pool(kind, None, None, None).unwrap();
         let base = rss_bytes().unwrap();
         let obj: Vec<u8> = (0..2500u32).map(|i| (i * 31 % 251) as u8).collect();
         let handles: Vec<_> = (0..FILL / obj.len())

@@ -478,7 +478,7 @@ impl Cache {
         };
         let has_backing = backing.is_some();
         let inner = Arc::new(Inner {
-            pool: uzswap_zpool::new_pool(cfg.allocator, None, cfg.thread_start)?,
+            pool: uzswap_zpool::new_pool(cfg.allocator, None, cfg.pool_shards, cfg.thread_start)?,
             shards: (0..SHARDS)
                 .map(|_| CachePadded::new(Mutex::default()))
                 .collect(),
