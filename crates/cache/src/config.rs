@@ -91,8 +91,8 @@ pub struct CacheConfig {
     /// different shards, each with all the size classes and so its own
     /// partly filled zspage in each; more shards let stores on many
     /// threads run apart, at that cost in memory. None: the allocator's
-    /// default (one per CPU, at most four). A user whose stores all come
-    /// from one thread (a pager's evictor) wants 1.
+    /// default (zsmalloc: one per CPU, at most four; xcf: four). A user
+    /// whose stores all come from one thread (a pager's evictor) wants 1.
     pub pool_shards: Option<usize>,
     /// The pool limit (changeable later).
     pub pool_limit: PoolLimit,

@@ -238,7 +238,8 @@ impl std::str::FromStr for AllocatorKind {
 }
 
 /// Builds a pool of the given kind with a hard limit (None: unlimited) and
-/// `shards` shards (None: the allocator's default, one per CPU up to four);
+/// `shards` shards (None: the allocator's default: zsmalloc one per CPU up
+/// to four, xcf four);
 /// `thread_start` is run first on any helper thread the pool starts (see
 /// [`uzswap_os::spawn_helper`]).
 #[allow(clippy::needless_update)] // the configs grow; defaults fill the rest

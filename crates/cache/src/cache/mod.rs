@@ -56,7 +56,7 @@
 //!    condvar): a leaf, taken with no other cache lock held.
 //! 7. `Inner::seals` (each backing slot's seal): a leaf, taken with no
 //!    other cache lock held but `wb_gate` (a batch records its seals before
-//!    it commits), and under `slots` only by `check_invariants`. A load
+//!    it commits) and, in `fork_prepare`, after all the others. A load
 //!    reads a slot's seal after it dropped the shard lock: the slot may
 //!    have been freed and written again meanwhile, so what it read counts
 //!    only if the entry's `gen` is unchanged afterwards (below).

@@ -70,7 +70,9 @@ impl Inner {
                         let Some(e) = s.map.get_mut(&it.key()) else {
                             continue;
                         };
-                        let Place::Pool(obj) = e.place else { continue };
+                        let Place::Pool(obj) = &mut e.place else {
+                            continue;
+                        };
                         if e.gen != it.gen || obj.writeback {
                             continue;
                         }
@@ -81,21 +83,18 @@ impl Inner {
                             }
                         }
                         if obj.referenced {
-                            let Place::Pool(o) = &mut e.place else {
-                                unreachable!("matched above")
-                            };
-                            o.referenced = false;
+                            obj.referenced = false;
                             s.lru.push_back(it);
                             passed[idx] += 1;
                             self.counters.writeback_second_chance.fetch_add(1, RELAXED);
                             continue;
                         }
-                        e.set_writeback(true);
+                        obj.writeback = true;
                         taken += 1;
                         victims.push(Victim {
                             key: it.key(),
                             gen: it.gen,
-                            obj,
+                            obj: *obj,
                             sealed: None,
                         });
                     }
