@@ -1210,6 +1210,14 @@ impl ZeroScan {
         works.then_some(z)
     }
 
+    /// Opens the calling process's own `pagemap` in place of the one
+    /// opened before a fork: that descriptor names the parent's memory
+    /// whichever process uses it.
+    pub fn renew(&mut self) -> io::Result<()> {
+        self.pagemap = std::fs::File::open("/proc/self/pagemap")?;
+        Ok(())
+    }
+
     /// Calls `each(lo, hi)` for every run of pages of `[lo, hi)` that map
     /// the zero page, in address order.
     pub fn zero_runs(

@@ -163,6 +163,33 @@ fn versioned(buf: &mut [u8], p: usize, v: u64) {
     }
 }
 
+/// Writes version `v` of each page of `pages` of the region at `base`.
+///
+/// # Safety
+/// The pages are the caller's region's, and no other thread uses them.
+unsafe fn write_versions(base: usize, pages: std::ops::Range<usize>, v: u64) {
+    for p in pages {
+        // SAFETY: as the caller promised.
+        let page =
+            unsafe { std::slice::from_raw_parts_mut((base + p * PAGE_SIZE) as *mut u8, PAGE_SIZE) };
+        versioned(page, p, v);
+    }
+}
+
+/// How many pages of `pages` of the region at `base` do not hold version
+/// `v`, whole. Safety: as [`write_versions`].
+unsafe fn pages_not_at(base: usize, pages: std::ops::Range<usize>, v: u64) -> usize {
+    pages
+        .filter(|&p| {
+            // SAFETY: as the caller promised.
+            let page = unsafe {
+                std::slice::from_raw_parts((base + p * PAGE_SIZE) as *const u8, PAGE_SIZE)
+            };
+            version_of(page, p) != Some(v)
+        })
+        .count()
+}
+
 /// The version page `p` holds if it is whole and consistent, else None.
 fn version_of(page: &[u8], p: usize) -> Option<u64> {
     let v = u64::from_le_bytes(page[8..16].try_into().unwrap());
@@ -192,6 +219,30 @@ fn wait_child(pid: i32) {
         0,
         "the child failed (its exit status is its check's number)"
     );
+}
+
+/// The child's wait status, or None if it had not ended within `limit`:
+/// then what its threads were doing goes to the standard error and it is
+/// killed and reaped.
+fn wait_or_kill(pid: i32, limit: std::time::Duration) -> Option<i32> {
+    let waited = std::time::Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: polling our own child.
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+            return Some(status);
+        }
+        if waited.elapsed() > limit {
+            eprintln!("{}", uzswap_os::threads::describe(Some(pid as u32)));
+            // SAFETY: killing and reaping our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// In a child: `code` as the exit status if `ok` is false (no destructors,
@@ -540,6 +591,219 @@ fn in_thread_faults_across_fork() {
 /// library (`stack_overflow::thread_info`) that a parent thread held
 /// while it started or ended a `std::thread`, on which the child's new
 /// handler thread waited for ever; helpers are POSIX threads since.
+/// Forks while the evictor looks for pages that map the zero page: a child
+/// never inherits the look's lock taken. A thread keeps mapping zero runs
+/// (the program discards a range, then reads and writes in it, so the
+/// evictor looks at new runs before every batch) while the main thread
+/// forks again and again; each child writes four budgets' worth of pages,
+/// which only its evictor can make room for. Before the fork hooks held
+/// the look, a child's evictor could wait for it for ever (a Python worker
+/// hung so, 2026-11-29).
+#[test]
+fn a_fork_while_the_evictor_looks_at_zero_runs_does_not_hang() {
+    const BUDGET: usize = 64;
+    const OWN: usize = 4 * BUDGET; // the children's pages
+    const CHUNK: usize = 512;
+    const PAGES: usize = OWN + 32 * CHUNK;
+    let mut cfg = managed_at_any_size(BUDGET);
+    cfg.uncharged_zero_pages = true;
+    let pager = Pager::new(Arc::new(MemStore::new()), cfg).unwrap();
+    let r = pager.region(PAGES * PAGE_SIZE).unwrap();
+    let base = r.as_ptr() as usize;
+    let stop = AtomicBool::new(false);
+    let looks = || pager.stats().zero_readahead_pages;
+    std::thread::scope(|sc| {
+        let stop = &stop;
+        sc.spawn(move || {
+            let mut c = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let lo = base + (OWN + (c % 32) * CHUNK) * PAGE_SIZE;
+                // SAFETY: a range of the live region that only this thread
+                // uses; the pager takes the discard as the program's.
+                unsafe {
+                    libc::madvise(
+                        lo as *mut libc::c_void,
+                        CHUNK * PAGE_SIZE,
+                        libc::MADV_DONTNEED,
+                    )
+                };
+                for i in (0..CHUNK).step_by(16) {
+                    let p = (lo + i * PAGE_SIZE) as *mut u8;
+                    // SAFETY: as above; a read maps a zero run, the write
+                    // makes one page of it memory.
+                    unsafe {
+                        std::ptr::read_volatile(p);
+                        std::ptr::write_volatile(p.add(8), 1);
+                    }
+                }
+                c += 1;
+            }
+        });
+        let before = looks();
+        let t0 = std::time::Instant::now();
+        let mut forks = 0;
+        while t0.elapsed() < std::time::Duration::from_secs(2) || forks < 40 {
+            // SAFETY: the child runs this test's code only, then _exit.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                // SAFETY: the child's own pages of the region, this thread
+                // alone.
+                let bad = unsafe {
+                    write_versions(base, 0..OWN, 7);
+                    pages_not_at(base, 0..OWN, 7)
+                };
+                child_check(bad == 0, 2, &format!("{bad} pages lost"));
+                // SAFETY: leaving the child without the harness.
+                unsafe { libc::_exit(0) };
+            }
+            forks += 1;
+            let Some(status) = wait_or_kill(pid, std::time::Duration::from_secs(20)) else {
+                stop.store(true, Ordering::Relaxed);
+                panic!("fork {forks}: the child hung");
+            };
+            assert!(
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                "fork {forks}: the child failed, status {status:#x}"
+            );
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(looks() > before, "no zero runs were mapped meanwhile");
+    });
+}
+
+/// A child's look for pages that map the zero page reads its own page
+/// tables, not its parent's. The parent maps a region as zeros by reading
+/// it (uncharged: no memory); the child writes every page (memory now,
+/// without a fault the pager sees) and must find that out at its next
+/// full look and evict down to its budget. Looking at the parent's tables,
+/// where the pages still map the zero page, it would hold them all.
+#[test]
+fn a_managed_childs_zero_look_reads_its_own_page_tables() {
+    const BUDGET: usize = 256;
+    const PAGES: usize = 4 * BUDGET;
+    let mut cfg = managed_at_any_size(BUDGET);
+    cfg.uncharged_zero_pages = true;
+    let pager = Pager::new(Arc::new(MemStore::new()), cfg).unwrap();
+    let r = pager.region(PAGES * PAGE_SIZE).unwrap();
+    let base = r.as_ptr() as usize;
+    for p in 0..PAGES {
+        // SAFETY: page p of the live region, this thread alone.
+        unsafe { std::ptr::read_volatile((base + p * PAGE_SIZE) as *const u8) };
+    }
+    let t0 = std::time::Instant::now();
+    while pager.stats().zero_mapped_pages < (PAGES - BUDGET) as u64 {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "the parent's zero pages were not found: {:?}",
+            pager.stats()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(pager.stats().evictions, 0, "{:?}", pager.stats());
+    // SAFETY: the child runs this test's code only, then _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: the child's copy of the region, this thread alone.
+        unsafe { write_versions(base, 0..PAGES, 9) };
+        let t0 = std::time::Instant::now();
+        let mut st = pager.stats();
+        while st.resident_pages > BUDGET as u64 && t0.elapsed() < std::time::Duration::from_secs(10)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            st = pager.stats();
+        }
+        child_check(
+            st.resident_pages <= BUDGET as u64 && st.evictions > 0,
+            2,
+            &format!("the child holds its written pages as zeros: {st:?}"),
+        );
+        // SAFETY: as above.
+        let bad = unsafe { pages_not_at(base, 0..PAGES, 9) };
+        child_check(bad == 0, 3, &format!("{bad} pages lost"));
+        // SAFETY: leaving the child without the harness.
+        unsafe { libc::_exit(0) };
+    }
+    // The parent stays (its page tables with it) until the child is done.
+    wait_child(pid);
+    for p in 0..PAGES {
+        // SAFETY: page p of the region, this thread alone.
+        let b = unsafe { std::ptr::read_volatile((base + p * PAGE_SIZE + 100) as *const u8) };
+        assert_eq!(b, 0, "the parent's page {p} changed");
+    }
+}
+
+/// The child's memory once the fork hooks have run: what it has written
+/// since the fork (`Private_Dirty` of `/proc/self/smaps_rollup`, in bytes).
+/// Right after a fork every page is the parent's, shared copy-on-write.
+fn private_dirty_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Private_Dirty:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// A child takes the pager over without copying its page records: the
+/// records of a large reservation the program barely used are zero pages
+/// in the parent, and writing each (16-20 bytes a page) in the child would
+/// make it a private copy of them all, 10 MiB for the 2 GiB here (6.3 MiB
+/// in each forked worker of a Python program, seen 2026-11-29).
+#[test]
+fn a_managed_child_does_not_copy_the_page_records() {
+    const PAGES: usize = 512 << 10; // 2 GiB reserved
+    let pager = Pager::new(Arc::new(MemStore::new()), managed_at_any_size(64)).unwrap();
+    let r = pager.region(PAGES * PAGE_SIZE).unwrap();
+    let base = r.as_ptr() as usize;
+    // A few hundred pages used, spread over the whole reservation, and
+    // some of them evicted: the records the child must carry.
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for p in (0..PAGES).step_by(2048) {
+        fill(&mut buf, p, 5);
+        // SAFETY: page p of the live region, this thread alone.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                buf.as_ptr(),
+                (base + p * PAGE_SIZE) as *mut u8,
+                PAGE_SIZE,
+            )
+        };
+    }
+    r.evict(0..PAGES);
+    evictor_settled(&pager);
+    // SAFETY: the child reads its memory and /proc, then _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let copied = private_dirty_bytes();
+        child_check(copied.is_some(), 2, "no smaps_rollup");
+        let copied = copied.unwrap_or(0);
+        // The child's new threads, stacks and descriptors take a little;
+        // a copy of the records would be 8-10 MiB. (A sanitizer's shadow
+        // memory and quarantine take several MiB of their own.)
+        let sanitized = std::env::var_os("UZSWAP_SANITIZER").is_some();
+        child_check(
+            sanitized || copied < 3 << 20,
+            3,
+            &format!("the child wrote {} KiB after the fork", copied >> 10),
+        );
+        // And what it took over is right.
+        let mut want = vec![0u8; PAGE_SIZE];
+        for p in (0..PAGES).step_by(2048) {
+            fill(&mut want, p, 5);
+            // SAFETY: page p of the region, this thread alone.
+            let got = unsafe {
+                std::slice::from_raw_parts((base + p * PAGE_SIZE) as *const u8, PAGE_SIZE)
+            };
+            child_check(got == &want[..], 4, &format!("page {p} not as at the fork"));
+        }
+        // SAFETY: leaving the child without the harness.
+        unsafe { libc::_exit(0) };
+    }
+    wait_child(pid);
+    drop(r);
+}
+
 #[test]
 fn a_fork_while_another_thread_drops_a_pager_does_not_hang() {
     let _own = Pager::new(Arc::new(MemStore::new()), managed_at_any_size(16)).unwrap();
@@ -564,26 +828,11 @@ fn a_fork_while_another_thread_drops_a_pager_does_not_hang() {
                 unsafe { libc::_exit(0) };
             }
             forks += 1;
-            let waited = std::time::Instant::now();
-            loop {
-                let mut status = 0;
-                // SAFETY: polling our own child.
-                let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-                if r == pid {
-                    assert!(libc::WIFEXITED(status), "child {forks} status {status:#x}");
-                    break;
-                }
-                if waited.elapsed() > std::time::Duration::from_secs(10) {
-                    // SAFETY: killing and reaping our own child.
-                    unsafe {
-                        libc::kill(pid, libc::SIGKILL);
-                        libc::waitpid(pid, &mut status, 0);
-                    }
-                    stop.store(true, Ordering::Relaxed);
-                    panic!("fork {forks}: the child hung in the fork hook");
-                }
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+            let Some(status) = wait_or_kill(pid, std::time::Duration::from_secs(10)) else {
+                stop.store(true, Ordering::Relaxed);
+                panic!("fork {forks}: the child hung in the fork hook");
+            };
+            assert!(libc::WIFEXITED(status), "child {forks} status {status:#x}");
         }
         stop.store(true, Ordering::Relaxed);
     });

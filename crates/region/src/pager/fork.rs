@@ -12,13 +12,13 @@
 //! 1. *prepare* (parent): the gate (no eviction batch in flight), then
 //!    `forking` under the state lock: no new load starts (faults that would
 //!    load are deferred) and the hook waits for the loads in flight to end,
-//!    so that no page is half loaded at the fork. Then the dispatch and
-//!    state locks, held through the fork, and the store's locks
+//!    so that no page is half loaded at the fork. Then the dispatch, zero
+//!    look and state locks, held through the fork, and the store's locks
 //!    (`PageStore::fork_prepare`).
 //! 2. *child*: the store makes itself the child's (`PageStore::fork_child`:
 //!    its own backing file, key and threads); the locks are released; the
 //!    pager renews its descriptors (userfaultfd, eventfds, the staging
-//!    area), forgets what the parent's threads were doing (messages read,
+//!    area, the zero look's page map), forgets what the parent's threads were doing (messages read,
 //!    parked and deferred faults: those threads are not in the child),
 //!    registers every segment again, write-protects its `Clean` pages again
 //!    (the fork cleared their markers); last, once every lock of every
@@ -126,11 +126,15 @@ unsafe extern "C" fn fork_prepare() {
 unsafe extern "C" fn fork_parent() {
     for (s, mode) in std::mem::take(&mut *FORK_HELD.lock()) {
         if mode == ForkChild::Managed {
-            // SAFETY: fork_prepare took the store's locks, and the dispatch
-            // and state locks, on this thread and forgot the guards.
+            // SAFETY: fork_prepare took the store's locks, and the dispatch,
+            // zero look and state locks, on this thread and forgot the
+            // guards.
             unsafe {
                 s.store.fork_parent();
                 s.state.after_fork(Side::Parent);
+                if let Some(z) = &s.zero_scan {
+                    z.after_fork(Side::Parent);
+                }
                 s.dispatch.after_fork(Side::Parent);
             }
             s.state.lock().forking = false;
@@ -154,9 +158,9 @@ unsafe extern "C" fn fork_child() {
     // lock whose parent waiters are still listed.
     for (s, mode) in &held {
         if *mode == ForkChild::Managed {
-            // SAFETY: fork_prepare took the store's locks and the dispatch
-            // and state locks on this thread and forgot the guards; in the
-            // child, whose only thread runs this hook.
+            // SAFETY: fork_prepare took the store's locks and the dispatch,
+            // zero look and state locks on this thread and forgot the
+            // guards; in the child, whose only thread runs this hook.
             let r = unsafe { s.store.fork_child() };
             if let Err(e) = r {
                 take_over_failed(&e);
@@ -164,6 +168,9 @@ unsafe extern "C" fn fork_child() {
             // SAFETY: as above.
             unsafe {
                 s.state.after_fork(Side::Child);
+                if let Some(z) = &s.zero_scan {
+                    z.after_fork(Side::Child);
+                }
                 s.dispatch.after_fork(Side::Child);
                 s.work_cv.after_fork(Side::Child);
                 s.done_cv.after_fork(Side::Child);
@@ -234,9 +241,17 @@ impl Shared {
                 self.done_cv.wait(&mut s);
             }
         }
-        // Lock order: dispatch, then state, then the store's. No load can
-        // start in between: `forking` defers them.
+        // Lock order: dispatch, the zero look, then state, then the
+        // store's. No load can start in between: `forking` defers them.
+        // The zero look is the evictor's, which takes it outside the gate
+        // (before each batch and while idle): held across the fork so that
+        // the child never finds it taken by a thread it does not have (its
+        // evictor waited on it for ever, 2026-11-29: a Python worker hung
+        // in its first fault, held back for room nobody made).
         std::mem::forget(self.dispatch.lock());
+        if let Some(z) = &self.zero_scan {
+            std::mem::forget(z.lock());
+        }
         std::mem::forget(self.state.lock());
         self.store.fork_prepare();
     }
@@ -272,6 +287,11 @@ impl Shared {
         if let Some(st) = &self.staging {
             st.renew().map_err(step("the staging area"))?;
         }
+        if let Some(z) = &self.zero_scan {
+            z.lock()
+                .renew()
+                .map_err(step("its own page map (/proc/self/pagemap)"))?;
+        }
         {
             let mut d = self.dispatch.lock();
             d.handoff.clear();
@@ -288,12 +308,21 @@ impl Shared {
                 .iter()
                 .map(|(&a, seg)| (a, seg.area, seg.first, seg.len))
                 .collect();
+            // Only records with something to clear are written: the
+            // records are the parent's copy-on-write pages (and, where no
+            // page was ever used, the zero page), so a write to each would
+            // give this child a private copy of the whole table, a record
+            // for every page of every reservation (6.3 MiB in each forked
+            // Python worker, 2026-11-29), where the parent holds only the
+            // records of pages it used.
             for &(addr, area, first, len) in &segs {
                 let a = s.areas.get_mut(&area).expect("a segment's area");
                 for i in 0..len / PAGE_SIZE {
                     let m = &mut a.meta[first as usize + i];
-                    m.parked = false;
-                    m.woken = false;
+                    if m.parked || m.woken {
+                        m.parked = false;
+                        m.woken = false;
+                    }
                     if m.st == PageState::Clean {
                         clean.push(addr + i * PAGE_SIZE);
                     }

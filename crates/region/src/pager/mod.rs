@@ -32,8 +32,9 @@
 //!    the evictor takes it, holding nothing else but the gate,
 //!    after each discard: a barrier behind which every event of that call
 //!    was handled). Handlers never take the gate.
-//! 3. `Shared::zero_scan` (the evictor's alone; it takes `state` inside it
-//!    briefly, never the reverse)
+//! 3. `Shared::zero_scan` (the evictor's, and the fork hooks', which hold
+//!    it through a fork; it takes `state` inside it briefly, never the
+//!    reverse)
 //! 4. `Shared::state`
 //! 5. the store's internal locks (taken inside `PageStore` calls)
 //!

@@ -60,6 +60,18 @@ impl ZeroLook {
     }
 }
 
+impl ZeroLook {
+    /// In a forked child (its only thread, the fork hook): the look scans
+    /// the child's own page tables from now on, and its next look is a full
+    /// one. The runs it tracks stay right until then: the child's pages
+    /// map the zero page where the parent's did at the fork.
+    pub(super) fn renew(&mut self) -> std::io::Result<()> {
+        self.scan.renew()?;
+        self.full_at = None;
+        Ok(())
+    }
+}
+
 /// Sorts `runs` and joins those that overlap or touch.
 fn coalesce(runs: &mut Vec<(usize, usize)>) {
     runs.sort_unstable();
