@@ -59,7 +59,7 @@ mod sys;
 use libc::{c_int, c_void, size_t};
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use uzswap_cache::{Backing, Cache, CacheConfig, PoolLimit};
 use uzswap_contract::{BackingTier, RunConfig};
@@ -374,12 +374,24 @@ pub unsafe extern "C" fn cfree(p: *mut c_void) {
 /// glibc's `malloc_usable_size` (found past this library).
 fn libc_usable_size(p: *mut c_void) -> usize {
     type F = unsafe extern "C" fn(*mut c_void) -> size_t;
-    static REAL: OnceLock<usize> = OnceLock::new();
-    let f = *REAL.get_or_init(|| {
-        // SAFETY: dlsym with a NUL-terminated name.
-        unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) as usize }
-    });
+    /// The symbol's address; 0 before the first look, `usize::MAX` if
+    /// there is none. An atomic, not a `OnceLock`: a fork while another
+    /// thread ran the look would leave a once taken in the child, and the
+    /// child's first `realloc` of a glibc block would wait on it for ever.
+    /// Two threads may both look; they find the same address.
+    static REAL: AtomicUsize = AtomicUsize::new(0);
+    let mut f = REAL.load(Ordering::Relaxed);
     if f == 0 {
+        // SAFETY: dlsym with a NUL-terminated name.
+        let found = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) };
+        f = if found.is_null() {
+            usize::MAX
+        } else {
+            found as usize
+        };
+        REAL.store(f, Ordering::Relaxed);
+    }
+    if f == usize::MAX {
         return 0;
     }
     // SAFETY: the symbol is glibc's malloc_usable_size, of this type.
@@ -936,11 +948,18 @@ extern "C" fn fork_prepare() {
     cosched::before_fork();
     if let Some(rt) = runtime() {
         rt.space.lock_for_fork();
+        if let Some(sh) = &rt.share {
+            sh.hold_for_fork();
+        }
     }
 }
 
 extern "C" fn fork_parent() {
     if let Some(rt) = runtime() {
+        if let Some(sh) = &rt.share {
+            // SAFETY: fork_prepare took it on this thread.
+            unsafe { sh.release_after_fork() };
+        }
         rt.space.unlock_after_fork();
     }
     cosched::after_fork_parent();
@@ -956,6 +975,11 @@ extern "C" fn fork_parent() {
 extern "C" fn fork_child() {
     cosched::after_fork_child();
     if let Some(rt) = runtime() {
+        if let Some(sh) = &rt.share {
+            // SAFETY: fork_prepare took it on this thread (the parent's,
+            // of which this is the copy).
+            unsafe { sh.release_after_fork() };
+        }
         rt.space.unlock_after_fork();
         if !uzswap_region::fork_child_managed() {
             // The pager brought the parent's pages back for this fork: the

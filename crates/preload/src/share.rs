@@ -26,6 +26,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use uzswap_cache::{Cache, PoolLimit};
 use uzswap_ledger::{Ledger, Member, Usage};
+use uzswap_os::lock::{Mutex, MutexGuard};
 use uzswap_region::{Pager, PAGE_SIZE};
 
 /// Pages a process always keeps resident, whatever its allotment.
@@ -39,9 +40,12 @@ const START_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A process's slot and what it last did with it.
 pub(crate) struct Share {
-    /// This process's slot (a forked child claims its own: `rejoin`). A std
-    /// mutex, never held across a fork (see `uzswap_os::fork`).
-    member: std::sync::Mutex<Member>,
+    /// This process's slot (a forked child claims its own: `rejoin`). The
+    /// evictor reports through it outside every pager lock (`charge`), so
+    /// the fork hooks hold it across a fork ([`Share::hold_for_fork`]): a
+    /// child that inherited it taken would wait for ever in `rejoin`. A
+    /// leaf: nothing is taken while it is held.
+    member: Mutex<Member>,
     /// The tree's budget (the pager's budget).
     budget: u64,
     /// `--pool-max`, if given.
@@ -85,7 +89,7 @@ impl Share {
         // `rejoin`, already holds its memory and does not wait).
         member.wait_for_room(START_WAIT_MAX);
         Ok(Some(Share {
-            member: std::sync::Mutex::new(member),
+            member: Mutex::new(member),
             budget,
             pool_max,
             backing,
@@ -99,10 +103,29 @@ impl Share {
         }))
     }
 
-    fn member(&self) -> std::sync::MutexGuard<'_, Member> {
-        self.member
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn member(&self) -> MutexGuard<'_, Member> {
+        self.member.lock()
+    }
+
+    /// The fork's prepare hook: takes the slot's lock and keeps it (the
+    /// guard is forgotten) until [`Share::release_after_fork`].
+    pub(crate) fn hold_for_fork(&self) {
+        std::mem::forget(self.member.lock());
+    }
+
+    /// The fork's parent or child hook: releases what
+    /// [`Share::hold_for_fork`] took. In the child too by an unlock that
+    /// wakes a waiter, not by resetting the lock's word: the pager's child
+    /// hook, which runs first, has started the child's evictor, which may
+    /// already wait for the slot (`charge`).
+    ///
+    /// # Safety
+    /// This thread called `hold_for_fork` (in the child: its parent's
+    /// thread did, and this is its copy) and nothing released it since.
+    pub(crate) unsafe fn release_after_fork(&self) {
+        // SAFETY: as the caller promised: the lock is held through a
+        // forgotten guard of this thread.
+        unsafe { self.member.force_unlock() }
     }
 
     /// In a forked child: claims a slot of its own. The slot it inherited
@@ -292,6 +315,71 @@ mod tests {
             path: "/proc/4242/fd/4".into(),
         };
         assert!(!run_ended(Path::new("/proc/4242/fd/4"), &other));
+    }
+
+    /// The slot's lock is held across a fork: a child never inherits it
+    /// taken by the thread that reports (the evictor, in a program), and
+    /// claims its own slot at once. Released in the child by an unlock, a
+    /// thread of the child already waiting for it gets it.
+    #[test]
+    fn a_fork_while_another_thread_reports_does_not_hang_the_child() {
+        const FORKS: usize = 300;
+        // A slot for each child (no arbiter here gives a left slot back).
+        let ledger = uzswap_ledger::Ledger::create(FORKS + 1, 1 << 30).unwrap();
+        let sh = super::Share::join(ledger.path(), 1 << 30, None, false)
+            .unwrap()
+            .expect("the ledger is open");
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        /// Stops the reporter however the loop ends (a failed check
+        /// panics, and the scope then waits for it).
+        struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        std::thread::scope(|sc| {
+            let _stop = StopOnDrop(&stop);
+            sc.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    sh.charge(None, None);
+                }
+            });
+            for fork in 0..FORKS {
+                sh.hold_for_fork();
+                // SAFETY: the child claims a slot, gives it back and
+                // leaves at once, without the harness.
+                let pid = unsafe { libc::fork() };
+                // SAFETY: held just above, by this thread (or, in the
+                // child, its copy).
+                unsafe { sh.release_after_fork() };
+                if pid == 0 {
+                    let ok = sh.rejoin().is_ok();
+                    sh.leave();
+                    // SAFETY: leaving the child at once.
+                    unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+                }
+                assert!(pid > 0, "fork failed");
+                let t0 = std::time::Instant::now();
+                let status = loop {
+                    let mut status = 0;
+                    // SAFETY: polling our own child.
+                    if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+                        break status;
+                    }
+                    if t0.elapsed() > std::time::Duration::from_secs(10) {
+                        // SAFETY: our own child.
+                        unsafe {
+                            libc::kill(pid, libc::SIGKILL);
+                            libc::waitpid(pid, &mut status, 0);
+                        }
+                        panic!("fork {fork}: the child hung claiming its slot");
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                };
+                assert_eq!(status, 0, "fork {fork}: the child could not claim a slot");
+            }
+        });
     }
 
     #[test]

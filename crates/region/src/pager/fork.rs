@@ -74,9 +74,12 @@ static ATFORK: std::sync::Once = std::sync::Once::new();
 /// A fork is between its prepare and its parent or child hook.
 static FORKING: AtomicBool = AtomicBool::new(false);
 
-/// Lists a new pager for the fork hooks (installed with the first pager).
+/// Lists a new pager for the fork hooks (installed with the first pager),
+/// and forgets the dropped ones.
 pub(super) fn register(sh: &Arc<Shared>) {
-    REGISTRY.lock().push(Arc::downgrade(sh));
+    let mut reg = REGISTRY.lock();
+    reg.retain(|w| w.strong_count() > 0);
+    reg.push(Arc::downgrade(sh));
     ATFORK.call_once(|| {
         sys::atfork(fork_prepare, fork_parent, fork_child).expect("pthread_atfork");
     });
@@ -94,8 +97,11 @@ unsafe extern "C" fn fork_prepare() {
     {
         std::thread::sleep(std::time::Duration::from_micros(100));
     }
-    let list: Vec<Arc<Shared>> = REGISTRY
-        .lock()
+    // Held across the fork, as every lock of the pagers: a thread making
+    // a pager at the fork would leave it taken in the child, whose next
+    // fork or pager would wait for it for ever.
+    let reg = REGISTRY.lock();
+    let list: Vec<Arc<Shared>> = reg
         .iter()
         .filter_map(Weak::upgrade)
         .filter(|s| s.cfg.fork != ForkChild::Unmanaged && s.ours())
@@ -121,9 +127,12 @@ unsafe extern "C" fn fork_prepare() {
     let managed = held.iter().any(|(_, m)| *m == ForkChild::Managed);
     LAST_MANAGED.store(managed, Ordering::Release);
     *FORK_HELD.lock() = held;
+    std::mem::forget(reg);
 }
 
 unsafe extern "C" fn fork_parent() {
+    // SAFETY: fork_prepare took it on this thread and forgot the guard.
+    unsafe { REGISTRY.after_fork(Side::Parent) };
     for (s, mode) in std::mem::take(&mut *FORK_HELD.lock()) {
         if mode == ForkChild::Managed {
             // SAFETY: fork_prepare took the store's locks, and the dispatch,
@@ -153,6 +162,9 @@ unsafe extern "C" fn fork_parent() {
 unsafe extern "C" fn fork_child() {
     // The parent's helper threads are not here (new ones list themselves).
     uzswap_os::fork::forget_helpers();
+    // SAFETY: fork_prepare took it on this thread and forgot the guard;
+    // this is the child's only thread.
+    unsafe { REGISTRY.after_fork(Side::Child) };
     let held = std::mem::take(&mut *FORK_HELD.lock());
     // Every lock first, then the threads: a new thread must not park on a
     // lock whose parent waiters are still listed.
