@@ -21,6 +21,7 @@
 //! overflow (the process still dies of it, by `SIGSEGV`), and its name in
 //! a panic message (the helper's name is printed after it instead).
 
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::AssertUnwindSafe;
 
@@ -168,9 +169,96 @@ where
         },
         body,
     )?;
-    rx.recv()
-        .map_err(|_| std::io::Error::other(format!("helper thread {name} died at start")))?;
+    let start = Starting {
+        name: name.to_owned(),
+        rx,
+    };
+    if BATCHING.with(Cell::get) {
+        BATCH.lock().get_or_insert_with(Vec::new).push(start);
+    } else {
+        start.wait()?;
+    }
     Ok(t)
+}
+
+/// A helper on its way up: `thread_start` and `warm` have run on it once a
+/// message (or, if it died first, the end of the channel) arrives.
+struct Starting {
+    name: String,
+    rx: std::sync::mpsc::Receiver<()>,
+}
+
+impl Starting {
+    fn wait(self) -> std::io::Result<()> {
+        self.rx.recv().map_err(|_| {
+            std::io::Error::other(format!("helper thread {} died at start", self.name))
+        })
+    }
+}
+
+/// The starts of the open [`StartBatch`] (None: none is open).
+static BATCH: crate::lock::Mutex<Option<Vec<Starting>>> = crate::lock::Mutex::new(None);
+
+thread_local! {
+    /// This thread opened the [`StartBatch`]: its starts join it. (Const,
+    /// without a destructor: a first use registers nothing with the
+    /// dynamic loader.)
+    static BATCHING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Helpers started together: while a batch is open, [`spawn_helper`] and
+/// [`spawn_helper_warmed`] return without waiting for the new thread's
+/// `thread_start` and `warm`, and [`StartBatch::wait`] waits for them all
+/// at once. For a host that starts several helpers before it switches
+/// anything on (the preload runtime starts six in every process, the
+/// program's and each of its children's): each wait is a wake-up of a new
+/// thread, a scheduler's time slice on a busy machine, and waited one
+/// after the other they made each process of a parallel build start that
+/// many slices later.
+///
+/// One batch at a time, opened and waited for by one thread; only that
+/// thread's starts join it (another thread's wait as they always do).
+/// Dropped without `wait`, it waits all the same.
+pub struct StartBatch(());
+
+impl StartBatch {
+    /// Opens the batch.
+    ///
+    /// # Panics
+    /// If one is open already.
+    pub fn open() -> StartBatch {
+        let mut b = BATCH.lock();
+        assert!(b.is_none(), "a helper start batch is open already");
+        *b = Some(Vec::new());
+        BATCHING.with(|c| c.set(true));
+        StartBatch(())
+    }
+
+    /// Waits until every helper started since [`StartBatch::open`] has run
+    /// its `thread_start` and `warm`; the first that died at its start is
+    /// the error.
+    pub fn wait(self) -> std::io::Result<()> {
+        self.close()
+    }
+
+    fn close(&self) -> std::io::Result<()> {
+        BATCHING.with(|c| c.set(false));
+        let starts = BATCH.lock().take().unwrap_or_default();
+        let mut first = Ok(());
+        for s in starts {
+            let r = s.wait();
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+}
+
+impl Drop for StartBatch {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
 }
 
 /// As [`spawn_helper`], but while the thread starts the calling thread
@@ -284,6 +372,39 @@ mod tests {
         let t = spawn_helper("uzswap-panics", None, || panic!("on purpose")).unwrap();
         let payload = t.join().unwrap_err();
         assert_eq!(payload.downcast_ref::<&str>(), Some(&"on purpose"));
+    }
+
+    static GO: AtomicBool = AtomicBool::new(false);
+    static GATED_STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    /// Waits for GO (at most 10 s), then counts itself started.
+    fn gated() {
+        let t0 = std::time::Instant::now();
+        while !GO.load(Ordering::SeqCst) && t0.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        GATED_STARTED.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// In a batch, starts return before the new threads ran `thread_start`
+    /// (held here until GO), and the batch's wait returns only once all
+    /// have. Without the batch, the first start would have waited for its
+    /// thread (up to gated's 10 s) and the count would not be 0.
+    #[test]
+    fn a_batch_waits_once_for_all_its_starts() {
+        let batch = StartBatch::open();
+        let a = spawn_helper("uzswap-batch-a", Some(gated), || {}).unwrap();
+        let b = spawn_helper_warmed("uzswap-batch-b", Some(gated), || {}, || {}).unwrap();
+        assert_eq!(GATED_STARTED.load(Ordering::SeqCst), 0);
+        GO.store(true, Ordering::SeqCst);
+        batch.wait().unwrap();
+        assert_eq!(GATED_STARTED.load(Ordering::SeqCst), 2);
+        a.join().unwrap();
+        b.join().unwrap();
+        // Closed: a start waits for its thread again.
+        let c = spawn_helper("uzswap-batch-c", Some(gated), || {}).unwrap();
+        assert_eq!(GATED_STARTED.load(Ordering::SeqCst), 3);
+        c.join().unwrap();
     }
 
     #[test]

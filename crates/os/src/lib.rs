@@ -37,7 +37,7 @@ pub mod statm;
 pub mod sync;
 pub mod threads;
 
-pub use helper::{spawn_helper, spawn_helper_serving, spawn_helper_warmed, Helper};
+pub use helper::{spawn_helper, spawn_helper_serving, spawn_helper_warmed, Helper, StartBatch};
 
 /// Size of an OS page, and the unit of everything in uzswap: pool pages,
 /// cached pages, backing slots and faulted pages.

@@ -822,6 +822,13 @@ fn start() -> Result<(), String> {
         dedup_scope: uzswap_cache::DedupScope::Global,
         ..CacheConfig::default()
     };
+    // The helpers below (the pool's compactor, the cache's writer, the
+    // pager's handler and evictor, the statistics server, co-scheduling's
+    // watcher) start together: each runs `mark_thread_internal` before
+    // anything is switched on (`READY`), but this thread waits once for
+    // them all instead of once for each, a scheduler's time slice apiece on
+    // a busy machine, in every process of a tree.
+    let started = uzswap_os::StartBatch::open();
     let cache = Arc::new(Cache::new(cache_cfg).map_err(|e| e.to_string())?);
     let mut pcfg = PagerConfig::new(budget_pages);
     pcfg.thread_start = Some(mark_thread_internal);
@@ -883,6 +890,9 @@ fn start() -> Result<(), String> {
     stats::serve(mark_thread_internal)
         .map_err(|e| format!("cannot open the statistics socket: {e}"))?;
     start_cosched();
+    started
+        .wait()
+        .map_err(|e| format!("a runtime thread did not start: {e}"))?;
     // SAFETY: registers an extern "C" function that lives for the program.
     unsafe { libc::atexit(at_exit) };
     READY.store(true, Ordering::Release);
