@@ -85,10 +85,10 @@ extern "C" fn start(arg: *mut c_void) -> *mut c_void {
     unsafe { libc::pthread_setname_np(libc::pthread_self(), name.as_ptr()) };
     let outcome: Outcome = std::panic::catch_unwind(AssertUnwindSafe(work));
     if outcome.is_err() {
-        eprintln!(
+        crate::say(&format!(
             "uzswap: the helper thread {} panicked (reported above)",
             name.to_string_lossy()
-        );
+        ));
     }
     Box::into_raw(Box::new(outcome)).cast()
 }

@@ -43,6 +43,16 @@ pub use helper::{spawn_helper, spawn_helper_serving, spawn_helper_warmed, Helper
 /// cached pages, backing slots and faulted pages.
 pub const PAGE_SIZE: usize = 4096;
 
+/// Writes `line` and a newline to the standard error with one `write`,
+/// taking no lock: `eprintln!` takes the standard library's stderr lock,
+/// which a helper thread could hold at the instant of a fork and leave
+/// taken in the child. For what uzswap's threads report.
+pub fn say(line: &str) {
+    let line = format!("{line}\n");
+    // SAFETY: writes a local buffer to descriptor 2.
+    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+}
+
 /// Resident set size of this process in bytes, from `/proc/self/statm`.
 pub fn rss_bytes() -> std::io::Result<u64> {
     let s = std::fs::read_to_string("/proc/self/statm")?;

@@ -139,9 +139,7 @@ pub fn protect(addr: usize, len: usize, prot: c_int) -> Result<(), i32> {
 
 /// One line to the program's stderr, prefixed `uzswap:`.
 pub fn warn(msg: &str) {
-    let line = format!("uzswap: {msg}\n");
-    // SAFETY: writes a buffer we own to fd 2.
-    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+    uzswap_os::say(&format!("uzswap: {msg}"));
 }
 
 /// Makes glibc's malloc serve every thread from one arena (its main one,

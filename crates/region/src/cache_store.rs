@@ -10,7 +10,7 @@ impl PageStore for cache::Cache {
         // Area ids come from the pager's counter; one beyond the cache's
         // range makes every later store fail with a clear error instead.
         if let Err(e) = cache::Cache::open_area(self, area) {
-            eprintln!("uzswap: {e}");
+            uzswap_os::say(&format!("uzswap: {e}"));
         }
     }
 

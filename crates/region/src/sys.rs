@@ -1305,12 +1305,9 @@ pub fn getpid() -> i32 {
 /// Says `msg` on stderr and ends the process with status 125 (no
 /// destructors, no atexit handlers: for a forked child that cannot go on).
 pub fn die(msg: &str) -> ! {
-    let line = format!("{msg}\n");
-    // SAFETY: writes a local buffer to stderr, then ends the process.
-    unsafe {
-        libc::write(2, line.as_ptr().cast(), line.len());
-        libc::_exit(125)
-    }
+    uzswap_os::say(msg);
+    // SAFETY: ends the process.
+    unsafe { libc::_exit(125) }
 }
 
 /// Registers fork hooks (see `crate::fork`).
