@@ -18,8 +18,9 @@
 //! 2. *child*: the store makes itself the child's (`PageStore::fork_child`:
 //!    its own backing file, key and threads); the locks are released; the
 //!    pager renews its descriptors (userfaultfd, eventfds, the staging
-//!    area, the zero look's page map), forgets what the parent's threads were doing (messages read,
-//!    parked and deferred faults: those threads are not in the child),
+//!    area, the zero look's page map), forgets what the parent's threads
+//!    were doing (messages read, parked and deferred faults: those threads
+//!    are not in the child),
 //!    registers every segment again, write-protects its `Clean` pages again
 //!    (the fork cleared their markers); last, once every lock of every
 //!    pager and store is released, the store's threads and its own start

@@ -58,9 +58,7 @@ impl ZeroLook {
             full_at: None,
         })
     }
-}
 
-impl ZeroLook {
     /// In a forked child (its only thread, the fork hook): the look scans
     /// the child's own page tables from now on, and its next look is a full
     /// one. The runs it tracks stay right until then: the child's pages
