@@ -53,6 +53,8 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use uzswap_os::fork::Side;
 
 /// What a tier says of its own traffic, for the statistics: a remote
 /// tier's round trips and bytes; for a local file only its reads ahead
@@ -77,6 +79,10 @@ pub struct TierStats {
     /// Bytes the tier holds, freed slots' bytes it cannot yet release
     /// included.
     pub held_bytes: u64,
+    /// Files shared since forks, and the slots of them this process still
+    /// uses (see [`FileBacking`], "A fork shares the file").
+    pub shared_files: u64,
+    pub shared_slots: u64,
 }
 
 /// A tier of fixed-size (`PAGE_SIZE`) slots addressed by number.
@@ -115,6 +121,38 @@ pub trait BackingStore: Send + Sync {
             format!("{} cannot be copied for a forked child", self.describe()),
         ))
     }
+    /// Whether the slots written before a fork can stay where they are,
+    /// shared by the parent and the child ([`BackingStore::fork_share`]),
+    /// instead of being copied for the child
+    /// ([`BackingStore::fork_private`]). Not by default.
+    fn shares_at_fork(&self) -> bool {
+        false
+    }
+    /// Before `fork()`, in the parent, when the slots will be shared: makes
+    /// ready what the parent writes to after the fork, so that the one step
+    /// that can fail comes while the caller can still copy instead.
+    fn fork_share_prepare(&self) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{} cannot be shared with a forked child", self.describe()),
+        ))
+    }
+    /// After `fork()`, in the parent (after [`BackingStore::fork_share_prepare`])
+    /// and in the child alike: slots below `next` are shared with the other
+    /// process from now on. This store never writes nor discards them
+    /// again and reads them as before; `live` of them are in use in this
+    /// process, and [`BackingStore::release_shared`] says when each stops
+    /// being. New slots are numbered from `next`. An error in the child
+    /// leaves it without a safe store (the caller must not go on).
+    fn fork_share(&self, _side: Side, _next: u64, _live: u64) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{} cannot be shared with a forked child", self.describe()),
+        ))
+    }
+    /// A slot below the last [`BackingStore::fork_share`]'s `next` is no
+    /// longer used by this process.
+    fn release_shared(&self, _slot: u64) {}
 }
 
 /// A shared store is a store: the caller can keep a handle on a tier it
@@ -143,6 +181,18 @@ impl<S: BackingStore + ?Sized> BackingStore for std::sync::Arc<S> {
     }
     fn fork_private(&self, end: u64) -> io::Result<()> {
         (**self).fork_private(end)
+    }
+    fn shares_at_fork(&self) -> bool {
+        (**self).shares_at_fork()
+    }
+    fn fork_share_prepare(&self) -> io::Result<()> {
+        (**self).fork_share_prepare()
+    }
+    fn fork_share(&self, side: Side, next: u64, live: u64) -> io::Result<()> {
+        (**self).fork_share(side, next, live)
+    }
+    fn release_shared(&self, slot: u64) {
+        (**self).release_shared(slot)
     }
 }
 
@@ -239,8 +289,39 @@ impl Ahead {
 }
 
 /// The default tier: a local file of slots.
+///
+/// # A fork shares the file
+/// At a fork the file holds the slots of pages both processes may load
+/// later. It stays where it is for both of them: from the fork on, each
+/// writes to a new file of its own, and reads the slots it had from the
+/// old one, which neither writes nor punches again ([`SharedFile`]). A
+/// process lets go of its descriptor of the old file when the last of its
+/// slots there is freed, and the kernel frees the file (unlinked) when
+/// the last process does. Until 2026-11-29 the child copied the used
+/// slots into a file of its own while its parent waited (55 MiB for each
+/// Python worker forked at 32 MiB, 40-90 ms a fork from a parent with
+/// 160 MiB written back, and as much again written to the disk and left
+/// in the page cache for every child); sharing the file costs an
+/// `open` in each process. The price: a slot freed in a shared file is not
+/// reused, so a process that forks again and again holds the space of
+/// its earlier files until it or its children free their slots there.
+///
+/// Slot numbers go on across files: the current file holds slots from
+/// `base` on, each shared file the range it held when it was shared.
 pub struct FileBacking {
+    /// The current file. Its descriptor number never changes: a fork puts
+    /// the new file's description at this number (`dup3`).
     file: File,
+    /// The first slot of the current file (slots below are in
+    /// `shared`). Changed only by the fork hooks, when no I/O is in flight.
+    base: AtomicU64,
+    /// Files shared with processes forked from this one or that this one
+    /// was forked from, oldest first (a leaf lock, never held across I/O).
+    shared: uzswap_os::lock::Mutex<Vec<SharedFile>>,
+    /// The parent's next file and a second descriptor of its current one,
+    /// opened before the fork ([`BackingStore::fork_share_prepare`]), so
+    /// that nothing can fail in the parent after it.
+    next_file: uzswap_os::lock::Mutex<Option<(File, File)>>,
     /// The window read ahead (lock order: a leaf, held to move it, never
     /// across a system call).
     ahead: uzswap_os::lock::Mutex<Ahead>,
@@ -254,46 +335,33 @@ pub struct FileBacking {
     dir: PathBuf,
 }
 
+/// Most files a process shares since forks; past it, a fork copies the
+/// slots for the child instead ([`BackingStore::fork_private`]).
+pub const MAX_SHARED_FILES: usize = 16;
+
+/// A file of slots that this process shares with another since a fork.
+struct SharedFile {
+    /// The slots it holds: `lo..hi`.
+    lo: u64,
+    hi: u64,
+    /// Shared with readers that took it while no lock was held.
+    file: Arc<File>,
+    /// How many of its slots this process still uses.
+    live: u64,
+}
+
 impl FileBacking {
     /// Creates a backing file. `path` may name a directory (an unnamed file
     /// is made in it) or a file that must not exist yet. The file is created
     /// with mode 0600 and unlinked at once, so nothing stays on disk however
     /// the process ends.
     pub fn create(path: &Path) -> io::Result<FileBacking> {
-        let (file, dir) = if path.is_dir() {
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .mode(0o600)
-                .custom_flags(libc::O_TMPFILE)
-                .open(path)
-                .or_else(|_| {
-                    // Filesystems without O_TMPFILE: a named file, unlinked.
-                    let name = path.join(format!(".uzswap-{}-{}", std::process::id(), unique()));
-                    create_unlinked(&name)
-                })?;
-            (file, path.to_path_buf())
-        } else {
-            let dir = path
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."))
-                .to_path_buf();
-            (create_unlinked(path)?, dir)
-        };
-        // Slots are read one at a time, in no order: readahead would only
-        // bring pages into the page cache that nobody asked for.
-        // SAFETY: a hint on our own descriptor.
-        unsafe {
-            libc::posix_fadvise(
-                std::os::fd::AsRawFd::as_raw_fd(&file),
-                0,
-                0,
-                libc::POSIX_FADV_RANDOM,
-            )
-        };
+        let (file, dir) = open_file(path)?;
         Ok(FileBacking {
             file,
+            base: AtomicU64::new(0),
+            shared: uzswap_os::lock::Mutex::new(Vec::new()),
+            next_file: uzswap_os::lock::Mutex::new(None),
             ahead: uzswap_os::lock::Mutex::new(Ahead::default()),
             read_ahead_hits: AtomicU64::new(0),
             dontcache: std::sync::atomic::AtomicBool::new(true),
@@ -301,6 +369,44 @@ impl FileBacking {
             dir,
         })
     }
+}
+
+/// Opens a new backing file at `path` (see [`FileBacking::create`]);
+/// returns it and the directory it is in.
+fn open_file(path: &Path) -> io::Result<(File, PathBuf)> {
+    let (file, dir) = if path.is_dir() {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_TMPFILE)
+            .open(path)
+            .or_else(|_| {
+                // Filesystems without O_TMPFILE: a named file, unlinked.
+                let name = path.join(format!(".uzswap-{}-{}", std::process::id(), unique()));
+                create_unlinked(&name)
+            })?;
+        (file, path.to_path_buf())
+    } else {
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
+        (create_unlinked(path)?, dir)
+    };
+    // Slots are read one at a time, in no order: readahead would only
+    // bring pages into the page cache that nobody asked for.
+    // SAFETY: a hint on our own descriptor.
+    unsafe {
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+            0,
+            libc::POSIX_FADV_RANDOM,
+        )
+    };
+    Ok((file, dir))
 }
 
 /// The file's descriptor, for callers that inspect the file (its size and
@@ -350,6 +456,29 @@ impl FileBacking {
         std::os::fd::AsRawFd::as_raw_fd(&self.file)
     }
 
+    /// The byte offset of a slot of the current file.
+    fn offset(&self, slot: u64) -> u64 {
+        let base = self.base.load(Ordering::Relaxed);
+        debug_assert!(
+            slot >= base,
+            "slot {slot} is below the current file's {base}"
+        );
+        (slot - base) * PAGE_SIZE as u64
+    }
+
+    /// The shared file that holds `slot` and the slot's byte offset in
+    /// it, if the slot is below the current file.
+    fn shared_file(&self, slot: u64) -> Option<(Arc<File>, u64)> {
+        if slot >= self.base.load(Ordering::Relaxed) {
+            return None;
+        }
+        let shared = self.shared.lock();
+        shared
+            .iter()
+            .find(|f| (f.lo..f.hi).contains(&slot))
+            .map(|f| (Arc::clone(&f.file), (slot - f.lo) * PAGE_SIZE as u64))
+    }
+
     /// The flags of a read or write: `RWF_DONTCACHE` while it is taken.
     fn rwf(&self) -> libc::c_int {
         if self.dontcache.load(Ordering::Relaxed) {
@@ -389,14 +518,19 @@ impl FileBacking {
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
-        self.drop_cached(at, len);
+        self.drop_cached(self.fd(), at, len);
         Ok(())
     }
 
-    /// Reads slots from `slot` into `buf` until it is full or the file
+    /// Reads `fd` from byte `start` into `buf` until it is full or the file
     /// ends, which is an error before `least` bytes; returns the bytes read.
-    fn read_at(&self, slot: u64, buf: &mut [u8], least: usize) -> io::Result<usize> {
-        let start = slot * PAGE_SIZE as u64;
+    fn read_at(
+        &self,
+        fd: libc::c_int,
+        start: u64,
+        buf: &mut [u8],
+        least: usize,
+    ) -> io::Result<usize> {
         let mut flags = self.rwf();
         let mut done = 0;
         while done < buf.len() {
@@ -407,15 +541,8 @@ impl FileBacking {
             };
             // SAFETY: the iovec points into `buf`, live and exclusively
             // ours for the call; the fd is ours and open.
-            let n = unsafe {
-                libc::preadv2(
-                    self.fd(),
-                    &iov,
-                    1,
-                    (start + done as u64) as libc::off_t,
-                    flags,
-                )
-            };
+            let n =
+                unsafe { libc::preadv2(fd, &iov, 1, (start + done as u64) as libc::off_t, flags) };
             if n == 0 && done >= least {
                 break; // the file ends after the slots asked for
             }
@@ -431,41 +558,40 @@ impl FileBacking {
             }
         }
         if flags == 0 {
-            self.drop_cached(start, done as u64);
+            self.drop_cached(fd, start, done as u64);
         }
         Ok(done)
     }
 
-    /// Drops clean cached pages of the file (a hint: failure leaves them).
-    fn drop_cached(&self, at: u64, len: u64) {
-        self.advise(at, len, libc::POSIX_FADV_DONTNEED);
+    /// Drops clean cached pages of a file (a hint: failure leaves them).
+    fn drop_cached(&self, fd: libc::c_int, at: u64, len: u64) {
+        advise(fd, at, len, libc::POSIX_FADV_DONTNEED);
     }
 
-    /// `posix_fadvise` of `len` bytes at `at` (a hint: failure is ignored).
-    fn advise(&self, at: u64, len: u64, advice: libc::c_int) {
-        if len == 0 {
-            return;
-        }
-        // SAFETY: a hint on our own descriptor.
-        unsafe { libc::posix_fadvise(self.fd(), at as libc::off_t, len as libc::off_t, advice) };
-    }
-
-    /// [`FileBacking::advise`] of a range of slots.
+    /// [`advise`] of a range of slots of the current file (the part of it
+    /// at or above its first slot).
     fn advise_slots(&self, slots: &std::ops::Range<u64>, advice: libc::c_int) {
+        let base = self.base.load(Ordering::Relaxed);
+        let (lo, hi) = (slots.start.max(base), slots.end.max(base));
         let page = PAGE_SIZE as u64;
-        self.advise(
-            slots.start * page,
-            slots.end.saturating_sub(slots.start) * page,
-            advice,
-        );
+        advise(self.fd(), (lo - base) * page, (hi - lo) * page, advice);
     }
+}
+
+/// `posix_fadvise` of `len` bytes at `at` (a hint: failure is ignored).
+fn advise(fd: libc::c_int, at: u64, len: u64, advice: libc::c_int) {
+    if len == 0 {
+        return;
+    }
+    // SAFETY: a hint on one of our own descriptors.
+    unsafe { libc::posix_fadvise(fd, at as libc::off_t, len as libc::off_t, advice) };
 }
 
 impl BackingStore for FileBacking {
     fn write_slots(&self, first: u64, pages: &[&[u8]]) -> io::Result<()> {
         let mut iov: Vec<io::IoSlice<'_>> = pages.iter().map(|p| io::IoSlice::new(p)).collect();
         let mut slices = &mut iov[..];
-        let start = first * PAGE_SIZE as u64;
+        let start = self.offset(first);
         let mut at = start;
         let mut flags = self.rwf();
         while !slices.is_empty() {
@@ -503,13 +629,27 @@ impl BackingStore for FileBacking {
     }
 
     fn read_slot(&self, slot: u64, page: &mut [u8]) -> io::Result<()> {
+        if slot < self.base.load(Ordering::Relaxed) {
+            // A slot of a file shared since a fork: read alone (the window
+            // is the current file's). The file stays open while the read
+            // holds it, even if the slot's last user lets go meanwhile.
+            let (file, start) = self.shared_file(slot).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("slot {slot} is in no backing file this process still holds"),
+                )
+            })?;
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&*file);
+            self.read_at(fd, start, page, page.len())?;
+            return Ok(());
+        }
         let plan = self.ahead.lock().plan(slot);
         // The window's reads start before this slot's, which waits.
         self.advise_slots(&plan.fetch, libc::POSIX_FADV_WILLNEED);
         for gone in &plan.drop {
             self.advise_slots(gone, libc::POSIX_FADV_DONTNEED);
         }
-        self.read_at(slot, page, page.len())?;
+        self.read_at(self.fd(), self.offset(slot), page, page.len())?;
         if plan.ahead {
             self.read_ahead_hits.fetch_add(1, Ordering::Relaxed);
         }
@@ -517,12 +657,16 @@ impl BackingStore for FileBacking {
     }
 
     fn discard(&self, first: u64, count: u64) {
+        if first < self.base.load(Ordering::Relaxed) {
+            // A shared file's slots: another process may still read them.
+            return;
+        }
         // SAFETY: plain syscall on our fd; failure only leaves blocks in use.
         unsafe {
             libc::fallocate(
                 self.fd(),
                 libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                (first * PAGE_SIZE as u64) as libc::off_t,
+                self.offset(first) as libc::off_t,
                 (count * PAGE_SIZE as u64) as libc::off_t,
             );
         }
@@ -539,8 +683,11 @@ impl BackingStore for FileBacking {
     /// Loads served from slots read ahead; nothing else (the file's
     /// traffic is the cache's `backing_writes` and `loads_backing`).
     fn tier_stats(&self) -> TierStats {
+        let shared = self.shared.lock();
         TierStats {
             read_ahead_hits: self.read_ahead_hits.load(Ordering::Relaxed),
+            shared_files: shared.len() as u64,
+            shared_slots: shared.iter().map(|f| f.live).sum(),
             ..TierStats::default()
         }
     }
@@ -589,6 +736,79 @@ impl BackingStore for FileBacking {
             return Err(io::Error::last_os_error());
         }
         Ok(())
+    }
+
+    /// While it holds fewer than [`MAX_SHARED_FILES`] shared files: each
+    /// is a descriptor of the program's process, and a program that forks
+    /// after every writeback would otherwise run out of them.
+    fn shares_at_fork(&self) -> bool {
+        self.shared.lock().len() < MAX_SHARED_FILES
+    }
+
+    fn fork_share_prepare(&self) -> io::Result<()> {
+        let (file, _) = open_file(&self.dir)?;
+        *self.next_file.lock() = Some((file, self.file.try_clone()?));
+        Ok(())
+    }
+
+    /// See the type's docs ("A fork shares the file"). Runs in a fork hook
+    /// with no I/O of this store in flight (the cache's contract).
+    fn fork_share(&self, side: Side, next: u64, live: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // The parent opened its next file before the fork; the child's copy
+        // of that descriptor is the parent's file, never the child's.
+        let prepared = self.next_file.lock().take();
+        let base = self.base.load(Ordering::Relaxed);
+        let (file, old) = match side {
+            Side::Parent if next == base => return Ok(()), // nothing shared
+            Side::Parent => prepared.ok_or_else(|| {
+                io::Error::other("the parent's next backing file was not opened before the fork")
+            })?,
+            Side::Child => {
+                drop(prepared);
+                (open_file(&self.dir)?.0, self.file.try_clone()?)
+            }
+        };
+        if next > base && live > 0 {
+            // The current file keeps its slots, shared from now on, under
+            // a descriptor number of its own.
+            self.shared.lock().push(SharedFile {
+                lo: base,
+                hi: next,
+                file: Arc::new(old),
+                live,
+            });
+        }
+        // SAFETY: dup3 onto our own descriptor number: it atomically puts
+        // the new file's description there (the old one stays open through
+        // `old` above, if any slot is shared); `file` closes its own
+        // number on drop.
+        if unsafe { libc::dup3(file.as_raw_fd(), self.fd(), libc::O_CLOEXEC) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.base.store(next, Ordering::Relaxed);
+        // The window was the old file's.
+        match side {
+            Side::Parent => *self.ahead.lock() = Ahead::default(),
+            Side::Child => {
+                // SAFETY: the child's only thread runs here (the caller's
+                // contract: `Cache::fork_child`).
+                let _ = unsafe { uzswap_os::fork::take_in_child(&self.ahead) };
+            }
+        }
+        Ok(())
+    }
+
+    fn release_shared(&self, slot: u64) {
+        let mut shared = self.shared.lock();
+        if let Some(i) = shared.iter().position(|f| (f.lo..f.hi).contains(&slot)) {
+            shared[i].live -= 1;
+            if shared[i].live == 0 {
+                // Closed once no read holds it; the kernel frees the
+                // unlinked file when every process has let go.
+                shared.remove(i);
+            }
+        }
     }
 }
 
@@ -759,14 +979,35 @@ impl<S: BackingStore> BackingStore for FaultInjector<S> {
     fn fork_private(&self, end: u64) -> io::Result<()> {
         self.inner.fork_private(end)
     }
+
+    fn shares_at_fork(&self) -> bool {
+        self.inner.shares_at_fork()
+    }
+
+    fn fork_share_prepare(&self) -> io::Result<()> {
+        self.inner.fork_share_prepare()
+    }
+
+    fn fork_share(&self, side: Side, next: u64, live: u64) -> io::Result<()> {
+        self.inner.fork_share(side, next, live)
+    }
+
+    fn release_shared(&self, slot: u64) {
+        self.inner.release_shared(slot)
+    }
 }
 
 /// Free-slot bookkeeping: free extents (start → length) below `end`, the
 /// first never-used slot. Allocation prefers one extent that holds the whole
 /// run, then the end of the file, then pieces.
+///
+/// Slots are numbered from `base`, the current file's first slot (see
+/// [`FileBacking`], "A fork shares the file"): [`SlotMap::rebase`] starts
+/// a new file's numbering.
 #[derive(Debug, Default)]
 pub struct SlotMap {
     free: BTreeMap<u64, u64>,
+    base: u64,
     end: u64,
     capacity: Option<u64>,
     used: u64,
@@ -784,9 +1025,29 @@ impl SlotMap {
         self.used
     }
 
-    /// Slots past the last used one are never read: the file's high mark.
+    /// Slots past the last used one are never read: the current file's
+    /// high mark, in slots from its first.
     pub fn end(&self) -> u64 {
-        self.end
+        self.end - self.base
+    }
+
+    /// The current file's first slot: slots below it are in files shared
+    /// since a fork, which this map does not hand out.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Starts over for a new file whose first slot is `base` (at a fork,
+    /// after the slots so far became shared): every slot below is
+    /// forgotten.
+    pub fn rebase(&mut self, base: u64) {
+        debug_assert!(base >= self.end, "slot {base} is below the high mark");
+        *self = SlotMap {
+            base,
+            end: base,
+            capacity: self.capacity,
+            ..SlotMap::default()
+        };
     }
 
     /// Allocates up to `n` slots as runs `(first, len)`; fewer (possibly
@@ -801,7 +1062,7 @@ impl SlotMap {
         if want > 0 {
             let room = self
                 .capacity
-                .map_or(u64::MAX, |c| c.saturating_sub(self.end));
+                .map_or(u64::MAX, |c| c.saturating_sub(self.end - self.base));
             let tail = want.min(room);
             if tail > 0 {
                 runs.push((self.end, tail));
@@ -859,7 +1120,8 @@ impl SlotMap {
 
     /// Whether `slot` is allocated (for invariant checks).
     pub fn is_used(&self, slot: u64) -> bool {
-        slot < self.end
+        slot >= self.base
+            && slot < self.end
             && self
                 .free
                 .range(..=slot)
@@ -871,6 +1133,59 @@ impl SlotMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fork's share (the parent's side, without forking): the slots so
+    /// far stay readable in the shared file, new ones go to a new file
+    /// numbered on, and the shared file is let go of after its last slot.
+    #[test]
+    fn a_shared_file_keeps_its_slots_until_the_last_is_released() {
+        let b = FileBacking::create(&std::env::temp_dir()).unwrap();
+        let page = |v: u8| vec![v; PAGE_SIZE];
+        let read = |slot: u64| {
+            let mut buf = vec![0u8; PAGE_SIZE];
+            b.read_slot(slot, &mut buf).map(|()| buf[0])
+        };
+        b.write_slots(0, &[&page(1), &page(2)]).unwrap();
+        b.fork_share_prepare().unwrap();
+        let next = 1 << 40;
+        b.fork_share(Side::Parent, next, 2).unwrap();
+        b.write_slots(next, &[&page(3), &page(4)]).unwrap();
+        assert_eq!((read(0).unwrap(), read(1).unwrap()), (1, 2));
+        assert_eq!((read(next).unwrap(), read(next + 1).unwrap()), (3, 4));
+        let t = b.tier_stats();
+        assert_eq!((t.shared_files, t.shared_slots), (1, 2));
+        // A discard of shared slots is ignored: another process reads them.
+        b.discard(0, 2);
+        assert_eq!(read(1).unwrap(), 2);
+        b.release_shared(0);
+        assert_eq!(read(1).unwrap(), 2, "the file stays while a slot is used");
+        b.release_shared(1);
+        let t = b.tier_stats();
+        assert_eq!((t.shared_files, t.shared_slots), (0, 0));
+        let e = read(1).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+        // The new file's slots are where they were written.
+        assert_eq!(read(next + 1).unwrap(), 4);
+    }
+
+    /// A process shares at most `MAX_SHARED_FILES` files; past that its
+    /// forks copy (each shared file is a descriptor of the program's).
+    #[test]
+    fn a_process_shares_a_bounded_number_of_files() {
+        let b = FileBacking::create(&std::env::temp_dir()).unwrap();
+        let page = vec![7u8; PAGE_SIZE];
+        let mut base = 0;
+        for _ in 0..MAX_SHARED_FILES {
+            assert!(b.shares_at_fork());
+            b.write_slots(base, &[&page]).unwrap();
+            b.fork_share_prepare().unwrap();
+            b.fork_share(Side::Parent, base + (1 << 40), 1).unwrap();
+            base += 1 << 40;
+        }
+        assert!(!b.shares_at_fork());
+        b.release_shared(0);
+        assert!(b.shares_at_fork(), "a file let go of makes room");
+    }
 
     #[test]
     fn slot_runs_are_adjacent_and_reused() {

@@ -20,8 +20,16 @@ macro_rules! counters {
             pub pool_total_size: u64,
             /// Bytes of the cache's own index (entries, LRU, dedup table).
             pub index_bytes: u64,
-            /// Backing slots in use.
+            /// Backing slots in use in the current file (those in files
+            /// shared since a fork are `backing_shared_slots`).
             pub backing_slots_used: u64,
+            /// Backing files this process shares with processes forked
+            /// from it or that it was forked from, and the slots it still
+            /// uses in them.
+            #[serde(default)]
+            pub backing_shared_files: u64,
+            #[serde(default)]
+            pub backing_shared_slots: u64,
             /// The pool limit in bytes (`u64::MAX`: none).
             pub pool_limit_bytes: u64,
             /// Whether the pool is in its "full" state (refusing until it
@@ -64,6 +72,8 @@ macro_rules! counters {
                     ("pool_total_size", self.pool_total_size),
                     ("index_bytes", self.index_bytes),
                     ("backing_slots_used", self.backing_slots_used),
+                    ("backing_shared_files", self.backing_shared_files),
+                    ("backing_shared_slots", self.backing_shared_slots),
                     ("pool_limit_bytes", self.pool_limit_bytes),
                     ("pool_full", self.pool_full),
                     ("tier_round_trips", self.tier_round_trips),

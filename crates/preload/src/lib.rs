@@ -42,7 +42,8 @@
 //! `pthread_atfork` hooks hand the child its copy of the pager (see
 //! `uzswap_region`'s docs, "Fork"): its regions are registered again with
 //! a userfaultfd of its own, its evicted pages are served from its
-//! copy-on-write copy of the pool and its own copy of the backing file,
+//! copy-on-write copy of the pool and the backing file's slots it shares
+//! with its parent (each writes on to a file of its own),
 //! and it runs its own handler and evictor. This library's child hook then
 //! gives it a slot of its own in the ledger and its own statistics socket:
 //! the child is managed like any process of the tree, its `malloc` still

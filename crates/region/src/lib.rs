@@ -442,7 +442,8 @@
 //!   zeros. By default (`ForkChild::Managed`) the child takes over its
 //!   copy of the pager before `fork()` returns: a new userfaultfd, every
 //!   segment registered again, its own threads, its own store (the cache
-//!   copies its backing file for it); nothing is brought back for the fork
+//!   shares its backing file's slots and gives it a file of its own for
+//!   new ones); nothing is brought back for the fork
 //!   (see `pager/fork.rs`). `ForkChild::Prefault` brings every stored page
 //!   back before the fork instead (the child then has no pager);
 //!   `ForkChild::Unmanaged` does neither, for programs that fork only to

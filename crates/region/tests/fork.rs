@@ -281,7 +281,9 @@ fn evictor_settled(pager: &Pager) {
 /// the fork, the child serves the parent's evicted pages (pool and backing
 /// file) from its own copy, evicts its own pages, and the two never see
 /// each other's writes, including the parent's reuse of backing slots the
-/// child still needs.
+/// child still needs. The backing file is not copied: both keep reading
+/// the slots used at the fork from it, write to files of their own, and
+/// let go of it when their last slot there is freed.
 #[test]
 fn a_managed_child_serves_evicted_pages_from_its_own_copy() {
     const BUDGET: usize = 64;
@@ -320,6 +322,12 @@ fn a_managed_child_serves_evicted_pages_from_its_own_copy() {
             libc::read(go_r, b.as_mut_ptr().cast(), 1)
         };
         child_check(n == 1, 7, "the parent went away");
+        let st = cache.stats();
+        child_check(
+            st.backing_shared_files == 1 && st.backing_shared_slots > (PAGES / 2) as u64,
+            8,
+            &format!("the child shares no file with its parent: {st:?}"),
+        );
         let mut bad = 0;
         for p in 0..PAGES {
             if version_of(page(p), p) != Some(1) {
@@ -343,6 +351,14 @@ fn a_managed_child_serves_evicted_pages_from_its_own_copy() {
             }
         }
         child_check(bad == 0, 4, &format!("{bad} of the child's pages lost"));
+        // Every page was read and written again: no slot of the shared
+        // file is the child's any more, and it let go of the file.
+        let st = cache.stats();
+        child_check(
+            st.backing_shared_files == 0 && st.backing_shared_slots == 0,
+            9,
+            &format!("the child still holds the shared file: {st:?}"),
+        );
         let st = pager.stats();
         child_check(st.evictions > PAGES as u64 / 2, 5, &format!("{st:?}"));
         evictor_settled(&pager);
@@ -358,6 +374,11 @@ fn a_managed_child_serves_evicted_pages_from_its_own_copy() {
     assert!(
         st.resident_pages <= BUDGET as u64,
         "the fork left the parent at its budget: {st:?}"
+    );
+    let shared = cache.stats();
+    assert!(
+        shared.backing_shared_files == 1 && shared.backing_shared_slots > (PAGES / 2) as u64,
+        "the parent's slots at the fork are shared, not copied: {shared:?}"
     );
     let written = |c: &Cache| {
         let s = c.stats();

@@ -381,6 +381,7 @@ impl RedisBacking {
                 missing: c.missing.load(RELAXED),
                 connects: c.connects.load(RELAXED),
                 read_ahead_hits: c.read_ahead_hits.load(RELAXED),
+                ..TierStats::default()
             },
         }
     }

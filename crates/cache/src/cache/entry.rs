@@ -101,9 +101,17 @@ impl Inner {
         }
     }
 
-    /// Frees a backing slot (lock 2, `slots`).
+    /// Frees a backing slot (lock 2, `slots`); one of a file shared since a
+    /// fork is only let go of (the store closes the file after its last).
     pub(super) fn free_slot(&self, slot: u64) {
         let mut slots = self.slots.lock();
+        if slot < slots.base() {
+            drop(slots);
+            if let Some(b) = &self.backing {
+                b.release_shared(slot);
+            }
+            return;
+        }
         let (start, len) = slots.free(slot);
         // Give the file's blocks back in batches, not one page at a time.
         // Under the lock: once it is released the extent may be handed out

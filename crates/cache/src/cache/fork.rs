@@ -8,26 +8,39 @@
 //!    its step first (a writeback batch its I/O), so the child's copy is
 //!    consistent. With a backing tier it also opens a pipe.
 //! 2. `fork_child` (child, where only the forking thread exists):
-//!    - the backing file is shared with the parent, which will reuse the
-//!      slots the child still needs: the child copies the used slots to a
-//!      file of its own (`BackingStore::fork_private`, holes left out) and
-//!      tells the parent through the pipe;
+//!    - the backing store is shared with the parent. Where the store can
+//!      (`BackingStore::shares_at_fork`: the file), both keep the slots
+//!      used at the fork where they are, shared, written and discarded by
+//!      neither again, and each writes new slots to a file of its own
+//!      (`BackingStore::fork_share`, numbered on from the next file's
+//!      first slot); the parent opened its next file in `fork_prepare`,
+//!      where a failure still leaves the copy. Otherwise (a remote tier, or
+//!      the parent could not open a file) the parent would reuse slots the
+//!      child still needs: the child copies the used slots to a store of
+//!      its own (`BackingStore::fork_private`, holes left out) and tells
+//!      the parent through the pipe;
 //!    - the sealer's key and sequence numbers were the parent's too: the
 //!      child seals under a fresh key from here on (`Sealer::rekey`);
 //!    - the locks are released; threads start only in `fork_child_start`,
 //!      once the caller has released every other lock the prepare hooks
 //!      hold (a thread started earlier could block on one of them).
-//! 3. `fork_parent` waits (at most `COPY_WAIT`) until the child has copied
-//!    the backing file or died, then releases the locks. Until then no
-//!    slot of the parent is freed or written.
+//! 3. `fork_parent` shares its slots as the child does, or waits (at
+//!    most `COPY_WAIT`) until the child has copied them or died, then
+//!    releases the locks. Until then no slot of the parent is freed or
+//!    written.
 //!
 //! The pool's pages and the index are the child's copy-on-write copy: both
 //! processes go on with them independently.
 
-use super::{Cache, RELAXED};
+use super::{Cache, Seals, RELAXED};
+use crate::backing::SlotMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 use uzswap_os::fork::{AfterFork, Side};
+
+/// The slot numbers of one backing file: a file shared at a fork keeps
+/// its numbers, and the next file's start this far above its first.
+const FILE_SLOTS: u64 = 1 << 40;
 
 /// How long the parent waits for a child to copy the backing file before it
 /// goes on (a child that takes longer finds reused slots, which fail their
@@ -54,7 +67,18 @@ impl Cache {
     /// or [`Cache::fork_child`] in the child.
     pub fn fork_prepare(&self) {
         let i = &*self.inner;
-        // A pipe for the child's "copied" (only if there is a file to copy).
+        // Where the store can share its slots, the parent's next file is
+        // opened now, before any lock is taken (a system call that may
+        // fail: then the child copies instead). The plan is made under
+        // the slot map's lock below: a writeback may have used the first
+        // slots meanwhile.
+        let can_share = i.backing.as_ref().is_some_and(|b| b.shares_at_fork());
+        let prepared = can_share
+            && i.slots.lock().used() > 0
+            && i.backing
+                .as_ref()
+                .is_some_and(|b| b.fork_share_prepare().is_ok());
+        // A pipe for the child's "copied" (if there is a store to copy).
         let pipe = i.backing.as_ref().and_then(|_| {
             let mut fds = [0; 2];
             // SAFETY: pipe2 fills two descriptors on success.
@@ -63,9 +87,20 @@ impl Cache {
                 unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
             })
         });
-        *self.fork_pipe.lock() = pipe;
         std::mem::forget(i.wb_gate.write());
-        std::mem::forget(i.slots.lock());
+        let slots = i.slots.lock();
+        let used = slots.used();
+        let share = can_share && (used == 0 || prepared);
+        // With slots in use, the next file's numbers start above them all;
+        // with none, the child's file starts where the parent's does.
+        let next = if used > 0 {
+            slots.base() + FILE_SLOTS
+        } else {
+            slots.base()
+        };
+        *self.fork_share.lock() = share.then_some((next, used));
+        *self.fork_pipe.lock() = pipe.filter(|_| !share);
+        std::mem::forget(slots);
         for s in i.shards.iter() {
             std::mem::forget(s.lock());
         }
@@ -76,13 +111,27 @@ impl Cache {
         std::mem::forget(i.seals.lock());
     }
 
-    /// After `fork()`, in the parent: waits until the child has made its
-    /// copy of the backing file (or died, or `COPY_WAIT` passed), then
-    /// releases every lock.
+    /// After `fork()`, in the parent: moves to its next backing file (the
+    /// slots so far stay shared), or waits until the child has made its
+    /// copy of the store (or died, or `COPY_WAIT` passed); then releases
+    /// every lock.
     ///
     /// # Safety
     /// Only after [`Cache::fork_prepare`] on this thread, in the parent.
     pub unsafe fn fork_parent(&self) {
+        if let Some((next, live)) = self.fork_share.lock().take() {
+            // SAFETY: fork_prepare took the slot map's and the seals' locks
+            // on this thread and forgot the guards; they are released
+            // below, not before.
+            let (slots, seals) = unsafe {
+                (
+                    &mut *self.inner.slots.data_ptr(),
+                    &mut *self.inner.seals.data_ptr(),
+                )
+            };
+            self.share_slots(Side::Parent, slots, seals, next, live)
+                .expect("the parent's next backing file was opened before the fork");
+        }
         if let Some((rx, tx)) = self.fork_pipe.lock().take() {
             drop(tx); // the child's end alone: EOF if it dies
             let mut pfd = libc::pollfd {
@@ -100,8 +149,9 @@ impl Cache {
         }
     }
 
-    /// After `fork()`, in the child: releases every lock, makes the backing
-    /// file the child's own and takes a fresh key. Starts no thread (see
+    /// After `fork()`, in the child: releases every lock, moves to a
+    /// backing file of its own (the slots so far shared with the parent,
+    /// or copied where the store cannot share) and takes a fresh key. Starts no thread (see
     /// [`Cache::fork_child_start`]). An error leaves the child's cache
     /// without a safe backing tier: the caller must not go on using it.
     ///
@@ -114,9 +164,23 @@ impl Cache {
         // child, where no other thread exists to race the steps below.
         unsafe { self.fork_unlock(true) };
         let i = &*self.inner;
+        let share = self.fork_share.lock().take();
         if let Some(b) = &i.backing {
-            let end = i.slots.lock().end();
-            b.fork_private(end).map_err(ForkError::Backing)?;
+            match share {
+                Some((next, live)) => self
+                    .share_slots(
+                        Side::Child,
+                        &mut i.slots.lock(),
+                        &mut i.seals.lock(),
+                        next,
+                        live,
+                    )
+                    .map_err(ForkError::Backing)?,
+                None => {
+                    let end = i.slots.lock().end();
+                    b.fork_private(end).map_err(ForkError::Backing)?;
+                }
+            }
             i.sealer
                 .write()
                 .rekey(i.seq.load(RELAXED))
@@ -126,6 +190,30 @@ impl Cache {
             drop(rx);
             // SAFETY: one byte from a local to our end of the pipe.
             unsafe { libc::write(tx.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        }
+        Ok(())
+    }
+
+    /// Both sides of a fork that shares the backing store's slots: the
+    /// store moves to a file of its own whose first slot is `next`, and
+    /// the slot map starts over there.
+    fn share_slots(
+        &self,
+        side: Side,
+        slots: &mut SlotMap,
+        seals: &mut Seals,
+        next: u64,
+        live: u64,
+    ) -> std::io::Result<()> {
+        let Some(b) = &self.inner.backing else {
+            return Ok(());
+        };
+        // With nothing to share (`next` is the current file's first slot)
+        // the parent goes on with its file and the child takes a new one.
+        b.fork_share(side, next, live)?;
+        if next != slots.base() {
+            slots.rebase(next);
+            seals.rebase(next);
         }
         Ok(())
     }

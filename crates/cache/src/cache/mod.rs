@@ -263,24 +263,56 @@ struct SlotSeal {
     tag: [u8; 16],
 }
 
-/// Seals by slot (`Inner::seals`): grows to the backing file's high mark;
-/// a freed slot keeps its stale seal until it is written again.
+/// Seals by slot (`Inner::seals`), a table for each backing file this
+/// process has written (its slots numbered from the table's first: a fork
+/// moves both processes to new files, `fork.rs`), each grown to its file's
+/// high mark; a freed slot keeps its stale seal until it is written again.
 #[derive(Debug, Default)]
-struct Seals(Vec<SlotSeal>);
+struct Seals(Vec<(u64, Vec<SlotSeal>)>);
 
 impl Seals {
+    /// The table of the file that holds `slot`, and the slot's index in it.
+    fn table(&mut self, slot: u64) -> Option<(&mut Vec<SlotSeal>, usize)> {
+        let (first, t) = self.0.iter_mut().rev().find(|(first, _)| *first <= slot)?;
+        let i = (slot - *first) as usize;
+        Some((t, i))
+    }
+
     fn set(&mut self, slot: u64, seq: u64, tag: [u8; 16]) {
-        let i = slot as usize;
-        if i >= self.0.len() {
-            self.0.resize(i + 1, SlotSeal::default());
+        if self.0.is_empty() {
+            self.0.push((0, Vec::new()));
         }
-        self.0[i] = SlotSeal { seq, tag };
+        let (t, i) = self.table(slot).expect("the first table starts at slot 0");
+        if i >= t.len() {
+            t.resize(i + 1, SlotSeal::default());
+        }
+        t[i] = SlotSeal { seq, tag };
     }
 
     /// The seal last set for `slot` (all zeros, which opens nothing, if
     /// none was).
     fn get(&self, slot: u64) -> SlotSeal {
-        self.0.get(slot as usize).copied().unwrap_or_default()
+        self.0
+            .iter()
+            .rev()
+            .find(|(first, _)| *first <= slot)
+            .and_then(|(first, t)| t.get((slot - first) as usize))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// A new file's slots start at `first` (see `SlotMap::rebase`).
+    #[cfg_attr(feature = "shuttle", allow(dead_code))]
+    fn rebase(&mut self, first: u64) {
+        self.0.push((first, Vec::new()));
+    }
+
+    /// Bytes of the tables.
+    fn bytes(&self) -> usize {
+        self.0
+            .iter()
+            .map(|(_, t)| t.capacity() * std::mem::size_of::<SlotSeal>())
+            .sum()
     }
 }
 
@@ -452,6 +484,11 @@ pub struct Cache {
     /// never held across the fork.
     #[cfg_attr(feature = "shuttle", allow(dead_code))]
     fork_pipe: uzswap_os::lock::Mutex<Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>>,
+    /// When the backing store's slots are shared with a forked child, not
+    /// copied (`fork.rs`): the first slot after the fork and how many are
+    /// in use. Set by `fork_prepare`, taken by the hook after the fork.
+    #[cfg_attr(feature = "shuttle", allow(dead_code))]
+    fork_share: uzswap_os::lock::Mutex<Option<(u64, u64)>>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -534,6 +571,7 @@ impl Cache {
             writer: uzswap_os::lock::Mutex::new(writer),
             thread_start: cfg.thread_start,
             fork_pipe: uzswap_os::lock::Mutex::new(None),
+            fork_share: uzswap_os::lock::Mutex::new(None),
         })
     }
 
@@ -700,6 +738,8 @@ impl Cache {
             s.tier_connects = t.connects;
             s.tier_read_ahead_hits = t.read_ahead_hits;
             s.tier_held_bytes = t.held_bytes;
+            s.backing_shared_files = t.shared_files;
+            s.backing_shared_slots = t.shared_slots;
         }
         s
     }
@@ -813,7 +853,7 @@ impl Inner {
                 s.map.heap_bytes() + s.lru.capacity() * item
             })
             .sum();
-        let seals = self.seals.lock().0.capacity() * std::mem::size_of::<SlotSeal>();
+        let seals = self.seals.lock().bytes();
         (index + seals) as u64 + self.dedup.metadata_bytes()
     }
 }
