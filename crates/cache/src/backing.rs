@@ -137,6 +137,17 @@ pub trait BackingStore: Send + Sync {
             format!("{} cannot be shared with a forked child", self.describe()),
         ))
     }
+    /// Before `fork()`, after the cache's own locks: takes the store's
+    /// locks that another thread may hold (a statistics read, a slot
+    /// released) and keeps them, so that the child's copy of what they
+    /// guard is whole. Nothing by default.
+    fn fork_lock(&self) {}
+    /// After `fork()`: releases what [`BackingStore::fork_lock`] took.
+    ///
+    /// # Safety
+    /// This thread called `fork_lock` before the fork and nothing released
+    /// it since; with `Side::Child` it is the child's only thread.
+    unsafe fn fork_unlock(&self, _side: Side) {}
     /// After `fork()`, in the parent (after [`BackingStore::fork_share_prepare`])
     /// and in the child alike: slots below `next` are shared with the other
     /// process from now on. This store never writes nor discards them
@@ -144,7 +155,12 @@ pub trait BackingStore: Send + Sync {
     /// process, and [`BackingStore::release_shared`] says when each stops
     /// being. New slots are numbered from `next`. An error in the child
     /// leaves it without a safe store (the caller must not go on).
-    fn fork_share(&self, _side: Side, _next: u64, _live: u64) -> io::Result<()> {
+    ///
+    /// # Safety
+    /// In the parent, between [`BackingStore::fork_lock`] and
+    /// [`BackingStore::fork_unlock`] on this thread; in the child, after
+    /// `fork_unlock`, as its only thread.
+    unsafe fn fork_share(&self, _side: Side, _next: u64, _live: u64) -> io::Result<()> {
         Err(io::Error::new(
             io::ErrorKind::Unsupported,
             format!("{} cannot be shared with a forked child", self.describe()),
@@ -188,8 +204,16 @@ impl<S: BackingStore + ?Sized> BackingStore for std::sync::Arc<S> {
     fn fork_share_prepare(&self) -> io::Result<()> {
         (**self).fork_share_prepare()
     }
-    fn fork_share(&self, side: Side, next: u64, live: u64) -> io::Result<()> {
-        (**self).fork_share(side, next, live)
+    fn fork_lock(&self) {
+        (**self).fork_lock()
+    }
+    unsafe fn fork_unlock(&self, side: Side) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { (**self).fork_unlock(side) }
+    }
+    unsafe fn fork_share(&self, side: Side, next: u64, live: u64) -> io::Result<()> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { (**self).fork_share(side, next, live) }
     }
     fn release_shared(&self, slot: u64) {
         (**self).release_shared(slot)
@@ -313,8 +337,15 @@ pub struct FileBacking {
     /// the new file's description at this number (`dup3`).
     file: File,
     /// The first slot of the current file (slots below are in
-    /// `shared`). Changed only by the fork hooks, when no I/O is in flight.
+    /// `shared`). Changed only by the fork hooks, with no write in flight
+    /// (the cache's `fork_prepare` waits for writeback batches); see
+    /// `reads` for reads.
     base: AtomicU64,
+    /// Reads under way. A read counts itself before it looks at `base`;
+    /// the parent's fork hook moves `base` on, then waits until no read
+    /// that may have seen the old one is left before it puts the new file
+    /// at the descriptor's number (`fork_share`).
+    reads: AtomicU32,
     /// Files shared with processes forked from this one or that this one
     /// was forked from, oldest first (a leaf lock, never held across I/O).
     shared: uzswap_os::lock::Mutex<Vec<SharedFile>>,
@@ -345,9 +376,17 @@ struct SharedFile {
     lo: u64,
     hi: u64,
     /// Shared with readers that took it while no lock was held.
-    file: Arc<File>,
+    view: Arc<SharedView>,
     /// How many of its slots this process still uses.
     live: u64,
+}
+
+/// What a read of a shared file needs: the file and its own window read
+/// ahead (a forked worker that reads its parent's data in order reads
+/// the shared file in order).
+struct SharedView {
+    file: File,
+    ahead: uzswap_os::lock::Mutex<Ahead>,
 }
 
 impl FileBacking {
@@ -360,6 +399,7 @@ impl FileBacking {
         Ok(FileBacking {
             file,
             base: AtomicU64::new(0),
+            reads: AtomicU32::new(0),
             shared: uzswap_os::lock::Mutex::new(Vec::new()),
             next_file: uzswap_os::lock::Mutex::new(None),
             ahead: uzswap_os::lock::Mutex::new(Ahead::default()),
@@ -466,17 +506,36 @@ impl FileBacking {
         (slot - base) * PAGE_SIZE as u64
     }
 
-    /// The shared file that holds `slot` and the slot's byte offset in
-    /// it, if the slot is below the current file.
-    fn shared_file(&self, slot: u64) -> Option<(Arc<File>, u64)> {
-        if slot >= self.base.load(Ordering::Relaxed) {
-            return None;
-        }
+    /// The shared file that holds `slot` and its first slot.
+    fn shared_file(&self, slot: u64) -> Option<(Arc<SharedView>, u64)> {
         let shared = self.shared.lock();
         shared
             .iter()
             .find(|f| (f.lo..f.hi).contains(&slot))
-            .map(|f| (Arc::clone(&f.file), (slot - f.lo) * PAGE_SIZE as u64))
+            .map(|f| (Arc::clone(&f.view), f.lo))
+    }
+
+    /// Reads `slot` of the file `fd` whose first slot is `first`, moving
+    /// that file's window read ahead (see "Reading ahead").
+    fn read_windowed(
+        &self,
+        fd: libc::c_int,
+        first: u64,
+        ahead: &uzswap_os::lock::Mutex<Ahead>,
+        slot: u64,
+        page: &mut [u8],
+    ) -> io::Result<()> {
+        let plan = ahead.lock().plan(slot);
+        // The window's reads start before this slot's, which waits.
+        advise_slots(fd, first, &plan.fetch, libc::POSIX_FADV_WILLNEED);
+        for gone in &plan.drop {
+            advise_slots(fd, first, gone, libc::POSIX_FADV_DONTNEED);
+        }
+        self.read_at(fd, (slot - first) * PAGE_SIZE as u64, page, page.len())?;
+        if plan.ahead {
+            self.read_ahead_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// The flags of a read or write: `RWF_DONTCACHE` while it is taken.
@@ -567,15 +626,14 @@ impl FileBacking {
     fn drop_cached(&self, fd: libc::c_int, at: u64, len: u64) {
         advise(fd, at, len, libc::POSIX_FADV_DONTNEED);
     }
+}
 
-    /// [`advise`] of a range of slots of the current file (the part of it
-    /// at or above its first slot).
-    fn advise_slots(&self, slots: &std::ops::Range<u64>, advice: libc::c_int) {
-        let base = self.base.load(Ordering::Relaxed);
-        let (lo, hi) = (slots.start.max(base), slots.end.max(base));
-        let page = PAGE_SIZE as u64;
-        advise(self.fd(), (lo - base) * page, (hi - lo) * page, advice);
-    }
+/// [`advise`] of a range of slots of the file `fd` whose first slot is
+/// `first` (the part of the range at or above it).
+fn advise_slots(fd: libc::c_int, first: u64, slots: &std::ops::Range<u64>, advice: libc::c_int) {
+    let (lo, hi) = (slots.start.max(first), slots.end.max(first));
+    let page = PAGE_SIZE as u64;
+    advise(fd, (lo - first) * page, (hi - lo) * page, advice);
 }
 
 /// `posix_fadvise` of `len` bytes at `at` (a hint: failure is ignored).
@@ -629,31 +687,33 @@ impl BackingStore for FileBacking {
     }
 
     fn read_slot(&self, slot: u64, page: &mut [u8]) -> io::Result<()> {
-        if slot < self.base.load(Ordering::Relaxed) {
-            // A slot of a file shared since a fork: read alone (the window
-            // is the current file's). The file stays open while the read
-            // holds it, even if the slot's last user lets go meanwhile.
-            let (file, start) = self.shared_file(slot).ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!("slot {slot} is in no backing file this process still holds"),
-                )
-            })?;
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&*file);
-            self.read_at(fd, start, page, page.len())?;
-            return Ok(());
+        /// Counts a read of the current file for as long as it lives.
+        struct Reading<'a>(&'a AtomicU32);
+        impl Drop for Reading<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Release);
+            }
         }
-        let plan = self.ahead.lock().plan(slot);
-        // The window's reads start before this slot's, which waits.
-        self.advise_slots(&plan.fetch, libc::POSIX_FADV_WILLNEED);
-        for gone in &plan.drop {
-            self.advise_slots(gone, libc::POSIX_FADV_DONTNEED);
+        let reading = Reading(&self.reads);
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        let base = self.base.load(Ordering::SeqCst);
+        if slot >= base {
+            return self.read_windowed(self.fd(), base, &self.ahead, slot, page);
         }
-        self.read_at(self.fd(), self.offset(slot), page, page.len())?;
-        if plan.ahead {
-            self.read_ahead_hits.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(())
+        // Not the current file: the parent's fork hook, which holds the
+        // shared files' lock, need not wait for this read.
+        drop(reading);
+        // A slot of a file shared since a fork. The file stays open while
+        // the read holds it, even if the slot's last user lets go
+        // meanwhile.
+        let (view, first) = self.shared_file(slot).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("slot {slot} is in no backing file this process still holds"),
+            )
+        })?;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&view.file);
+        self.read_windowed(fd, first, &view.ahead, slot, page)
     }
 
     fn discard(&self, first: u64, count: u64) {
@@ -751,9 +811,21 @@ impl BackingStore for FileBacking {
         Ok(())
     }
 
+    /// The list of shared files (a leaf lock: a read of the statistics or
+    /// a slot let go of may hold it at the fork).
+    fn fork_lock(&self) {
+        std::mem::forget(self.shared.lock());
+    }
+
+    unsafe fn fork_unlock(&self, side: Side) {
+        use uzswap_os::fork::AfterFork;
+        // SAFETY: fork_lock took it on this thread (the caller's contract).
+        unsafe { self.shared.after_fork(side) };
+    }
+
     /// See the type's docs ("A fork shares the file"). Runs in a fork hook
     /// with no I/O of this store in flight (the cache's contract).
-    fn fork_share(&self, side: Side, next: u64, live: u64) -> io::Result<()> {
+    unsafe fn fork_share(&self, side: Side, next: u64, live: u64) -> io::Result<()> {
         use std::os::fd::AsRawFd;
         // The parent opened its next file before the fork; the child's copy
         // of that descriptor is the parent's file, never the child's.
@@ -769,15 +841,36 @@ impl BackingStore for FileBacking {
                 (open_file(&self.dir)?.0, self.file.try_clone()?)
             }
         };
+        // SAFETY: in the parent this thread holds the list's lock
+        // (fork_lock); in the child it is the only thread (the caller's
+        // contract).
+        let shared = unsafe { &mut *self.shared.data_ptr() };
         if next > base && live > 0 {
             // The current file keeps its slots, shared from now on, under
             // a descriptor number of its own.
-            self.shared.lock().push(SharedFile {
+            shared.push(SharedFile {
                 lo: base,
                 hi: next,
-                file: Arc::new(old),
+                view: Arc::new(SharedView {
+                    file: old,
+                    ahead: uzswap_os::lock::Mutex::new(Ahead::default()),
+                }),
                 live,
             });
+        }
+        // Reads of a slot below `next` go to the shared file from now on;
+        // one that began with the old first slot may still read this
+        // descriptor, which must name the old file until it is done.
+        self.base.store(next, Ordering::SeqCst);
+        match side {
+            Side::Parent => {
+                while self.reads.load(Ordering::SeqCst) != 0 {
+                    std::thread::yield_now();
+                }
+            }
+            // The child's only thread runs here: a count is a parent
+            // thread's read, copied at the fork.
+            Side::Child => self.reads.store(0, Ordering::SeqCst),
         }
         // SAFETY: dup3 onto our own descriptor number: it atomically puts
         // the new file's description there (the old one stays open through
@@ -786,14 +879,18 @@ impl BackingStore for FileBacking {
         if unsafe { libc::dup3(file.as_raw_fd(), self.fd(), libc::O_CLOEXEC) } < 0 {
             return Err(io::Error::last_os_error());
         }
-        self.base.store(next, Ordering::Relaxed);
         // The window was the old file's.
         match side {
             Side::Parent => *self.ahead.lock() = Ahead::default(),
             Side::Child => {
                 // SAFETY: the child's only thread runs here (the caller's
-                // contract: `Cache::fork_child`).
+                // contract); so for the shared files' windows below, which
+                // a read in the parent may have held (a hint: forgotten).
                 let _ = unsafe { uzswap_os::fork::take_in_child(&self.ahead) };
+                for f in shared.iter() {
+                    // SAFETY: as above.
+                    let _ = unsafe { uzswap_os::fork::take_in_child(&f.view.ahead) };
+                }
             }
         }
         Ok(())
@@ -988,8 +1085,18 @@ impl<S: BackingStore> BackingStore for FaultInjector<S> {
         self.inner.fork_share_prepare()
     }
 
-    fn fork_share(&self, side: Side, next: u64, live: u64) -> io::Result<()> {
-        self.inner.fork_share(side, next, live)
+    fn fork_lock(&self) {
+        self.inner.fork_lock()
+    }
+
+    unsafe fn fork_unlock(&self, side: Side) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.fork_unlock(side) }
+    }
+
+    unsafe fn fork_share(&self, side: Side, next: u64, live: u64) -> io::Result<()> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.fork_share(side, next, live) }
     }
 
     fn release_shared(&self, slot: u64) {
@@ -1134,6 +1241,18 @@ impl SlotMap {
 mod tests {
     use super::*;
 
+    /// The parent's side of a fork that shares `b`'s slots below `next`,
+    /// without forking.
+    fn share(b: &FileBacking, next: u64, live: u64) {
+        b.fork_share_prepare().unwrap();
+        b.fork_lock();
+        // SAFETY: between fork_lock and fork_unlock on this thread.
+        unsafe {
+            b.fork_share(Side::Parent, next, live).unwrap();
+            b.fork_unlock(Side::Parent);
+        }
+    }
+
     /// A fork's share (the parent's side, without forking): the slots so
     /// far stay readable in the shared file, new ones go to a new file
     /// numbered on, and the shared file is let go of after its last slot.
@@ -1146,9 +1265,8 @@ mod tests {
             b.read_slot(slot, &mut buf).map(|()| buf[0])
         };
         b.write_slots(0, &[&page(1), &page(2)]).unwrap();
-        b.fork_share_prepare().unwrap();
         let next = 1 << 40;
-        b.fork_share(Side::Parent, next, 2).unwrap();
+        share(&b, next, 2);
         b.write_slots(next, &[&page(3), &page(4)]).unwrap();
         assert_eq!((read(0).unwrap(), read(1).unwrap()), (1, 2));
         assert_eq!((read(next).unwrap(), read(next + 1).unwrap()), (3, 4));
@@ -1178,8 +1296,7 @@ mod tests {
         for _ in 0..MAX_SHARED_FILES {
             assert!(b.shares_at_fork());
             b.write_slots(base, &[&page]).unwrap();
-            b.fork_share_prepare().unwrap();
-            b.fork_share(Side::Parent, base + (1 << 40), 1).unwrap();
+            share(&b, base + (1 << 40), 1);
             base += 1 << 40;
         }
         assert!(!b.shares_at_fork());

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use uzswap_cache::{Backing, Cache, CacheConfig, PoolLimit};
-use uzswap_region::{ForkChild, MemStore, PageState, Pager, PagerConfig, PAGE_SIZE};
+use uzswap_region::{ForkChild, MemStore, PageState, Pager, PagerConfig, Region, PAGE_SIZE};
 
 fn fill(buf: &mut [u8], p: usize, v: u8) {
     for (i, b) in buf.iter_mut().enumerate() {
@@ -142,6 +142,29 @@ fn cache_pager(budget: usize, pool_bytes: u64) -> (Arc<Cache>, Pager) {
     );
     let pager = Pager::new(cache.clone(), managed_at_any_size(budget)).unwrap();
     (cache, pager)
+}
+
+/// Writes version 1 of `pages` pages of `r` and evicts them, then waits
+/// until the cache's writer has put more than half of them in the backing
+/// file (the pool's overflow).
+fn write_back_half(
+    cache: &Cache,
+    r: &Region,
+    pages: usize,
+    page: &dyn Fn(usize) -> &'static mut [u8],
+) {
+    for p in 0..pages {
+        versioned(page(p), p, 1);
+    }
+    r.evict(0..pages);
+    for _ in 0..400 {
+        if cache.stats().backing_pages > (pages / 2) as u64 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let st = cache.stats();
+    assert!(st.backing_pages > (pages / 2) as u64, "{st:?}");
 }
 
 /// The contents of page `p` at version `v`: a header (page number,
@@ -295,19 +318,7 @@ fn a_managed_child_serves_evicted_pages_from_its_own_copy() {
         // SAFETY: page p of the live region, used by one thread at a time.
         unsafe { std::slice::from_raw_parts_mut((base + p * PAGE_SIZE) as *mut u8, PAGE_SIZE) }
     };
-    for p in 0..PAGES {
-        versioned(page(p), p, 1);
-    }
-    r.evict(0..PAGES);
-    // Let the writer put the pool's overflow in the file.
-    for _ in 0..400 {
-        if cache.stats().backing_pages > (PAGES / 2) as u64 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    let before = cache.stats();
-    assert!(before.backing_pages > (PAGES / 2) as u64, "{before:?}");
+    write_back_half(&cache, &r, PAGES, &page);
     let (go_r, go_w) = pipe();
     // SAFETY: the child runs this test's code only, then _exit.
     let pid = unsafe { libc::fork() };
@@ -324,7 +335,7 @@ fn a_managed_child_serves_evicted_pages_from_its_own_copy() {
         child_check(n == 1, 7, "the parent went away");
         let st = cache.stats();
         child_check(
-            st.backing_shared_files == 1 && st.backing_shared_slots > (PAGES / 2) as u64,
+            st.backing_shared_files >= 1 && st.backing_shared_slots > (PAGES / 2) as u64,
             8,
             &format!("the child shares no file with its parent: {st:?}"),
         );
@@ -375,9 +386,11 @@ fn a_managed_child_serves_evicted_pages_from_its_own_copy() {
         st.resident_pages <= BUDGET as u64,
         "the fork left the parent at its budget: {st:?}"
     );
+    // At least one file: the other tests of this binary fork too, and
+    // every fork shares each cache's slots.
     let shared = cache.stats();
     assert!(
-        shared.backing_shared_files == 1 && shared.backing_shared_slots > (PAGES / 2) as u64,
+        shared.backing_shared_files >= 1 && shared.backing_shared_slots > (PAGES / 2) as u64,
         "the parent's slots at the fork are shared, not copied: {shared:?}"
     );
     let written = |c: &Cache| {
@@ -871,4 +884,65 @@ fn a_fork_while_another_thread_drops_a_pager_does_not_hang() {
         dropped.load(Ordering::Relaxed) > 0,
         "no pager was dropped meanwhile"
     );
+}
+
+/// A thread reads the cache's statistics, which look at the backing
+/// file's shared files under their lock, while the main thread forks again
+/// and again with slots in the file: no child finds that lock taken by a
+/// thread it does not have (the prepare hook holds it across the fork),
+/// and each reads its pages back. It passed without the hold too, in 3
+/// runs of 300 forks: the lock is held for a few instructions of each
+/// read. It guards the hold; it never showed the hang.
+#[test]
+fn a_fork_while_another_thread_reads_the_statistics_does_not_hang() {
+    const PAGES: usize = 256;
+    const FORKS: usize = 100;
+    let (cache, pager) = cache_pager(32, 64 << 10);
+    let r = pager.region(PAGES * PAGE_SIZE).unwrap();
+    let base = r.as_ptr() as usize;
+    let page = |p: usize| {
+        // SAFETY: page p of the live region, used by one thread at a time.
+        unsafe { std::slice::from_raw_parts_mut((base + p * PAGE_SIZE) as *mut u8, PAGE_SIZE) }
+    };
+    write_back_half(&cache, &r, PAGES, &page);
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (cache, stop) = (cache.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += cache.stats().backing_shared_files;
+            }
+            n
+        })
+    };
+    let mut hung = 0;
+    for i in 0..FORKS {
+        // SAFETY: the child runs this test's code only, then _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let st = cache.stats();
+            let bad = (0..PAGES)
+                .filter(|&p| version_of(page(p), p) != Some(1))
+                .count();
+            child_check(
+                bad == 0,
+                2,
+                &format!("{bad} pages not as at the fork: {st:?}"),
+            );
+            // SAFETY: leaving the child without the harness.
+            unsafe { libc::_exit(0) };
+        }
+        match wait_or_kill(pid, std::time::Duration::from_secs(20)) {
+            Some(status) => assert!(
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                "fork {i}: the child failed ({status:#x})"
+            ),
+            None => hung += 1,
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    reader.join().unwrap();
+    assert_eq!(hung, 0, "children that never ended, of {FORKS}");
 }

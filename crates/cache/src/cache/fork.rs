@@ -109,6 +109,9 @@ impl Cache {
         std::mem::forget(i.sealer.write());
         std::mem::forget(i.wake.0.lock());
         std::mem::forget(i.seals.lock());
+        if let Some(b) = &i.backing {
+            b.fork_lock();
+        }
     }
 
     /// After `fork()`, in the parent: moves to its next backing file (the
@@ -210,7 +213,10 @@ impl Cache {
         };
         // With nothing to share (`next` is the current file's first slot)
         // the parent goes on with its file and the child takes a new one.
-        b.fork_share(side, next, live)?;
+        // SAFETY: the parent calls this between the store's fork_lock and
+        // fork_unlock (fork_parent), the child after fork_unlock as its
+        // only thread (fork_child).
+        unsafe { b.fork_share(side, next, live) }?;
         if next != slots.base() {
             slots.rebase(next);
             seals.rebase(next);
@@ -256,6 +262,9 @@ impl Cache {
         // is the child's only thread (the caller's contract). The same
         // holds for every block below.
         unsafe {
+            if let Some(b) = &i.backing {
+                b.fork_unlock(side);
+            }
             i.seals.after_fork(side);
             i.wake.1.after_fork(side);
             i.wake.0.after_fork(side);
