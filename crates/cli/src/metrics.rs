@@ -295,6 +295,8 @@ const LEAVES: &[(&str, Kind)] = &[
     ("cache.pool_total_size", Bytes),
     ("cache.index_bytes", Gauge),
     ("cache.backing_slots_used", Gauge),
+    ("cache.backing_shared_files", Gauge),
+    ("cache.backing_shared_slots", Gauge),
     ("cache.pool_limit_bytes", Gauge),
     ("cache.pool_full", Gauge),
     ("cache.tier_round_trips", Counter),
