@@ -79,9 +79,10 @@ pub struct TierStats {
     /// Bytes the tier holds, freed slots' bytes it cannot yet release
     /// included.
     pub held_bytes: u64,
-    /// Files shared since forks, and the slots of them this process still
-    /// uses (see [`FileBacking`], "A fork shares the file").
+    /// Files shared since forks (see [`FileBacking`], "A fork shares the
+    /// file").
     pub shared_files: u64,
+    /// The slots of those files this process still uses.
     pub shared_slots: u64,
 }
 
@@ -324,9 +325,8 @@ impl Ahead {
 /// the last process does. Until 2026-11-29 the child copied the used
 /// slots into a file of its own while its parent waited (55 MiB for each
 /// Python worker forked at 32 MiB, 40-90 ms a fork from a parent with
-/// 160 MiB written back, and as much again written to the disk and left
-/// in the page cache for every child); sharing the file costs an
-/// `open` in each process. The price: a slot freed in a shared file is not
+/// 160 MiB of records, and the copy left in the page cache, dirty, for
+/// every child); sharing the file costs an `open` in each process. The price: a slot freed in a shared file is not
 /// reused, so a process that forks again and again holds the space of
 /// its earlier files until it or its children free their slots there.
 ///
@@ -379,6 +379,12 @@ struct SharedFile {
     view: Arc<SharedView>,
     /// How many of its slots this process still uses.
     live: u64,
+}
+
+impl SharedFile {
+    fn holds(&self, slot: u64) -> bool {
+        (self.lo..self.hi).contains(&slot)
+    }
 }
 
 /// What a read of a shared file needs: the file and its own window read
@@ -511,7 +517,7 @@ impl FileBacking {
         let shared = self.shared.lock();
         shared
             .iter()
-            .find(|f| (f.lo..f.hi).contains(&slot))
+            .find(|f| f.holds(slot))
             .map(|f| (Arc::clone(&f.view), f.lo))
     }
 
@@ -740,8 +746,9 @@ impl BackingStore for FileBacking {
         format!("backing file in {}", self.path.display())
     }
 
-    /// Loads served from slots read ahead; nothing else (the file's
-    /// traffic is the cache's `backing_writes` and `loads_backing`).
+    /// Loads served from slots read ahead, and the files shared since forks;
+    /// nothing else (the file's traffic is the cache's `backing_writes` and
+    /// `loads_backing`).
     fn tier_stats(&self) -> TierStats {
         let shared = self.shared.lock();
         TierStats {
@@ -898,7 +905,7 @@ impl BackingStore for FileBacking {
 
     fn release_shared(&self, slot: u64) {
         let mut shared = self.shared.lock();
-        if let Some(i) = shared.iter().position(|f| (f.lo..f.hi).contains(&slot)) {
+        if let Some(i) = shared.iter().position(|f| f.holds(slot)) {
             shared[i].live -= 1;
             if shared[i].live == 0 {
                 // Closed once no read holds it; the kernel frees the

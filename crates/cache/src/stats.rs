@@ -24,10 +24,10 @@ macro_rules! counters {
             /// shared since a fork are `backing_shared_slots`).
             pub backing_slots_used: u64,
             /// Backing files this process shares with processes forked
-            /// from it or that it was forked from, and the slots it still
-            /// uses in them.
+            /// from it or that it was forked from.
             #[serde(default)]
             pub backing_shared_files: u64,
+            /// The slots of those files this process still uses.
             #[serde(default)]
             pub backing_shared_slots: u64,
             /// The pool limit in bytes (`u64::MAX`: none).

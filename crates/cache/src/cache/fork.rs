@@ -154,8 +154,8 @@ impl Cache {
 
     /// After `fork()`, in the child: releases every lock, moves to a
     /// backing file of its own (the slots so far shared with the parent,
-    /// or copied where the store cannot share) and takes a fresh key. Starts no thread (see
-    /// [`Cache::fork_child_start`]). An error leaves the child's cache
+    /// or copied where the store cannot share) and takes a fresh key.
+    /// Starts no thread (see [`Cache::fork_child_start`]). An error leaves the child's cache
     /// without a safe backing tier: the caller must not go on using it.
     ///
     /// # Safety

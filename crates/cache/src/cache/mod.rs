@@ -61,8 +61,10 @@
 //!    have been freed and written again meanwhile, so what it read counts
 //!    only if the entry's `gen` is unchanged afterwards (below).
 //!
-//! A backing store's own locks (`FaultInjector`'s switch) are leaves,
-//! reached under `slots` through `discard` and under none otherwise. The
+//! A backing store's own locks (`FaultInjector`'s switch, the file's list
+//! of files shared since a fork) are leaves, reached under `slots` through
+//! `discard` and under none otherwise; `fork_prepare` takes the list last
+//! of all (`BackingStore::fork_lock`). The
 //! per-thread buffers `OUT` and `SCRATCH` (store.rs) are not locks: each
 //! thread compresses into its own. Counters, the limit, the full flag and
 //! the areas' open flags are atomics, read and written without a lock.
@@ -267,38 +269,42 @@ struct SlotSeal {
 /// process has written (its slots numbered from the table's first: a fork
 /// moves both processes to new files, `fork.rs`), each grown to its file's
 /// high mark; a freed slot keeps its stale seal until it is written again.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Seals(Vec<(u64, Vec<SlotSeal>)>);
 
+impl Default for Seals {
+    /// One table, for the first file (its slots from 0).
+    fn default() -> Seals {
+        Seals(vec![(0, Vec::new())])
+    }
+}
+
 impl Seals {
-    /// The table of the file that holds `slot`, and the slot's index in it.
-    fn table(&mut self, slot: u64) -> Option<(&mut Vec<SlotSeal>, usize)> {
-        let (first, t) = self.0.iter_mut().rev().find(|(first, _)| *first <= slot)?;
-        let i = (slot - *first) as usize;
-        Some((t, i))
+    /// Which table holds `slot` (the newest file that starts at or below
+    /// it; the first starts at 0), and the slot's index in it.
+    fn place(&self, slot: u64) -> (usize, usize) {
+        let t = self
+            .0
+            .iter()
+            .rposition(|&(first, _)| first <= slot)
+            .expect("the first table starts at slot 0");
+        (t, (slot - self.0[t].0) as usize)
     }
 
     fn set(&mut self, slot: u64, seq: u64, tag: [u8; 16]) {
-        if self.0.is_empty() {
-            self.0.push((0, Vec::new()));
+        let (t, i) = self.place(slot);
+        let table = &mut self.0[t].1;
+        if i >= table.len() {
+            table.resize(i + 1, SlotSeal::default());
         }
-        let (t, i) = self.table(slot).expect("the first table starts at slot 0");
-        if i >= t.len() {
-            t.resize(i + 1, SlotSeal::default());
-        }
-        t[i] = SlotSeal { seq, tag };
+        table[i] = SlotSeal { seq, tag };
     }
 
     /// The seal last set for `slot` (all zeros, which opens nothing, if
     /// none was).
     fn get(&self, slot: u64) -> SlotSeal {
-        self.0
-            .iter()
-            .rev()
-            .find(|(first, _)| *first <= slot)
-            .and_then(|(first, t)| t.get((slot - first) as usize))
-            .copied()
-            .unwrap_or_default()
+        let (t, i) = self.place(slot);
+        self.0[t].1.get(i).copied().unwrap_or_default()
     }
 
     /// A new file's slots start at `first` (see `SlotMap::rebase`).
