@@ -103,19 +103,19 @@ fn workers_by_fork(budget_mib: u64) {
         "{budget}: the workers were not seen: {}",
         r.processes
     );
-    // Not yet within 1.05 x B right after the forks: the workers' copies
-    // of the parent's runtime turn private while the parent's resident
-    // pages, now shared, leave only once every process has evicted them.
-    // The tree held 1.32-1.58 x B at 32 MiB and 0.98-1.00 x at 96 MiB,
-    // and 27-29 MiB at 32 MiB once the workers had evicted
-    // (2026-11-29; the same program unmanaged holds 243 MiB). 2.26 x B at
-    // 32 MiB when each worker copied the pager's page records (6 MiB
-    // apiece); the bound fails so, and if the workers ran unmanaged or the
+    // The parent makes room for each worker before it forks (the worker's
+    // copy of its runtime turns private at once, by writes no fault of
+    // ours sees): the tree held 0.99-1.03 x B at 32 MiB and 0.98-1.03 x at
+    // 64 MiB (2026-11-29). Without the room, 1.37-1.52 x at 32 MiB, the
+    // peak in the 0.4 s after the forks; 2.26 x when each worker copied
+    // the pager's page records (6 MiB apiece). The bound leaves room for
+    // a loaded machine, where the parent's wait for the evictor is cut
+    // short; it fails as before, and if the workers ran unmanaged or the
     // parent brought its evicted pages back for the forks.
-    let bound = budget_mib * MIB * 2;
+    let bound = budget_mib * MIB * 5 / 4;
     assert!(
         r.peak <= bound,
-        "{budget}: the tree held {:.1} MiB, over 2 x the budget",
+        "{budget}: the tree held {:.1} MiB, over 1.25 x the budget",
         r.peak as f64 / MIB as f64
     );
     // The parent brought nothing back for the forks, and the workers ran

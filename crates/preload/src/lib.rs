@@ -850,6 +850,13 @@ fn start() -> Result<(), String> {
     }));
     if share.is_some() {
         pcfg.floor_pages = Some(share::FLOOR_PAGES.min(budget_pages));
+        // A forked child's writes soon make its copy of this memory its
+        // own: the parent makes that much room before each fork.
+        pcfg.fork_room = Some(uzswap_region::Charge(Arc::new(|| {
+            RUNTIME.get().map_or(0, |r| {
+                share::unmanaged(&r.space.pager().usage(), &r.cache.usage())
+            })
+        })));
     }
     pcfg.keep_clean = config.keep_clean;
     // The budget is the program's memory: pages that map the zero page
@@ -958,6 +965,9 @@ extern "C" fn fork_prepare() {
     FORKING.store(true, Ordering::Release);
     cosched::before_fork();
     if let Some(rt) = runtime() {
+        // Before any lock: the evictor makes the room, and its charge takes
+        // the ledger slot's lock.
+        rt.space.pager().make_room_for_fork();
         rt.space.lock_for_fork();
         if let Some(sh) = &rt.share {
             sh.hold_for_fork();

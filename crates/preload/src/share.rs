@@ -29,6 +29,14 @@ use uzswap_ledger::{Ledger, Member, Usage};
 use uzswap_os::lock::{Mutex, MutexGuard};
 use uzswap_region::{Pager, PAGE_SIZE};
 
+/// What the process holds besides its managed pages and its pool (see
+/// [`Share::charge`]): all of its resident anonymous memory less those
+/// two, as the kernel counts it.
+pub(crate) fn unmanaged(p: &uzswap_region::PagerUsage, c: &uzswap_cache::CacheUsage) -> u64 {
+    let anon = uzswap_os::rss_anon_bytes().unwrap_or(0);
+    anon.saturating_sub(p.resident_pages * PAGE_SIZE as u64 + c.pool_bytes)
+}
+
 /// Pages a process always keeps resident, whatever its allotment.
 pub(crate) const FLOOR_PAGES: usize = 256;
 /// The least pool limit ever set.
@@ -182,8 +190,7 @@ impl Share {
     pub(crate) fn charge(&self, pager: Option<&Pager>, cache: Option<&Cache>) -> u64 {
         let p = pager.map(Pager::usage).unwrap_or_default();
         let c = cache.map(Cache::usage).unwrap_or_default();
-        let anon = uzswap_os::rss_anon_bytes().unwrap_or(0);
-        let heap = anon.saturating_sub(p.resident_pages * PAGE_SIZE as u64 + c.pool_bytes);
+        let heap = unmanaged(&p, &c);
         let mut flags = 0;
         if p.store_full || c.reject_reclaim_fail > self.last_refused.load(Ordering::Relaxed) {
             flags |= Usage::STORE_REFUSING;

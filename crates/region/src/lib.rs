@@ -447,7 +447,9 @@
 //!   (see `pager/fork.rs`). `ForkChild::Prefault` brings every stored page
 //!   back before the fork instead (the child then has no pager);
 //!   `ForkChild::Unmanaged` does neither, for programs that fork only to
-//!   exec.
+//!   exec. A host that shares one budget among processes can have the
+//!   parent make room first for what the child will copy at once
+//!   (`PagerConfig::fork_room`, `Pager::make_room_for_fork`).
 //!
 //! # Lock order
 //! `gate` (one eviction batch or fork at a time) → `dispatch` (a handler

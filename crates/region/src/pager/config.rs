@@ -115,6 +115,15 @@ pub struct PagerConfig {
     /// at least [`PagerConfig::floor_pages`] whatever the charge. `None`:
     /// the budget is for region pages alone.
     pub charge: Option<Charge>,
+    /// Memory a forked child is expected to make its own at once, in bytes
+    /// (with `charge` only): the runtime's heap and the program's memory
+    /// outside the regions, which the child's writes copy without a fault
+    /// of ours. Before each fork that the child takes over, the parent
+    /// evicts that much below its limit, waiting at most
+    /// [`FORK_ROOM_WAIT`], and keeps its limit that much lower for
+    /// [`FORK_ROOM_HOLD`] (until the tree's arbiter has seen the child).
+    /// `None`: no room is made.
+    pub fork_room: Option<Charge>,
     /// The least the charge may lower the limit to, in pages (at least 16,
     /// at most the budget). `None`: a quarter of the budget. A host that
     /// shares one budget among processes (`uzswap run`'s ledger) charges
@@ -178,6 +187,7 @@ impl PagerConfig {
             keep_clean: true,
             thread_start: None,
             charge: None,
+            fork_room: None,
             floor_pages: None,
             in_thread_faults: false,
             inject_open_errno: None,
@@ -185,6 +195,15 @@ impl PagerConfig {
         }
     }
 }
+
+/// The longest a fork waits for its parent to make room for the child
+/// (`PagerConfig::fork_room`).
+pub const FORK_ROOM_WAIT: Duration = Duration::from_millis(50);
+
+/// How long the parent's limit stays lowered by the room made for a
+/// child: long enough for the arbiter to see the child (it decides every
+/// 100 ms) and share the budget anew.
+pub const FORK_ROOM_HOLD: Duration = Duration::from_millis(300);
 
 /// How often the evictor reads [`PagerConfig::charge`] while the resident
 /// set or the limit moves.

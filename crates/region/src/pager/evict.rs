@@ -120,6 +120,13 @@ impl Shared {
         let charged = (bytes.div_ceil(PAGE_SIZE as u64) as usize).min(budget - self.cfg.floor());
         let mut s = self.state.lock();
         s.limit = budget - charged;
+        match s.fork_room {
+            Some((room, until)) if Instant::now() < until => {
+                s.limit = s.limit.saturating_sub(room).max(self.cfg.floor());
+            }
+            Some(_) => s.fork_room = None,
+            None => {}
+        }
         s.stats.charged_bytes = bytes;
         s.stats.limit_pages = s.limit as u64;
         (s.charged(), s.limit)

@@ -35,13 +35,14 @@
 //! child every page is `Absent` or `Stored` (not mapped), or `Dirty` or
 //! `Clean` (mapped, a copy-on-write copy of the parent's).
 
-use super::config::ForkChild;
+use super::config::{Charge, ForkChild, FORK_ROOM_HOLD, FORK_ROOM_WAIT};
 use super::handler::PageBuf;
 use super::state::PageState;
 use super::Shared;
 use crate::sys::{self, PAGE_SIZE};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 use uzswap_os::fork::{AfterFork, Side};
 use uzswap_os::lock::Mutex;
 
@@ -238,14 +239,63 @@ fn take_over_failed(e: &str) -> ! {
 }
 
 impl Shared {
-    /// Step 1 with `Managed` (gate held): no load starts, those in flight
-    /// end, then the dispatch, state and store locks are taken and kept.
+    /// Before a fork whose child takes over (`PagerConfig::fork_room`;
+    /// [`crate::Pager::make_room_for_fork`], which says when to call it):
+    /// lowers the limit by the memory the child is expected to make its
+    /// own at once, for [`FORK_ROOM_HOLD`] (rooms of forks in a row add
+    /// up), and waits at most [`FORK_ROOM_WAIT`] for the evictor to bring
+    /// the resident pages under it. The kernel charges a child's copies as
+    /// it makes them and reclaims at once; here they are made by writes
+    /// no fault of ours sees, so the room is made beforehand. Called with
+    /// no lock held; the state lock is taken for each look.
+    pub(super) fn make_room_for_fork(&self) {
+        let Some(Charge(f)) = &self.cfg.fork_room else {
+            return;
+        };
+        if self.cfg.fork != ForkChild::Managed
+            || !self.ours()
+            || self.held_pages() < self.cfg.fork_manage_min_pages
+        {
+            return;
+        }
+        let pages = (f() as usize).div_ceil(PAGE_SIZE);
+        if pages == 0 {
+            return;
+        }
+        let now = Instant::now();
+        {
+            let mut s = self.state.lock();
+            let before = s.fork_room.filter(|&(_, t)| now < t).map_or(0, |(r, _)| r);
+            let limit = s.limit.saturating_sub(pages).max(self.cfg.floor());
+            let made = s.limit.saturating_sub(limit);
+            s.fork_room = Some((before + made, now + FORK_ROOM_HOLD));
+            s.limit = limit;
+            s.stats.limit_pages = limit as u64;
+            self.work_cv.notify_one();
+        }
+        let deadline = now + FORK_ROOM_WAIT;
+        loop {
+            {
+                let s = self.state.lock();
+                if s.store_full || s.charged() <= self.start_threshold(&s) {
+                    return;
+                }
+            }
+            if Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
     /// Pages the pager holds: resident and stored.
     fn held_pages(&self) -> u64 {
         let resident = self.state.lock().resident as u64;
         resident + self.store.stats().pages
     }
 
+    /// Step 1 with `Managed` (gate held): no load starts, those in flight
+    /// end, then the dispatch, state and store locks are taken and kept.
     fn quiesce_for_fork(&self) {
         {
             let mut s = self.state.lock();
@@ -314,6 +364,7 @@ impl Shared {
         let (segs, clean) = {
             let mut s = self.state.lock();
             s.forking = false;
+            s.fork_room = None;
             debug_assert!(s.own.is_empty() && s.loading == 0);
             let mut clean = Vec::new();
             let segs: Vec<(usize, u32, u64, usize)> = s

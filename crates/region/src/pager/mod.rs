@@ -287,6 +287,7 @@ impl Pager {
                 store_full: false,
                 limit: cfg.budget_pages,
                 forking: false,
+                fork_room: None,
                 reserve_lists: cfg.in_thread_faults,
             }),
             cfg,
@@ -398,6 +399,16 @@ impl Pager {
     /// A snapshot of the counters.
     pub fn stats(&self) -> PagerStats {
         self.owner.sh.stats()
+    }
+
+    /// Makes room for the child of a fork about to be made, as
+    /// [`PagerConfig::fork_room`] says (nothing without it, or when the
+    /// child will not take this pager over). The host calls it from its
+    /// own `pthread_atfork` prepare hook before it takes any lock the
+    /// evictor or its charge may take: it waits (at most
+    /// `FORK_ROOM_WAIT`) for the evictor.
+    pub fn make_room_for_fork(&self) {
+        self.owner.sh.make_room_for_fork();
     }
 
     /// The few counters a host reads often (every few milliseconds), without

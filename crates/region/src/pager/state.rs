@@ -300,6 +300,9 @@ pub(super) struct State {
     /// A fork is being prepared (`fork.rs`): no load starts (a fault that
     /// would load is deferred), and the last load to end wakes `done_cv`.
     pub(super) forking: bool,
+    /// Pages of room made for forked children (`PagerConfig::fork_room`):
+    /// the limit is kept that much lower until the instant given.
+    pub(super) fork_room: Option<(usize, std::time::Instant)>,
     /// Faults are resolved in signal handlers (`in_thread_faults`): the
     /// lists keep spare capacity (see [`State::queue_spare`]).
     pub(super) reserve_lists: bool,

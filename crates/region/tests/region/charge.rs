@@ -142,3 +142,67 @@ fn an_idle_pager_reads_its_charge_less_often() {
     }
     pager.check_invariants().unwrap();
 }
+
+/// Before a fork whose child takes the pager over, the host asks for room
+/// for what the child will copy (`PagerConfig::fork_room`): the limit
+/// comes down by that room at once and the evictor brings the resident
+/// pages under it (the call waits for it a bounded time; the test allows
+/// more, for a loaded machine); the limit stays that much lower for a
+/// while (rooms of forks in a row add up), then comes back. Every page
+/// keeps its contents. Without the room, the resident pages stayed at the
+/// limit.
+#[test]
+fn room_is_made_before_a_fork() {
+    const BUDGET: usize = 1024;
+    const ROOM: usize = 256;
+    let (pager, _store) = pager_with(PagerConfig {
+        charge: Some(Charge(Arc::new(|| 0))),
+        fork_room: Some(Charge(Arc::new(|| (ROOM * PAGE) as u64))),
+        ..PagerConfig::new(BUDGET)
+    });
+    let r = pager.region(4096 * PAGE).unwrap();
+    let base = r.as_ptr();
+    for p in 0..4096 {
+        fill(page_mut(base, p), p, 1);
+    }
+    let before = pager.stats();
+    assert!(before.resident_pages > (BUDGET - ROOM) as u64, "{before:?}");
+    let under = |limit: usize| {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let st = pager.stats();
+            if st.resident_pages <= limit as u64 {
+                return true;
+            }
+            if std::time::Instant::now() > end {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    };
+
+    pager.make_room_for_fork();
+    let st = pager.stats();
+    assert_eq!(st.limit_pages, (BUDGET - ROOM) as u64, "{st:?}");
+    assert!(under(BUDGET - ROOM), "{:?}", pager.stats());
+    assert!(r.mincore_resident().unwrap() <= BUDGET - ROOM);
+
+    // A second fork right after: the rooms add up.
+    pager.make_room_for_fork();
+    let st = pager.stats();
+    assert_eq!(st.limit_pages, (BUDGET - 2 * ROOM) as u64, "{st:?}");
+    assert!(under(BUDGET - 2 * ROOM), "{:?}", pager.stats());
+
+    // Once the room is no longer held, the limit is the charge's again:
+    // touching every page brings the resident set back up to it.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut want = vec![0u8; PAGE];
+    for p in 0..4096 {
+        fill(&mut want, p, 1);
+        assert_eq!(page_mut(base, p), &want[..], "page {p}");
+    }
+    let st = pager.stats();
+    assert_eq!(st.limit_pages, BUDGET as u64, "{st:?}");
+    assert!(st.resident_pages > (BUDGET - ROOM) as u64, "{st:?}");
+    pager.check_invariants().unwrap();
+}
