@@ -240,6 +240,8 @@ const LEAVES: &[(&str, Kind)] = &[
     ("pager.evictions", Counter),
     ("pager.clean_drops", Counter),
     ("pager.evictions_aborted", Counter),
+    ("pager.list_entries", Gauge),
+    ("pager.lists_bytes", Gauge),
     ("pager.discard_calls", Counter),
     ("pager.evict_moved_pages", Counter),
     ("pager.evict_moved_first", Counter),

@@ -163,6 +163,12 @@ pub struct PagerStats {
     pub clean_drops: u64,
     /// Evictions abandoned because a write hit the page.
     pub evictions_aborted: u64,
+    /// Entries on the victim lists (a gauge), stale ones included: a page
+    /// queued again, or gone, leaves its old entry until the evictor
+    /// reaches it.
+    pub list_entries: u64,
+    /// Heap bytes the victim lists hold (a gauge: their capacity).
+    pub lists_bytes: u64,
     /// `MADV_DONTNEED` calls the evictor made, one per run of neighbouring
     /// victims; each is a remove event through the handler. Evictions plus
     /// clean drops, less moved pages, over this is the pages released per

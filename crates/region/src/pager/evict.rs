@@ -127,6 +127,9 @@ impl Shared {
             Some(_) => s.fork_room = None,
             None => {}
         }
+        // Read every period, busy or idle: where the lists' memory is
+        // looked after too.
+        s.trim_lists();
         s.stats.charged_bytes = bytes;
         s.stats.limit_pages = s.limit as u64;
         (s.charged(), s.limit)

@@ -559,6 +559,9 @@ impl Shared {
             let mut st = s.stats.clone();
             st.resident_pages = s.resident as u64;
             st.zero_mapped_pages = s.zero_mapped as u64;
+            st.list_entries = (s.inactive.len() + s.active.len()) as u64;
+            st.lists_bytes = ((s.inactive.capacity() + s.active.capacity())
+                * std::mem::size_of::<state::QEntry>()) as u64;
             st.over_budget = s.store_full;
             st.fault_latency = s.lat_store.summary();
             st.zero_fault_latency = s.lat_zero.summary();

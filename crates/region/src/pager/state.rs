@@ -21,6 +21,9 @@ pub(super) const MAX_GAP: u64 = 512;
 /// (see `State::queue_spare`).
 pub(super) const QUEUE_RESERVE: usize = 8192;
 
+/// Spare list entries [`State::trim_lists`] leaves (12 KiB a list).
+pub(super) const LIST_SLACK: usize = 1024;
+
 /// The spare entries a fault resolved in a signal handler needs beyond
 /// one per page of the loads in flight: it queues at most
 /// `1 + zero_readahead_max` pages at once (both windows are at most
@@ -381,6 +384,41 @@ impl State {
         spare(&self.inactive).min(spare(&self.active))
     }
 
+    /// Drops the stale entries of a list that holds more than twice as many
+    /// entries as there are resident pages, and gives back capacity far
+    /// beyond what a list holds (keeping [`LIST_SLACK`], or with in-thread
+    /// faults [`QUEUE_RESERVE`], spare). A process whose resident set
+    /// shrank kept the lists it had at its largest: an idle Python parent
+    /// of a tree, 768 KiB of lists for 273 entries (2026-11-29). Never in
+    /// a signal handler (it may allocate).
+    pub(super) fn trim_lists(&mut self) {
+        if self.inactive.len() + self.active.len() > 2 * self.resident + LIST_SLACK {
+            for active in [false, true] {
+                let mut q = std::mem::take(if active {
+                    &mut self.active
+                } else {
+                    &mut self.inactive
+                });
+                q.retain(|&e| self.entry_valid(e).is_some_and(|m| m.active == active));
+                *(if active {
+                    &mut self.active
+                } else {
+                    &mut self.inactive
+                }) = q;
+            }
+        }
+        let keep = if self.reserve_lists {
+            QUEUE_RESERVE
+        } else {
+            LIST_SLACK
+        };
+        for q in [&mut self.inactive, &mut self.active] {
+            if q.capacity() > 2 * (q.len() + keep) {
+                q.shrink_to(q.len() + keep);
+            }
+        }
+    }
+
     /// Reserves [`QUEUE_RESERVE`] spare entries on both lists (never in a
     /// signal handler: it may allocate).
     pub(super) fn reserve_queues(&mut self) {
@@ -463,6 +501,7 @@ impl State {
                 self.take_neighbours(e.area, e.page as u64, want, &mut out, &mut taken);
             }
         }
+        self.trim_lists();
         out
     }
 
