@@ -333,6 +333,10 @@ impl Ahead {
 /// Slot numbers go on across files: the current file holds slots from
 /// `base` on, each shared file the range it held when it was shared.
 pub struct FileBacking {
+    /// The current file's descriptor number, guarded: a program that closes
+    /// descriptors it did not open (a daemon, a child before `exec`) must
+    /// not close it (`uzswap_os::fdguard`). Before `file`: unmarked first.
+    _mark: uzswap_os::fdguard::Mark,
     /// The current file. Its descriptor number never changes: a fork puts
     /// the new file's description at this number (`dup3`).
     file: File,
@@ -391,6 +395,8 @@ impl SharedFile {
 /// ahead (a forked worker that reads its parent's data in order reads
 /// the shared file in order).
 struct SharedView {
+    /// Guarded as the current file is (before `file`: unmarked first).
+    _mark: uzswap_os::fdguard::Mark,
     file: File,
     ahead: uzswap_os::lock::Mutex<Ahead>,
 }
@@ -403,6 +409,7 @@ impl FileBacking {
     pub fn create(path: &Path) -> io::Result<FileBacking> {
         let (file, dir) = open_file(path)?;
         Ok(FileBacking {
+            _mark: uzswap_os::fdguard::Mark::new(&file),
             file,
             base: AtomicU64::new(0),
             reads: AtomicU32::new(0),
@@ -859,6 +866,7 @@ impl BackingStore for FileBacking {
                 lo: base,
                 hi: next,
                 view: Arc::new(SharedView {
+                    _mark: uzswap_os::fdguard::Mark::new(&old),
                     file: old,
                     ahead: uzswap_os::lock::Mutex::new(Ahead::default()),
                 }),

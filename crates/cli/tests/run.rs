@@ -434,6 +434,42 @@ fn a_python_script_checks_what_it_built() {
     assert_near_budget(&r, 20 * MIB, 16 * MIB);
 }
 
+/// A managed child that closes every descriptor but its own before it
+/// execs (Python's `subprocess` with a `preexec_fn`: `fork`, then
+/// `close_range(3, ~0)`) keeps the runtime's: before, its handler thread
+/// died on EBADF (a panic on stderr in every child) and, when the child
+/// reached the runtime before its exec, took the child with it (SIGSEGV).
+/// The parent's records, evicted under the budget, check out afterwards.
+#[test]
+fn a_child_that_closes_every_descriptor_before_exec_runs() {
+    require_uffd!();
+    if Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .status()
+        .map_or(true, |s| !s.success())
+    {
+        eprintln!("skipped: no python3");
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/closefds.py");
+    // 40 MiB of records: the parent holds far more than the 8 MiB below
+    // which its children would run unmanaged.
+    let r = run(&[
+        "--memory-max",
+        "32M",
+        "--",
+        "python3",
+        script.to_str().unwrap(),
+        "40",
+        "10",
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("closefds: ok 10"), "{}", r.stdout);
+    // Each child's handler used to die before the child's exec.
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+}
+
 #[test]
 fn death_by_signal_is_reported_as_128_plus_the_signal() {
     require_uffd!();

@@ -29,6 +29,7 @@
 //! crate's: only what several crates share lives here.
 
 pub mod cpu;
+pub mod fdguard;
 pub mod fork;
 pub mod helper;
 pub mod lock;

@@ -51,6 +51,7 @@
 //! faults the parent's handler keeps serving.
 
 mod cosched;
+mod fds;
 mod ranges;
 mod share;
 mod space;

@@ -25,6 +25,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use uzswap_os::fdguard::GuardedFd;
 
 pub use uzswap_os::{rss_bytes, PAGE_SIZE};
 
@@ -319,7 +320,10 @@ fn errno() -> i32 {
 /// An open, negotiated userfaultfd.
 #[derive(Debug)]
 pub struct Uffd {
-    fd: OwnedFd,
+    /// Guarded: a program that closes descriptors it did not open (a
+    /// child before `exec`, a daemon) must not close this one, or every
+    /// evicted page would read as zeros (`uzswap_os::fdguard`).
+    fd: GuardedFd,
     features: u64,
 }
 
@@ -406,7 +410,10 @@ impl Uffd {
                 missing: want & !got,
             });
         }
-        Ok(Uffd { fd, features: want })
+        Ok(Uffd {
+            fd: GuardedFd::new(fd),
+            features: want,
+        })
     }
 
     /// Features negotiated.
@@ -675,7 +682,7 @@ pub fn readable(fd: RawFd) -> bool {
 
 /// An eventfd used to wake the handler thread for shutdown.
 #[derive(Debug)]
-pub struct EventFd(OwnedFd);
+pub struct EventFd(GuardedFd);
 
 impl EventFd {
     /// Creates a non-blocking eventfd.
@@ -686,7 +693,7 @@ impl EventFd {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: a fresh descriptor owned by no one else.
-        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+        Ok(EventFd(GuardedFd::new(unsafe { OwnedFd::from_raw_fd(fd) })))
     }
 
     /// Makes the eventfd readable.
@@ -719,7 +726,7 @@ impl EventFd {
 
 /// Makes descriptor number `old` name what `new` names (`dup3`, atomic);
 /// `new` keeps its own number and closes it when dropped.
-fn replace_fd(new: &OwnedFd, old: &OwnedFd) -> io::Result<()> {
+fn replace_fd(new: &impl AsRawFd, old: &impl AsRawFd) -> io::Result<()> {
     // SAFETY: both descriptors are open and ours; dup3 closes what `old`
     // named and makes its number a copy of `new`.
     if unsafe { libc::dup3(new.as_raw_fd(), old.as_raw_fd(), libc::O_CLOEXEC) } < 0 {
@@ -775,7 +782,7 @@ impl Staging {
             return None;
         }
         let uffd = Uffd {
-            fd,
+            fd: GuardedFd::new(fd),
             features: feature::MOVE,
         };
         let len = pages * PAGE_SIZE;

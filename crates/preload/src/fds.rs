@@ -1,0 +1,90 @@
+//! `close`, `close_range` and `closefrom`: the runtime's guarded
+//! descriptors (its userfaultfds and eventfds, `uzswap_os::fdguard`) stay
+//! open whatever the program closes. A managed child between `fork()` and
+//! `exec()` that closes every descriptor but its own (Python's
+//! `subprocess` with `preexec_fn`) lost its pager's descriptors: its
+//! handler thread died on EBADF and the child with it (and, had a fault
+//! come first, an evicted page would have read as zeros). Each call
+//! succeeds as if the guarded descriptors had been closed too; they are
+//! close-on-exec, so an `exec` still ends them.
+
+use libc::{c_int, c_long, c_uint};
+use uzswap_os::fdguard;
+
+/// `close_range(2)`'s flag that marks close-on-exec instead of closing.
+const CLOSE_RANGE_CLOEXEC: c_uint = 1 << 2;
+
+/// # Safety
+/// The C `close` contract.
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if fdguard::is_guarded(fd) {
+        return 0;
+    }
+    // SAFETY: forwarded to the kernel.
+    unsafe { libc::syscall(libc::SYS_close, fd as c_long) as c_int }
+}
+
+/// Closes `first..=last` but the guarded descriptors, in the pieces
+/// between them.
+unsafe fn close_range_unguarded(first: c_uint, last: c_uint, flags: c_uint) -> c_int {
+    let raw = |lo: c_uint, hi: c_uint| {
+        // SAFETY: forwarded to the kernel.
+        unsafe {
+            libc::syscall(
+                libc::SYS_close_range,
+                lo as c_long,
+                hi as c_long,
+                flags as c_long,
+            ) as c_int
+        }
+    };
+    if flags & CLOSE_RANGE_CLOEXEC != 0 || first > last {
+        return raw(first, last);
+    }
+    let mut lo = first;
+    for fd in fdguard::guarded_in(first, last) {
+        if fd > lo {
+            let r = raw(lo, fd - 1);
+            if r != 0 {
+                return r;
+            }
+        }
+        lo = fd + 1;
+        if lo == 0 {
+            return 0;
+        }
+    }
+    if lo > last {
+        return 0;
+    }
+    raw(lo, last)
+}
+
+/// # Safety
+/// The C `close_range` contract.
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { close_range_unguarded(first, last, flags as c_uint) }
+}
+
+/// # Safety
+/// The C `closefrom` contract.
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(lowfd: c_int) {
+    let Ok(first) = c_uint::try_from(lowfd) else {
+        return;
+    };
+    // SAFETY: forwarded.
+    if unsafe { close_range_unguarded(first, c_uint::MAX, 0) } != 0 {
+        // A kernel without close_range: one at a time, as glibc falls
+        // back to, up to the descriptor limit.
+        // SAFETY: getdtablesize takes nothing.
+        let max = unsafe { libc::getdtablesize() };
+        for fd in lowfd..max {
+            // SAFETY: the interposed close above.
+            unsafe { close(fd) };
+        }
+    }
+}
