@@ -45,9 +45,19 @@ pub fn snapshot(rt: &Runtime) -> Snapshot {
 pub fn serve(thread_start: fn()) -> std::io::Result<()> {
     let addr = SocketAddr::from_abstract_name(socket_name(std::process::id()))?;
     let listener = UnixListener::bind_addr(&addr)?;
+    // Guarded (`uzswap_os::fdguard`): a program that closes descriptors it
+    // did not open leaves it. The thread never ends, nor does the mark.
+    let mark = uzswap_os::fdguard::Mark::new(&listener);
     uzswap_os::spawn_helper("uzswap-stats", Some(thread_start), move || {
+        let _mark = mark;
         for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
+            let mut conn = match conn {
+                Ok(c) => c,
+                // Gone after all (closed by a raw system call): no
+                // statistics from here on, rather than a busy loop.
+                Err(e) if e.raw_os_error() == Some(libc::EBADF) => return,
+                Err(_) => continue,
+            };
             if !same_user(&conn) {
                 continue;
             }

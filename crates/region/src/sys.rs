@@ -1197,6 +1197,9 @@ const PAGEMAP_SCAN: u64 =
 /// on `/proc/self/pagemap`): pages a first touch or a read mapped as zeros
 /// and nothing wrote since. Dropping one frees no memory.
 pub struct ZeroScan {
+    /// `pagemap`'s number, guarded (`uzswap_os::fdguard`; before it, so
+    /// that it is unmarked first).
+    mark: uzswap_os::fdguard::Mark,
     pagemap: std::fs::File,
     regions: Vec<PageRegion>,
 }
@@ -1207,6 +1210,7 @@ impl ZeroScan {
     pub fn new() -> Option<ZeroScan> {
         let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
         let mut z = ZeroScan {
+            mark: uzswap_os::fdguard::Mark::new(&pagemap),
             pagemap,
             regions: vec![PageRegion::default(); 64],
         };
@@ -1221,7 +1225,10 @@ impl ZeroScan {
     /// opened before a fork: that descriptor names the parent's memory
     /// whichever process uses it.
     pub fn renew(&mut self) -> io::Result<()> {
-        self.pagemap = std::fs::File::open("/proc/self/pagemap")?;
+        let pagemap = std::fs::File::open("/proc/self/pagemap")?;
+        // The old number's mark goes first, then its file.
+        self.mark = uzswap_os::fdguard::Mark::new(&pagemap);
+        self.pagemap = pagemap;
         Ok(())
     }
 
