@@ -404,13 +404,7 @@ fn forked_and_execed(extra: &[&str]) {
 #[test]
 fn a_python_script_checks_what_it_built() {
     require_uffd!();
-    if Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .status()
-        .map_or(true, |s| !s.success())
-    {
-        eprintln!("skipped: no python3");
+    if common::missing("python3", &["python3", "-c", "pass"]) {
         return;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/build.py");
@@ -443,13 +437,7 @@ fn a_python_script_checks_what_it_built() {
 #[test]
 fn a_child_that_closes_every_descriptor_before_exec_runs() {
     require_uffd!();
-    if Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .status()
-        .map_or(true, |s| !s.success())
-    {
-        eprintln!("skipped: no python3");
+    if common::missing("python3", &["python3", "-c", "pass"]) {
         return;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/closefds.py");

@@ -27,6 +27,9 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 
 /// Closes `first..=last` but the guarded descriptors, in the pieces
 /// between them.
+///
+/// # Safety
+/// As `close_range`: nothing may use the descriptors closed.
 unsafe fn close_range_unguarded(first: c_uint, last: c_uint, flags: c_uint) -> c_int {
     let raw = |lo: c_uint, hi: c_uint| {
         // SAFETY: forwarded to the kernel.
@@ -50,10 +53,8 @@ unsafe fn close_range_unguarded(first: c_uint, last: c_uint, flags: c_uint) -> c
                 return r;
             }
         }
+        // Guarded descriptors are below `GUARDED_MAX`: no overflow.
         lo = fd + 1;
-        if lo == 0 {
-            return 0;
-        }
     }
     if lo > last {
         return 0;

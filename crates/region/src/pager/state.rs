@@ -363,11 +363,7 @@ impl State {
             page: page as u32,
             qgen: m.qgen,
         };
-        if active {
-            self.active.push_back(e);
-        } else {
-            self.inactive.push_back(e);
-        }
+        self.list_mut(active).push_back(e);
         match (was_active, active) {
             (false, true) => self.n_active += 1,
             (true, false) => self.n_active -= 1,
@@ -394,17 +390,10 @@ impl State {
     pub(super) fn trim_lists(&mut self) {
         if self.inactive.len() + self.active.len() > 2 * self.resident + LIST_SLACK {
             for active in [false, true] {
-                let mut q = std::mem::take(if active {
-                    &mut self.active
-                } else {
-                    &mut self.inactive
-                });
+                // Taken out, so that the filter may read the records.
+                let mut q = std::mem::take(self.list_mut(active));
                 q.retain(|&e| self.entry_valid(e).is_some_and(|m| m.active == active));
-                *(if active {
-                    &mut self.active
-                } else {
-                    &mut self.inactive
-                }) = q;
+                *self.list_mut(active) = q;
             }
         }
         let keep = if self.reserve_lists {
@@ -416,6 +405,15 @@ impl State {
             if q.capacity() > 2 * (q.len() + keep) {
                 q.shrink_to(q.len() + keep);
             }
+        }
+    }
+
+    /// The active list, or the inactive one.
+    fn list_mut(&mut self, active: bool) -> &mut VecDeque<QEntry> {
+        if active {
+            &mut self.active
+        } else {
+            &mut self.inactive
         }
     }
 
