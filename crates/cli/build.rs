@@ -21,11 +21,13 @@
 //! - Wrappers: `cargo clippy` runs this script with clippy's driver in
 //!   `RUSTC_WORKSPACE_WRAPPER`; the runtime's own crates are linted by
 //!   clippy's own run, so the nested build does without it.
-//! - Network: `--frozen`. The outer build fetched what Cargo.lock names,
-//!   and a build script must not reach out (sandboxed and vendored builds
-//!   have no network). `cargo install --path crates/cli` without
-//!   `--locked` resolves versions of its own and may not have fetched the
-//!   lock file's: the error says to add `--locked`.
+//! - Network: `--locked`. The versions are Cargo.lock's, never resolved
+//!   anew; what the runtime needs beyond the `uzswap` package's own graph
+//!   (mimalloc's crate) is downloaded here, since the outer build fetches
+//!   only the crates of its own graph. An offline or vendored build
+//!   reaches the nested one through cargo's own environment and
+//!   configuration (`CARGO_NET_OFFLINE`, `.cargo/config.toml`), which it
+//!   inherits.
 //! - Size: the embedded copy has no DWARF (`strip = "debuginfo"`; symbols
 //!   stay, so a panic's backtrace still names functions): 3 MiB instead
 //!   of 34 (release, `debug = 1`), which every `uzswap run` holds in
@@ -57,7 +59,7 @@ fn main() {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&ws)
-        .args(["rustc", "-p", "uzswap-preload", "--lib", "--frozen"])
+        .args(["rustc", "-p", "uzswap-preload", "--lib", "--locked"])
         .arg("--manifest-path")
         .arg(ws.join("Cargo.toml"))
         .arg("--target-dir")
@@ -124,9 +126,9 @@ fn main() {
     if !status.success() {
         fail(&format!(
             "the nested build of the preload runtime (`cargo rustc -p uzswap-preload --lib \
-             --frozen`, target directory {}) failed ({status}); its output is above. If it \
-             could not download a crate: with `cargo install`, add --locked (the nested \
-             build uses Cargo.lock's versions and no network), else run `cargo fetch` in {}",
+             --locked`, target directory {}) failed ({status}); its output is above. If it \
+             could not download a crate, check the network or run `cargo fetch --locked` \
+             in {} first",
             target_dir.display(),
             ws.display()
         ));
