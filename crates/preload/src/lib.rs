@@ -52,6 +52,7 @@
 
 mod cosched;
 mod fds;
+mod glibc;
 mod ranges;
 mod share;
 mod space;
@@ -904,6 +905,7 @@ fn start() -> Result<(), String> {
         .map_err(|e| format!("a runtime thread did not start: {e}"))?;
     // SAFETY: registers an extern "C" function that lives for the program.
     unsafe { libc::atexit(at_exit) };
+    glibc::make_fork_state();
     READY.store(true, Ordering::Release);
     Ok(())
 }

@@ -149,3 +149,32 @@ pub fn one_malloc_arena() -> bool {
     // SAFETY: mallopt only changes the allocator's parameters.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) == 1 }
 }
+
+/// glibc's `bool __nss_database_get (enum nss_database, nss_action_list *)`.
+type NssDatabaseGet = unsafe extern "C" fn(c_int, *mut *mut c_void) -> bool;
+
+/// Calls glibc's `__nss_database_get` for its first database (the
+/// aliases), which makes glibc's name-service state if it does not exist
+/// yet (reading `/etc/nsswitch.conf`) and otherwise only checks that the
+/// file has not changed. Nothing is looked up. Does nothing where glibc
+/// does not export the function (`GLIBC_PRIVATE`).
+pub fn nss_database_get_any() {
+    // SAFETY: dlvsym with NUL-terminated name and version.
+    let f = unsafe {
+        libc::dlvsym(
+            libc::RTLD_DEFAULT,
+            c"__nss_database_get".as_ptr(),
+            c"GLIBC_PRIVATE".as_ptr(),
+        )
+    };
+    if f.is_null() {
+        return;
+    }
+    // SAFETY: glibc's symbol of that name has this signature (nss/nss_database.h
+    // since glibc 2.33); the out-parameter is a pointer of our own, and the
+    // database index 0 exists in every version.
+    let get: NssDatabaseGet = unsafe { std::mem::transmute::<*mut c_void, NssDatabaseGet>(f) };
+    let mut actions: *mut c_void = std::ptr::null_mut();
+    // SAFETY: as above.
+    unsafe { get(0, &mut actions) };
+}
