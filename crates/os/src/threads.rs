@@ -1,5 +1,6 @@
-//! What each thread of a process is doing, from /proc: for the report a
-//! test prints when something hangs where no debugger runs.
+//! The threads of a process, from /proc: what each is doing (for the
+//! report a test prints when something hangs where no debugger runs), and
+//! whether any of the program's own is left.
 
 /// For process `pid` (or this one, with `None`): its command line, then,
 /// for each of its threads, the name, the state, the kernel function it
@@ -37,6 +38,43 @@ pub fn describe(pid: Option<u32>) -> String {
     out
 }
 
+/// Whether every thread of this process but the helpers
+/// ([`crate::spawn_helper`]) has ended. The C library ends a process when
+/// its last thread exits (`pthread_exit` from the last one is `exit(0)`),
+/// but it counts helper threads too: a host whose helpers run on must end
+/// the process itself once this is true, or it stays for ever, a zombie
+/// leader with live helpers. False while any other thread is alive,
+/// including a helper that has not listed itself yet.
+pub fn program_ended() -> bool {
+    // The leader is never a helper: while it runs, the program does.
+    if !ended(&format!("/proc/self/task/{}/stat", std::process::id())) {
+        return false;
+    }
+    let helpers: Vec<i32> = crate::fork::helper_tids().collect();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        let name = t.file_name();
+        let tid = name.to_str().and_then(|n| n.parse::<i32>().ok());
+        tid.is_some_and(|t| helpers.contains(&t))
+            || ended(&format!("/proc/self/task/{}/stat", name.to_string_lossy()))
+    })
+}
+
+/// A thread whose `stat` says zombie or dead, or is gone.
+fn ended(stat_path: &str) -> bool {
+    let Ok(stat) = std::fs::read_to_string(stat_path) else {
+        return true;
+    };
+    // The state follows the command, in parentheses (see `describe`).
+    matches!(
+        stat.rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next()),
+        Some("Z" | "X")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -48,5 +86,26 @@ mod tests {
         );
         // The describing thread reads its own state while it runs.
         assert!(d.contains("state R"), "{d}");
+    }
+
+    #[test]
+    fn a_live_program_thread_keeps_the_program_running() {
+        // The test's own thread is no helper, and runs.
+        assert!(!super::program_ended());
+        // A helper listed alone does not make it end either.
+        let h = crate::spawn_helper("test-helper", None, || {
+            assert!(!super::program_ended());
+        })
+        .unwrap();
+        h.join().unwrap();
+    }
+
+    #[test]
+    fn a_gone_or_zombie_thread_has_ended() {
+        assert!(super::ended("/proc/self/task/0/stat"));
+        assert!(!super::ended(&format!(
+            "/proc/self/task/{}/stat",
+            std::process::id()
+        )));
     }
 }
