@@ -4,7 +4,7 @@
 //!
 //! # The JSON
 //! [`Snapshot::to_json`] writes one object whose keys are sorted at every
-//! level (as the runtime wrote them before this schema was typed):
+//! level:
 //! `cache` (the cache's counters, [`CacheStats`]), `config` (the
 //! [`RunConfig`]), `pager` ([`PagerStats`] without its `store` object: the
 //! cache's counters are there in full), `pid`, `pool` ([`PoolSection`]),

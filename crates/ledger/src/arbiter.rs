@@ -56,8 +56,9 @@ pub struct Arbiter {
     /// (slot, pid, start time) → a pidfd of that process, checked to be it
     /// (its start time read after the pidfd was opened). A member with one
     /// is known alive by one `poll` for all: reading every member's
-    /// `/proc/PID/stat` at every tick (100 a second) was, on 2026-11-27, a
-    /// large part of the arbiter's CPU in a `make -j8`. A member without
+    /// `/proc/PID/stat` at every tick (100 a second) would be a large part
+    /// of the arbiter's CPU in a `make -j8` (`uzswap-bench tree`,
+    /// docs/BENCHMARKS.md). A member without
     /// one (no descriptor left) is checked by its `stat`.
     watched: HashMap<(usize, u32, u64), OwnedFd>,
 }

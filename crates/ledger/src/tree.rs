@@ -25,12 +25,13 @@ pub fn tree_pids(root: u32) -> Vec<u32> {
 /// Why not the `children` files of `/proc/PID/task/TID/`: opening a file
 /// of a thread other than a process's first makes the kernel's cleanup of
 /// that process's `/proc` entries, when it is reaped, far dearer while
-/// other processes keep the CPUs busy. Measured on 2026-11-27: 96 short
-/// `python3` processes with six idle threads each, eight at a time, cost
-/// their reapers 0.5-0.7 % of all the CPU in `d_walk` once each thread's
-/// `stat` had been read once, nothing without the reads; in a `make -j8`
-/// under `uzswap run`, whose every process has six runtime threads, the
-/// reaping `gcc` and `make` spent 4 % of the build's CPU there.
+/// other processes keep the CPUs busy: 96 short `python3` processes with
+/// six idle threads each, eight at a time, cost their reapers 0.5-0.7 % of
+/// all the CPU in `d_walk` once each thread's `stat` has been read once,
+/// nothing without the reads; in a `make -j8` under `uzswap run`, whose
+/// every process has six runtime threads, the reaping `gcc` and `make`
+/// spend 4 % of the build's CPU there (`uzswap-bench tree`,
+/// docs/BENCHMARKS.md).
 fn parents() -> Vec<(u32, u32)> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -132,33 +133,33 @@ fn kib_field(text: &str, name: &str) -> Option<u64> {
 /// `smaps_rollup` is read again. `RssAnon` is never under `Pss_Anon`, and
 /// a private process starts to share only when a child of its own joins
 /// (which walks it at once), so this bounds only the over-count of a
-/// sharing missed (a double fork). Measured on 2026-11-27 at one second:
-/// a `make -j8` had each compiler walked every second, 23 walks a second
-/// in all, and the walks were still a third of `uzswap run`'s CPU.
+/// sharing missed (a double fork). At one second a `make -j8` has each
+/// compiler walked every second, 23 walks a second in all, and the walks
+/// are a third of `uzswap run`'s CPU (`uzswap-bench tree`,
+/// docs/BENCHMARKS.md).
 pub const EXACT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How often [`Sampler::sample_members`] finds the tree anew from /proc
 /// (the `stat` of every process of the machine). Between findings the
 /// processes of the last sample are read again, and processes that joined
-/// the ledger are placed under their parent. Measured on 2026-11-27 in a
-/// `make -j8` under `uzswap run`: finding the tree at every sample (100
-/// ms), then from every thread's `children` file, was most of the
-/// arbiter's CPU.
+/// the ledger are placed under their parent. In a `make -j8` under
+/// `uzswap run`, finding the tree at every sample (100 ms) would be most
+/// of the arbiter's CPU (`uzswap-bench tree`, docs/BENCHMARKS.md).
 pub const FIND_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Samples one tree over and over, as [`sample`] does, with less work:
 /// a process that shares no anonymous page with another (its `Pss_Anon`
 /// equal to its `Rss_Anon`, within 1/64) has `Pss_Anon` = `RssAnon`, which
-/// `/proc/PID/statm` gives without walking its page tables. Measured on
-/// 2026-11-26: with a Python heap of 1 GB under eviction, the arbiter's
-/// `smaps_rollup` reads every 100 ms took about a tenth of all the CPU
-/// the run used besides the program's.
+/// `/proc/PID/statm` gives without walking its page tables. With a Python
+/// heap of 1 GB under eviction, reading `smaps_rollup` every 100 ms would
+/// take about a tenth of all the CPU the run uses besides the program's
+/// (`uzswap-bench programs`, docs/BENCHMARKS.md).
 ///
 /// Such a process begins to share only by forking, so it is read from
 /// `smaps_rollup` again when a child of its own joins the tree, and at
 /// least every [`EXACT_EVERY`]; the others keep their `statm` figure (a
 /// build starts a process every few hundred milliseconds, and walking
-/// every compiler's tables for each was most of `uzswap run`'s CPU). A
+/// every compiler's tables for each would be most of `uzswap run`'s CPU). A
 /// process found sharing (a child forked without exec, its parent) is read
 /// from `smaps_rollup` at every sample. A child that outlived the process
 /// that forked it (the double fork of a daemon) joins under another parent

@@ -2,9 +2,9 @@
 //! descriptors (its userfaultfds and eventfds, `uzswap_os::fdguard`) stay
 //! open whatever the program closes. A managed child between `fork()` and
 //! `exec()` that closes every descriptor but its own (Python's
-//! `subprocess` with `preexec_fn`) lost its pager's descriptors: its
-//! handler thread died on EBADF and the child with it (and, had a fault
-//! come first, an evicted page would have read as zeros). Each call
+//! `subprocess` with `preexec_fn`) would lose its pager's descriptors: its
+//! handler thread would die on EBADF and the child with it (and, were a
+//! fault to come first, an evicted page would read as zeros). Each call
 //! succeeds as if the guarded descriptors had been closed too; they are
 //! close-on-exec, so an `exec` still ends them.
 

@@ -149,8 +149,9 @@ static GLOBAL: LibcHeap = LibcHeap;
 /// eight per CPU, and every arena keeps its own free space and its own
 /// partly used top: with five runtime threads (handler, evictor, writer,
 /// compactor, statistics) each process held several arenas whose free
-/// space no other thread could reuse (issue 28: 3.3 MiB of a tree of five
-/// Python processes, 0.7-0.9 MiB in each). One arena pools that space.
+/// space no other thread could reuse (3.3 MiB of a tree of five Python
+/// processes, 0.7-0.9 MiB in each: "runtime memory" in
+/// docs/BENCHMARKS.md). One arena pools that space.
 /// Its lock is taken only inside glibc's malloc and free, never across
 /// anything of ours; the runtime's threads allocate
 /// little on their hot paths (buffers are per thread and reused), and
@@ -296,9 +297,9 @@ const CALLOC_DISCARD_MIN: usize = 64 << 10;
 /// mimalloc writes zeros over a block whose memory it has used before,
 /// and a program that uses only part of a large zeroed block (a hash
 /// table, a bitmap) then holds every page of it. glibc gives such blocks
-/// fresh mappings, whose untouched pages take no memory: `cc1` held 27 MB
-/// (a third) more under mimalloc's `calloc` on one unit of the `tree`
-/// build (docs/benchmarks/notes/2026-11-28-calloc-and-zero-pages.md). So
+/// fresh mappings, whose untouched pages take no memory: `cc1` holds 27 MB
+/// (a third) more under mimalloc's `calloc` on one unit of the build of
+/// `uzswap-bench tree` (docs/BENCHMARKS.md). So
 /// a large block's whole pages are discarded instead (`MADV_DONTNEED`: the
 /// pager sees a remove event and maps zeros where the program touches
 /// them), and only its partial first and last pages are written.
