@@ -47,7 +47,7 @@
 //! at most that timeout, and a stale `waiting` count (a start killed while
 //! it waited) only costs the arbiter a wake-up call per decision.
 
-use crate::sys::{self, Shared};
+use crate::sys::{self, Mapping};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -238,7 +238,7 @@ pub struct SlotView {
 
 /// A mapped ledger.
 pub struct Ledger {
-    map: Shared,
+    map: Mapping,
     slots: usize,
     /// Kept open by its maker: children open it through `/proc`.
     fd: OwnedFd,
@@ -271,7 +271,7 @@ impl Ledger {
             source,
         };
         let fd = sys::memfd(len).map_err(io)?;
-        let map = Shared::map(&fd, len).map_err(io)?;
+        let map = Mapping::map(&fd, len).map_err(io)?;
         let path = PathBuf::from(format!("/proc/{}/fd/{}", sys::getpid(), fd.as_raw_fd()));
         let l = Ledger {
             map,
@@ -302,7 +302,7 @@ impl Ledger {
                 path: path.to_owned(),
             });
         }
-        let map = Shared::map(&fd, len).map_err(io)?;
+        let map = Mapping::map(&fd, len).map_err(io)?;
         let mut l = Ledger {
             map,
             slots: 0,

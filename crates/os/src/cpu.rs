@@ -4,7 +4,7 @@
 //!
 //! Read from the kernel's CPU clocks, not from `/proc/self/task/TID/stat`:
 //! a thread's `/proc` files, once opened, make the reaping of the process
-//! dearer (see `uzswap_ledger::tree`'s `parents` for the figures).
+//! dearer (see `uzswap_ledger::proc_sample`'s `parents` for the figures).
 
 /// CPU time of the calling process so far, every thread's (those that
 /// ended included), in seconds; 0 if the clock cannot be read.

@@ -1,6 +1,7 @@
-//! The tree's memory as the kernel counts it: the processes below a root
-//! (by the parent each process's `/proc/PID/stat` names) and their proportional anonymous
-//! memory (`Pss_Anon` of `/proc/PID/smaps_rollup`). Pss counts a page that
+//! Samples a process tree's memory from /proc, as the kernel counts it:
+//! the processes below a root (by the parent each process's
+//! `/proc/PID/stat` names) and their proportional anonymous memory
+//! (`Pss_Anon` of `/proc/PID/smaps_rollup`). Pss counts a page that
 //! a fork left shared between two processes half to each, so the sum over
 //! the tree counts it once; it includes every process's pool and the
 //! runtime's heap, both anonymous. This is the figure `--memory-max` is
@@ -61,24 +62,7 @@ fn tree_with_parents(root: u32) -> Vec<(u32, u32)> {
     out
 }
 
-/// Whether `a` and `b` share one address space (`kcmp(2)`, `KCMP_VM`); no
-/// if the kernel cannot say (either is gone, or not ours to inspect).
-pub fn same_address_space(a: u32, b: u32) -> bool {
-    const KCMP_VM: libc::c_long = 1;
-    // SAFETY: kcmp only compares kernel objects of the two processes; no
-    // memory of ours is passed.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_kcmp,
-            libc::c_long::from(a as i32),
-            libc::c_long::from(b as i32),
-            KCMP_VM,
-            0 as libc::c_long,
-            0 as libc::c_long,
-        )
-    };
-    r == 0
-}
+pub use crate::sys::same_address_space;
 
 /// The children of `pid` (of all its threads), those alive now.
 pub fn children(pid: u32) -> Vec<u32> {
@@ -193,7 +177,7 @@ impl Sampler {
 
     /// The tree below `root` now, leaving out the pids in `skip`; the tree
     /// is found from /proc at every call.
-    pub fn sample(&mut self, root: u32, skip: &[u32]) -> TreeSample {
+    pub fn sample(&mut self, root: u32, skip: &[u32]) -> ProcSample {
         self.look(root, skip, None)
     }
 
@@ -205,7 +189,7 @@ impl Sampler {
     /// binary, a program started without the runtime) and started since the
     /// last finding is not counted yet; a process that ended drops out at
     /// once (its read fails).
-    pub fn sample_members(&mut self, root: u32, skip: &[u32], members: &[u32]) -> TreeSample {
+    pub fn sample_members(&mut self, root: u32, skip: &[u32], members: &[u32]) -> ProcSample {
         self.look(root, skip, Some(members))
     }
 
@@ -252,7 +236,7 @@ impl Sampler {
         tree
     }
 
-    fn look(&mut self, root: u32, skip: &[u32], members: Option<&[u32]>) -> TreeSample {
+    fn look(&mut self, root: u32, skip: &[u32], members: Option<&[u32]>) -> ProcSample {
         let now = std::time::Instant::now();
         let tree: Vec<(u32, u32)> = self
             .current_tree(root, now, members)
@@ -304,7 +288,7 @@ impl Sampler {
         }
         self.known = known;
         self.tree = kept;
-        TreeSample {
+        ProcSample {
             pss_anon: processes.iter().map(|&(_, b)| b).sum(),
             processes,
         }
@@ -329,7 +313,7 @@ impl Sampler {
 
 /// One look at a tree.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TreeSample {
+pub struct ProcSample {
     /// `(pid, Pss_Anon bytes)` of each process seen.
     pub processes: Vec<(u32, u64)>,
     /// Their sum.
@@ -340,7 +324,7 @@ pub struct TreeSample {
 /// caller itself, when it is the root and is not to be counted).
 /// A process that shares its parent's address space counts 0 (see the
 /// module's docs).
-pub fn sample(root: u32, skip: &[u32]) -> TreeSample {
+pub fn sample(root: u32, skip: &[u32]) -> ProcSample {
     let processes: Vec<(u32, u64)> = tree_with_parents(root)
         .into_iter()
         .filter(|(p, _)| !skip.contains(p))
@@ -351,7 +335,7 @@ pub fn sample(root: u32, skip: &[u32]) -> TreeSample {
             pss_anon(p).map(|b| (p, b))
         })
         .collect();
-    TreeSample {
+    ProcSample {
         pss_anon: processes.iter().map(|&(_, b)| b).sum(),
         processes,
     }
@@ -404,7 +388,7 @@ mod tests {
         let walks = s.reads().0;
         assert!(walks >= 1, "{:?}", s.reads());
         let second = s.sample(me, &[]);
-        let mine = |t: &TreeSample| t.processes.iter().find(|&&(p, _)| p == me).unwrap().1;
+        let mine = |t: &ProcSample| t.processes.iter().find(|&&(p, _)| p == me).unwrap().1;
         if s.reads().0 == walks {
             // Read from statm: the same memory within the kernel's
             // per-CPU counter slack and what the test itself allocated.
@@ -478,12 +462,9 @@ mod tests {
         let in_time = r_at.elapsed() < EXACT_EVERY;
         let _ = r.kill();
         let _ = r.wait();
-        // SAFETY: signals processes this test started (C and its child
-        // would otherwise sleep on, orphaned).
-        unsafe {
-            libc::kill(c as i32, libc::SIGKILL);
-            libc::kill(grandchild as i32, libc::SIGKILL);
-        }
+        // C and its child would otherwise sleep on, orphaned.
+        crate::sys::kill(c);
+        crate::sys::kill(grandchild);
         assert!(t.processes.iter().any(|&(p, _)| p == grandchild), "{t:?}");
         assert!(
             s.walked_at(c).unwrap() > c_at,
@@ -506,7 +487,7 @@ mod tests {
                 .spawn()
                 .expect("sleep is on the machine")
         };
-        let has = |t: &TreeSample, pid: u32| t.processes.iter().any(|&(p, _)| p == pid);
+        let has = |t: &ProcSample, pid: u32| t.processes.iter().any(|&(p, _)| p == pid);
         let mut s = Sampler::new();
         let mut first = sleep();
         s.sample_members(me, &[], &[]);
@@ -544,44 +525,21 @@ mod tests {
     /// it execs) is counted as 0, not as a second copy of this process.
     #[test]
     fn a_child_sharing_the_address_space_counts_once() {
-        extern "C" fn wait_forever(_: *mut libc::c_void) -> libc::c_int {
-            loop {
-                // SAFETY: pause takes nothing; the child only sleeps here
-                // until it is killed.
-                unsafe { libc::pause() };
-            }
-        }
         // 32 MiB of this process's own, so that a double count shows.
         let mut b = vec![0u8; 32 << 20];
         for i in (0..b.len()).step_by(4096) {
             b[i] = 1;
         }
         let mut stack = vec![0u8; 64 << 10];
-        // SAFETY: the child runs `wait_forever` on `stack`, which outlives
-        // it (it is killed and reaped below), and touches nothing else.
-        let child = unsafe {
-            libc::clone(
-                wait_forever,
-                stack.as_mut_ptr().add(stack.len()).cast(),
-                libc::CLONE_VM | libc::SIGCHLD,
-                std::ptr::null_mut(),
-            )
-        };
-        assert!(
-            child > 0,
-            "clone failed: {}",
-            std::io::Error::last_os_error()
-        );
-        let child = child as u32;
+        // SAFETY: `stack` outlives the child: it is killed and reaped below.
+        let child = unsafe { crate::sys::clone_vm_pausing(&mut stack) }
+            .unwrap_or_else(|e| panic!("clone failed: {e}"));
         let me = std::process::id();
         let s = sample(me, &[]);
         let own = pss_anon(me);
-        // SAFETY: the child is ours; kill and reap it (before any assertion:
-        // a child left pausing would hold the test's output open).
-        unsafe {
-            libc::kill(child as i32, libc::SIGKILL);
-            libc::waitpid(child as i32, std::ptr::null_mut(), 0);
-        }
+        // Killed and reaped before any assertion: a child left pausing
+        // would hold the test's output open.
+        crate::sys::kill_and_reap(child);
         let own = own.expect("this process's smaps_rollup is readable");
         assert!(same_address_space(me, me));
         assert!(s.processes.contains(&(child, 0)), "{s:?}");
