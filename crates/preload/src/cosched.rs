@@ -361,8 +361,7 @@ fn own_threads(helpers: &[i32]) -> Vec<(i32, u64)> {
 }
 
 fn watch() {
-    // SAFETY: gettid has no preconditions.
-    WATCHER.store(unsafe { libc::gettid() }, Ordering::Relaxed);
+    WATCHER.store(crate::sys::gettid(), Ordering::Relaxed);
     let mut w = Watch::default();
     let mut waited = 0;
     // While a thread is pinned: when the last look was, and the CPU time
@@ -556,8 +555,7 @@ pub fn after_fork_child() {
 /// one CPU alone too. A process the user started on one CPU from a parent
 /// that is not (`taskset -c N prog` in a script) keeps it.
 pub fn release_inherited(run: u32) {
-    // SAFETY: getppid has no preconditions.
-    let parent = unsafe { libc::getppid() };
+    let parent = crate::sys::getppid();
     let (Ok(mine), Ok(tree)) = (
         sched::affinity(0),
         sched::affinity(i32::try_from(run).unwrap_or(0)),
@@ -591,8 +589,7 @@ pub fn answer_for(pid: i32) -> Option<CpuSet> {
 
 /// Whether the calling thread is the one pinned (or being pinned).
 fn on_pinned_thread() -> bool {
-    // SAFETY: gettid has no preconditions.
-    pinned_tid() == Some(unsafe { libc::gettid() })
+    pinned_tid() == Some(crate::sys::gettid())
 }
 
 #[cfg(test)]

@@ -123,13 +123,7 @@ fn libc_usable_size(p: *mut c_void) -> usize {
     static REAL: AtomicUsize = AtomicUsize::new(0);
     let mut f = REAL.load(Ordering::Relaxed);
     if f == 0 {
-        // SAFETY: dlsym with a NUL-terminated name.
-        let found = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) };
-        f = if found.is_null() {
-            usize::MAX
-        } else {
-            found as usize
-        };
+        f = sys::next_symbol(c"malloc_usable_size").unwrap_or(usize::MAX);
         REAL.store(f, Ordering::Relaxed);
     }
     if f == usize::MAX {

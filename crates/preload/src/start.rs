@@ -16,6 +16,9 @@ use crate::state::{
 };
 use crate::{cosched, share, space, stats, sys};
 
+/// Starts the runtime if `uzswap run` asked for it: joins the ledger,
+/// starts the cache and the pager over the reserved space, then
+/// [`switch_on`]. `Ok` without a runtime if nothing is to be managed.
 fn start() -> Result<(), String> {
     // Parsed and checked by the contract `uzswap run` wrote it with.
     let Some(config) = RunConfig::from_env().map_err(|e| e.to_string())? else {
@@ -53,7 +56,44 @@ fn start() -> Result<(), String> {
     // Before the cache and the pager start their threads.
     setup_runtime_heap();
     let budget_pages = (config.memory_max / PAGE_SIZE as u64) as usize;
+    let cache_cfg = cache_config(&config, share.as_ref())?;
+    // The helpers below (the pool's compactor, the cache's writer, the
+    // pager's handler and evictor, the statistics server, co-scheduling's
+    // watcher) start together: each runs `mark_thread_internal` before
+    // anything is switched on (`READY`), but this thread waits once for
+    // them all instead of once for each, a scheduler's time slice apiece on
+    // a busy machine, in every process of a tree.
+    let started = uzswap_os::StartBatch::open();
+    let cache = Arc::new(Cache::new(cache_cfg).map_err(|e| e.to_string())?);
+    let pcfg = pager_config(&config, share.as_ref(), budget_pages);
+    let pager = Pager::new(cache.clone(), pcfg).map_err(|e| e.to_string())?;
+    let reserve = config.reserve;
+    let space =
+        space::Space::new(pager, usize::try_from(reserve).unwrap_or(usize::MAX)).map_err(|e| {
+            format!(
+                "cannot reserve {reserve} bytes of address space ({e}): set {} lower",
+                uzswap_contract::names::RESERVE
+            )
+        })?;
+    let rt = Runtime {
+        space,
+        cache,
+        share,
+        config,
+        started: std::time::Instant::now(),
+    };
+    if RUNTIME.set(rt).is_err() {
+        return Err("started twice".into());
+    }
+    switch_on(started)
+}
 
+/// The cache's configuration: its pool capped by the ledger's share or
+/// `--pool-max`, its backing tier (a remote server connected here).
+fn cache_config(
+    config: &RunConfig,
+    share: Option<&Arc<share::Share>>,
+) -> Result<CacheConfig, String> {
     // An unreachable server stops the program before it starts (as a
     // backing directory that cannot take a file does).
     let remote = match &config.backing {
@@ -68,10 +108,10 @@ fn start() -> Result<(), String> {
         }
         _ => None,
     };
-    let cache_cfg = CacheConfig {
+    Ok(CacheConfig {
         compressor: config.compressor,
         cold_compressor: config.cold_compressor,
-        pool_limit: match &share {
+        pool_limit: match share {
             Some(sh) => PoolLimit::Bytes(sh.initial_pool_limit()),
             None => config
                 .pool_max
@@ -85,28 +125,30 @@ fn start() -> Result<(), String> {
         thread_start: Some(mark_thread_internal),
         // Stores come from the evictor alone: one shard, one set of size
         // classes, one partly filled zspage per class (a shard per CPU
-        // kept two on two CPUs, and every process of a tree pays them).
+        // keeps two on two CPUs, and every process of a tree pays them).
         pool_shards: Some(1),
         dedup: config.dedup,
         // Every area belongs to this one program: a page may share with
         // any other it holds.
         dedup_scope: uzswap_cache::DedupScope::Global,
         ..CacheConfig::default()
-    };
-    // The helpers below (the pool's compactor, the cache's writer, the
-    // pager's handler and evictor, the statistics server, co-scheduling's
-    // watcher) start together: each runs `mark_thread_internal` before
-    // anything is switched on (`READY`), but this thread waits once for
-    // them all instead of once for each, a scheduler's time slice apiece on
-    // a busy machine, in every process of a tree.
-    let started = uzswap_os::StartBatch::open();
-    let cache = Arc::new(Cache::new(cache_cfg).map_err(|e| e.to_string())?);
+    })
+}
+
+/// The pager's configuration: the budget, what it charges to the budget
+/// beside the resident pages, and, in a tree, its floor and the room it
+/// makes before a fork.
+fn pager_config(
+    config: &RunConfig,
+    share: Option<&Arc<share::Share>>,
+    budget_pages: usize,
+) -> PagerConfig {
     let mut pcfg = PagerConfig::new(budget_pages);
     pcfg.thread_start = Some(mark_thread_internal);
     // The budget pays for the runtime's own heap (the cache index, the
     // pager's tables), as a memory cgroup pays for the kernel's
     // allocations on a task's behalf; the pool is capped apart.
-    pcfg.charge = Some(uzswap_region::Charge(match &share {
+    pcfg.charge = Some(uzswap_region::Charge(match share {
         None => Arc::new(|| stats::runtime_heap().held_bytes),
         Some(sh) => {
             let sh = Arc::clone(sh);
@@ -133,46 +175,29 @@ fn start() -> Result<(), String> {
     // hold none.
     pcfg.uncharged_zero_pages = true;
     pcfg.cpu_handlers = config.cpu_handlers;
-    let pager = Pager::new(cache.clone(), pcfg).map_err(|e| e.to_string())?;
-    let reserve = config.reserve;
-    let space =
-        space::Space::new(pager, usize::try_from(reserve).unwrap_or(usize::MAX)).map_err(|e| {
-            format!(
-                "cannot reserve {reserve} bytes of address space ({e}): set {} lower",
-                uzswap_contract::names::RESERVE
-            )
-        })?;
-    let rt = Runtime {
-        space,
-        cache,
-        share,
-        config,
-        started: std::time::Instant::now(),
-    };
-    if RUNTIME.set(rt).is_err() {
-        return Err("started twice".into());
-    }
+    pcfg
+}
+
+/// Registers the fork and exit hooks, opens the statistics socket, starts
+/// co-scheduling's watcher, waits for the helpers `started` counts, and
+/// switches the program's memory over (`READY`).
+fn switch_on(started: uzswap_os::StartBatch) -> Result<(), String> {
     OWNER_PID.store(std::process::id() as i32, Ordering::Relaxed);
     // Ours run before the pager's prepare hook (registered earlier), so the
     // pager's fork-time loads run marked internal.
-    // SAFETY: three extern "C" functions without arguments, for the whole
-    // life of the program.
-    let r =
-        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
-    if r != 0 {
-        return Err(format!(
+    sys::at_fork(fork_prepare, fork_parent, fork_child).map_err(|r| {
+        format!(
             "pthread_atfork failed: {}",
             std::io::Error::from_raw_os_error(r)
-        ));
-    }
+        )
+    })?;
     stats::serve(mark_thread_internal)
         .map_err(|e| format!("cannot open the statistics socket: {e}"))?;
     start_cosched();
     started
         .wait()
         .map_err(|e| format!("a runtime thread did not start: {e}"))?;
-    // SAFETY: registers an extern "C" function that lives for the program.
-    unsafe { libc::atexit(at_exit) };
+    sys::at_exit(at_exit);
     READY.store(true, Ordering::Release);
     Ok(())
 }
@@ -199,8 +224,8 @@ extern "C" fn init() {
     leave_internal();
     if let Err(e) = r {
         sys::warn(&format!("cannot start: {e}"));
-        // SAFETY: ends the process before the program runs.
-        unsafe { libc::_exit(125) };
+        // Ends the process before the program runs.
+        sys::exit_now(125);
     }
 }
 
