@@ -16,7 +16,7 @@
 //! - **The runtime's own memory** (the cache's pool and index, the pager's
 //!   tables) must never be managed: a handler thread touching an evicted
 //!   page would wait for itself. Rust code here allocates from glibc
-//!   (`__libc_malloc`, the global allocator of [`alloc`]), and the runtime's
+//!   (`__libc_malloc`, the global allocator of `alloc`), and the runtime's
 //!   threads are marked [`internal`]: their `malloc` (from C code such as
 //!   zstd) goes to glibc and their `mmap` to the kernel. glibc serves them
 //!   all from one arena (`alloc::setup_runtime_heap`).
@@ -51,15 +51,15 @@
 //! faults the parent's handler keeps serving.
 //!
 //! # Where things are
-//! - [`state`]: whether the runtime runs, and which threads are its own;
-//! - [`alloc`]: the runtime's own heap (glibc's), the global allocator;
-//! - [`malloc`], [`mmap`], [`fds`], [`affinity`]: the C functions this
+//! - `state`: whether the runtime runs, and which threads are its own;
+//! - `alloc`: the runtime's own heap (glibc's), the global allocator;
+//! - `malloc`, `mmap`, `fds`, `affinity`: the C functions this
 //!   library replaces for the program;
-//! - [`start`]: the constructor and the exit hook; [`fork`]: the fork hooks;
-//! - [`space`] (over [`ranges`]): the reservation the managed mappings are
-//!   carved from; [`share`]: this process's slot in the tree's ledger;
-//!   [`cosched`]: co-scheduling; [`stats`]: the statistics socket;
-//! - [`sys`]: the system calls.
+//! - `start`: the constructor and the exit hook; `fork`: the fork hooks;
+//! - `space` (over `ranges`): the reservation the managed mappings are
+//!   carved from; `share`: this process's slot in the tree's ledger;
+//!   `cosched`: co-scheduling; `stats`: the statistics socket;
+//! - `sys`: the system calls.
 
 mod affinity;
 mod alloc;
