@@ -45,7 +45,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use uzswap_ledger::tree;
+use uzswap_ledger::proc_sample;
 
 const MIB: u64 = 1 << 20;
 /// How often every side's memory is sampled.
@@ -392,7 +392,7 @@ fn children_cpu_seconds() -> f64 {
 /// The tree under `root` as the kernel counts it.
 fn tree_probe(root: u32) -> Sample {
     Sample {
-        memory: tree::sample(root, &[]).pss_anon,
+        memory: proc_sample::sample(root, &[]).pss_anon,
         ..Sample::default()
     }
 }
@@ -693,7 +693,7 @@ fn kernel_side(
     let probe_cg = cg.clone();
     let steering = pool_inside.then(|| Steering::start(cg.clone(), budget));
     let ran = run_sampled(cmd, w.dir(), deadline, move |root| {
-        let tree_pss_anon = tree::sample(root, &[]).pss_anon;
+        let tree_pss_anon = proc_sample::sample(root, &[]).pss_anon;
         let cgroup = read_u64(&probe_cg.join("memory.usage_in_bytes"));
         let zswap_pool = ZswapSample::read().map(|z| z.pool_bytes).unwrap_or(0);
         Sample {

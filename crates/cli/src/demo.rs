@@ -137,7 +137,7 @@ fn run(mut cmd: Command, mut look: impl FnMut(u32)) -> Result<Ran> {
             break s;
         }
         let me = std::process::id();
-        peak = peak.max(uzswap_ledger::tree::sample(pid, &[me]).pss_anon);
+        peak = peak.max(uzswap_ledger::proc_sample::sample(pid, &[me]).pss_anon);
         look(pid);
         std::thread::sleep(LOOK);
     };

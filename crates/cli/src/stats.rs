@@ -218,7 +218,7 @@ pub fn tree(pid: u32, brief: bool) -> Result<TreeView> {
     let shown = match found.role {
         Role::Member => Some(pid),
         // `uzswap run` starts one process, the program.
-        Role::Arbiter => uzswap_ledger::tree::children(pid).first().copied(),
+        Role::Arbiter => uzswap_ledger::proc_sample::children(pid).first().copied(),
     };
     let detail = match (brief, shown) {
         (true, _) => Detail::NotAsked,

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uzswap_contract::BackingTier;
-use uzswap_ledger::{tree, Arbiter, Ledger, Usage};
+use uzswap_ledger::{proc_sample, Arbiter, Ledger, Usage};
 
 /// How often the budget is shared.
 pub const TICK: Duration = Duration::from_millis(10);
@@ -220,7 +220,7 @@ fn arbitrate(
     let mut said_over = false;
     let mut said_excess = SaidExcess::default();
     let mut last_flags: BTreeMap<u32, (String, u64)> = BTreeMap::new();
-    let mut sampler = tree::Sampler::new();
+    let mut sampler = proc_sample::Sampler::new();
     loop {
         // Read before the decision: a start that rings after this read
         // wakes the wait below at once, and is decided for next.
@@ -246,7 +246,7 @@ fn arbitrate(
             next_sample = now + SAMPLE;
             let members: Vec<u32> = tick.members.iter().map(|m| m.slot.pid).collect();
             let s = sampler.sample_members(root, &[me], &members);
-            let own = tree::pss_anon(me).unwrap_or(0);
+            let own = proc_sample::pss_anon(me).unwrap_or(0);
             let total = s.pss_anon + own;
             // What the tree holds that no process reported: reserved out
             // of the budget before it is shared.

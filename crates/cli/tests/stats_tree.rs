@@ -159,7 +159,7 @@ fn a_tree_is_shown_from_its_run_pid_and_from_a_child() {
         assert!(text.contains(&format!(" {c} hold ")), "{text}");
     }
     assert!(text.contains("   total "), "{text}");
-    let program = uzswap_ledger::tree::children(t.pid())[0];
+    let program = uzswap_ledger::proc_sample::children(t.pid())[0];
     assert!(
         text.contains(&format!("* pid {program} in detail:")),
         "{text}"

@@ -56,8 +56,9 @@ pub struct Arbiter {
     /// (slot, pid, start time) → a pidfd of that process, checked to be it
     /// (its start time read after the pidfd was opened). A member with one
     /// is known alive by one `poll` for all: reading every member's
-    /// `/proc/PID/stat` at every tick (100 a second) was, on 2026-11-27, a
-    /// large part of the arbiter's CPU in a `make -j8`. A member without
+    /// `/proc/PID/stat` at every tick (100 a second) would be a large part
+    /// of the arbiter's CPU in a `make -j8` (`uzswap-bench tree`,
+    /// docs/BENCHMARKS.md). A member without
     /// one (no descriptor left) is checked by its `stat`.
     watched: HashMap<(usize, u32, u64), OwnedFd>,
 }
@@ -89,6 +90,29 @@ impl Arbiter {
     /// Reaps, measures, decides and publishes once.
     pub fn tick(&mut self, now: Instant) -> Tick {
         let mut tick = Tick::default();
+        let live = self.reap(&mut tick);
+        let demands = self.demands(&live, now);
+        let budget = self.ledger.budget().saturating_sub(self.reserve);
+        let d = policy::share(budget, &demands);
+        self.publish(&live, &d, budget, &mut tick);
+        tick.floors_over = d.floors_over;
+        tick.charged = self.reserve + live.iter().map(|v| v.usage.charged()).sum::<u64>();
+        tick.members = live
+            .into_iter()
+            .zip(d.allot)
+            .zip(demands)
+            .map(|((slot, allot), dm)| Seen {
+                slot,
+                allot,
+                fault_rate: dm.fault_rate,
+            })
+            .collect();
+        tick
+    }
+
+    /// The members alive and not left; the others' slots reaped (into
+    /// `tick.reaped`).
+    fn reap(&mut self, tick: &mut Tick) -> Vec<SlotView> {
         let mut live = Vec::new();
         let entries = self.ledger.read();
         let key = |v: &SlotView| (v.index, v.pid, v.start);
@@ -130,6 +154,12 @@ impl Arbiter {
                 }
             }
         }
+        live
+    }
+
+    /// What each live member wants, its fault rate smoothed over the
+    /// ticks (the rates of members gone are forgotten).
+    fn demands(&mut self, live: &[SlotView], now: Instant) -> Vec<Demand> {
         let mut rates = HashMap::with_capacity(live.len());
         let demands: Vec<Demand> = live
             .iter()
@@ -157,8 +187,12 @@ impl Arbiter {
             })
             .collect();
         self.rates = rates;
-        let budget = self.ledger.budget().saturating_sub(self.reserve);
-        let d = policy::share(budget, &demands);
+        demands
+    }
+
+    /// Writes the decision to the ledger: each member's allotment, the
+    /// excess starts wait for, what is left unallotted of `budget`.
+    fn publish(&self, live: &[SlotView], d: &policy::Decision, budget: u64, tick: &mut Tick) {
         // What the members hold above their new allotments, of what they
         // can give back (a store that refuses, a backing file that fails,
         // keeps it): starts wait for it (`Member::wait_for_room`).
@@ -176,19 +210,6 @@ impl Arbiter {
         }
         let allotted: u64 = d.allot.iter().sum();
         self.ledger.set_unallotted(budget.saturating_sub(allotted));
-        tick.floors_over = d.floors_over;
-        tick.charged = self.reserve + live.iter().map(|v| v.usage.charged()).sum::<u64>();
-        tick.members = live
-            .into_iter()
-            .zip(d.allot)
-            .zip(demands)
-            .map(|((slot, allot), dm)| Seen {
-                slot,
-                allot,
-                fault_rate: dm.fault_rate,
-            })
-            .collect();
-        tick
     }
 }
 

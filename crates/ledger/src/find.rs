@@ -102,7 +102,7 @@ pub fn find(pid: u32) -> Result<Found, FindError> {
     }
     // A `uzswap run` whose descriptors could not be listed: its program
     // names it.
-    for child in crate::tree::children(pid) {
+    for child in crate::proc_sample::children(pid) {
         if let Ok(Some(path)) = environ_ledger(child) {
             if run_pid_of(&path) == Some(pid) {
                 return Ok(Found {

@@ -21,9 +21,9 @@
 mod arbiter;
 pub mod find;
 pub mod policy;
+pub mod proc_sample;
 mod sys;
 mod table;
-pub mod tree;
 
 pub use arbiter::{Arbiter, Tick};
 pub use find::{find, FindError, Found, Role};

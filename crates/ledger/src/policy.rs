@@ -78,8 +78,8 @@ pub fn share(budget: u64, demands: &[Demand]) -> Decision {
     // a process that grows through runs of zero pages faults too seldom to
     // count as pressed, and held to what it used it evicted its own pages
     // to grow. With both rules, a `make -j8` of 47 units with room to
-    // spare (`--memory-max 4G`) evicted 5-6 k pages instead of 58 k
-    // (2026-11-28).
+    // spare (`--memory-max 4G`) evicts 5-6 k pages instead of 58 k
+    // (`uzswap-bench tree`, docs/BENCHMARKS.md).
     let all_room = demands.iter().map(room).sum::<u64>() <= spare;
     let want: Vec<u64> = demands
         .iter()
@@ -151,7 +151,8 @@ pub fn share(budget: u64, demands: &[Demand]) -> Decision {
 /// taker's allotment rises with what was freed, tick after tick, not at
 /// once (at once, the taker would fill its new share while the giver still
 /// held its old one, and the tree would be over the budget until the giver
-/// caught up: up to 1.26 x B for the Python tree, 2026-11-25). The growth
+/// caught up: up to 1.26 x B for the Python tree of `uzswap-bench tree`,
+/// docs/BENCHMARKS.md). The growth
 /// asked for is scaled down alike for every grower; nobody goes below its
 /// floor.
 fn pace_growth(budget: u64, demands: &[Demand], allot: &mut [u64]) {

@@ -1,26 +1,27 @@
 //! The only module of this crate that calls `libc`: the shared mapping of
-//! the ledger, what `/proc` says of a process, and pidfds that tell when
-//! one ends.
+//! the ledger, what `/proc` says of a process, pidfds that tell when one
+//! ends, whether two processes share an address space, and the tests'
+//! signals and clones.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 /// A shared read-write mapping of a whole file descriptor.
-pub(crate) struct Shared {
+pub(crate) struct Mapping {
     pub(crate) ptr: *mut u8,
     pub(crate) len: usize,
 }
 
 // SAFETY: the mapping is plain shared memory; all access to it goes
 // through atomics (table.rs), so it may be used from any thread.
-unsafe impl Send for Shared {}
+unsafe impl Send for Mapping {}
 // SAFETY: as above.
-unsafe impl Sync for Shared {}
+unsafe impl Sync for Mapping {}
 
-impl Shared {
+impl Mapping {
     /// Maps `len` bytes of `fd` shared and read-write.
-    pub(crate) fn map(fd: &OwnedFd, len: usize) -> io::Result<Shared> {
+    pub(crate) fn map(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
         // SAFETY: a fresh mapping chosen by the kernel; fd is open.
         let p = unsafe {
             libc::mmap(
@@ -35,11 +36,11 @@ impl Shared {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Shared { ptr: p.cast(), len })
+        Ok(Mapping { ptr: p.cast(), len })
     }
 }
 
-impl Drop for Shared {
+impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `map`, not used after this.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
@@ -152,6 +153,72 @@ pub fn self_start_time() -> u64 {
 pub fn getpid() -> u32 {
     // SAFETY: getpid cannot fail.
     unsafe { libc::getpid() as u32 }
+}
+
+/// Whether `a` and `b` share one address space (`kcmp(2)`, `KCMP_VM`); no
+/// if the kernel cannot say (either is gone, or not ours to inspect).
+pub fn same_address_space(a: u32, b: u32) -> bool {
+    const KCMP_VM: libc::c_long = 1;
+    // SAFETY: kcmp only compares kernel objects of the two processes; no
+    // memory of ours is passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            libc::c_long::from(a as i32),
+            libc::c_long::from(b as i32),
+            KCMP_VM,
+            0 as libc::c_long,
+            0 as libc::c_long,
+        )
+    };
+    r == 0
+}
+
+/// Sends `SIGKILL` to `pid`, a process of a test's own.
+#[cfg(test)]
+pub(crate) fn kill(pid: u32) {
+    // SAFETY: kill only signals; the caller names a process it started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+}
+
+/// Kills and reaps `pid`, a child of this process.
+#[cfg(test)]
+pub(crate) fn kill_and_reap(pid: u32) {
+    kill(pid);
+    // SAFETY: reaps a child of ours; no status is written.
+    unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), 0) };
+}
+
+/// Starts a child in this process's address space (`clone(CLONE_VM)`,
+/// as a `vfork` child is until it execs) that only pauses, on `stack`,
+/// until it is killed; returns its pid.
+///
+/// # Safety
+/// `stack` outlives the child: the caller kills and reaps it
+/// ([`kill_and_reap`]) before the stack goes.
+#[cfg(test)]
+pub(crate) unsafe fn clone_vm_pausing(stack: &mut [u8]) -> io::Result<u32> {
+    extern "C" fn wait_forever(_: *mut libc::c_void) -> libc::c_int {
+        loop {
+            // SAFETY: pause takes nothing; the child only sleeps here
+            // until it is killed.
+            unsafe { libc::pause() };
+        }
+    }
+    // SAFETY: the child runs `wait_forever` on `stack`, which outlives it
+    // (the caller's duty), and touches nothing else.
+    let child = unsafe {
+        libc::clone(
+            wait_forever,
+            stack.as_mut_ptr().add(stack.len()).cast(),
+            libc::CLONE_VM | libc::SIGCHLD,
+            std::ptr::null_mut(),
+        )
+    };
+    if child <= 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(child as u32)
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@
 //! at most that timeout, and a stale `waiting` count (a start killed while
 //! it waited) only costs the arbiter a wake-up call per decision.
 
-use crate::sys::{self, Shared};
+use crate::sys::{self, Mapping};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -238,7 +238,7 @@ pub struct SlotView {
 
 /// A mapped ledger.
 pub struct Ledger {
-    map: Shared,
+    map: Mapping,
     slots: usize,
     /// Kept open by its maker: children open it through `/proc`.
     fd: OwnedFd,
@@ -271,7 +271,7 @@ impl Ledger {
             source,
         };
         let fd = sys::memfd(len).map_err(io)?;
-        let map = Shared::map(&fd, len).map_err(io)?;
+        let map = Mapping::map(&fd, len).map_err(io)?;
         let path = PathBuf::from(format!("/proc/{}/fd/{}", sys::getpid(), fd.as_raw_fd()));
         let l = Ledger {
             map,
@@ -302,7 +302,7 @@ impl Ledger {
                 path: path.to_owned(),
             });
         }
-        let map = Shared::map(&fd, len).map_err(io)?;
+        let map = Mapping::map(&fd, len).map_err(io)?;
         let mut l = Ledger {
             map,
             slots: 0,
@@ -690,9 +690,10 @@ impl Member {
     /// A process that joins a tree whose budget is all allotted takes its
     /// room from the others, and they give it up only as fast as their
     /// evictors run. Started at once, it would fill that room while they
-    /// still hold it: four Python workers spawned together took 15 MiB of
-    /// a 64 MiB budget in 100 ms while their parent, cut by as much, was
-    /// still evicting, and the tree held 1.2 x its budget on a busy machine.
+    /// still hold it: four Python workers spawned together would take
+    /// 15 MiB of a 64 MiB budget in 100 ms while their parent, cut by as
+    /// much, is still evicting, and the tree would hold 1.2 x its budget on
+    /// a busy machine.
     /// So, as the kernel makes a task that allocates in a full memory
     /// cgroup reclaim before it gets its page, the new process waits: until
     /// the arbiter has decided for it and what the members hold above
@@ -702,16 +703,18 @@ impl Member {
     /// A process that took at least a thirty-second of the budget when it
     /// joined does not wait: it joined while the arbiter kept room for
     /// starts (`policy::HEADROOM`, an eighth of what it shares, of which
-    /// the first process to join takes half). The bound was a sixteenth
-    /// until 2026-11-28, which that half just misses (the arbiter shares
-    /// the budget less its own memory): every start waited, 49 of the 50
-    /// of a shell loop under a budget of 4 GiB that it used 1.2 MiB of.
+    /// the first process to join takes half). A sixteenth would be just
+    /// over what that half holds (the arbiter shares the budget less its
+    /// own memory): nearly every start would wait, 49 of the 50 of a shell
+    /// loop under a budget of 4 GiB that it uses 1.2 MiB of.
     ///
     /// A start that waits rings the arbiter's doorbell, so that the first
     /// decision about it comes now rather than at the arbiter's next tick,
-    /// and sleeps until each decision: a waited start took 5.6 ms on
-    /// average in a `make -j8` under 198 MiB (2026-11-28), polled every
-    /// millisecond, mostly until the arbiter's next tick (every 10 ms).
+    /// and sleeps until each decision, instead of polling every
+    /// millisecond, which in a `make -j8` under 198 MiB made a waited start
+    /// wait 5.6 ms on average, mostly for the arbiter's next tick (every
+    /// 10 ms; "What a process start costs" under `uzswap-bench tree` in
+    /// docs/BENCHMARKS.md).
     pub fn wait_for_room(&self, max: Duration) -> Duration {
         let l = &self.ledger;
         let room = l.budget() / START_ROOM_SHARE;

@@ -10,8 +10,8 @@
 //! the child, and nothing but that word refers to them (the locks of
 //! [`crate::lock`] keep no table of waiters, unlike parking_lot's, whose
 //! process-wide table could be left locked in the child by a parent thread
-//! inside it at the instant of the fork: on 2026-11-26, at 522e0e3, a bash
-//! child under `uzswap run` hung there about once in twenty forks). A
+//! inside it at the instant of the fork: a bash child under `uzswap run`
+//! would hang there about once in twenty forks). A
 //! condition variable needs nothing: waiting on one is a futex wait on its
 //! counter, and the count of waiters only saves a wake-up call, so the
 //! parent's stale count costs at most one system call per notify.

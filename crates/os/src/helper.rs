@@ -10,10 +10,11 @@
 //! for its stack-overflow report). If another thread of the parent was
 //! starting or ending at the instant of the fork, the child's copy of that
 //! lock stays taken for ever, and the child's first new thread waits on it
-//! for ever: seen on 2026-11-27, once in 179 forks of
-//! `a_fork_while_another_thread_drops_a_pager_does_not_hang`, with the
-//! forked child's handler thread stuck in its start-up, so every fault of
-//! the child waited too. Nothing the standard library holds is taken on
+//! for ever: about once in 179 forks of
+//! `a_fork_while_another_thread_drops_a_pager_does_not_hang` with
+//! `std::thread`, the forked child's handler thread would stick in its
+//! start-up, and every fault of the child wait too. Nothing the standard
+//! library holds is taken on
 //! the way in or out of a helper here: the thread library's own state is
 //! made safe across `fork()` by the C library.
 //!

@@ -7,8 +7,8 @@
 //! inside one of those buckets at the instant of a `fork()` leaves it
 //! locked in the child, which then hangs the first time it parks or wakes
 //! anything hashed there; and a lock released in the child must first have
-//! the parent's (absent) waiters taken off that table. Seen on 2026-11-26
-//! (522e0e3): a bash child under `uzswap run` hung in the bucket lock. With
+//! the parent's (absent) waiters taken off that table: a bash child under
+//! `uzswap run` can hang in such a bucket lock. With
 //! the state in the lock's own word, a lock the prepare hook held is
 //! released in the child by writing that word ([`RawMutex::reset`]): the
 //! parent's waiters were only ever counted there, and nothing else refers

@@ -6,10 +6,10 @@
 //! the same per-mm counters (`statm`'s `resident` is file + anonymous +
 //! shmem pages, its `shared` file + shmem), but `status` also renders the
 //! signal masks, the capabilities and the rest of the task under the
-//! task's lock, several times the work for one figure. Measured on
-//! 2026-11-27 in a `make -j8` under `uzswap run`: the evictors' reads of
-//! `/proc/self/status` (open, statx, read, close every 10 ms in each
-//! process) were about 2 % of all the CPU the build used.
+//! task's lock, several times the work for one figure. In a `make -j8`
+//! under `uzswap run` the evictors' reads of `/proc/self/status` (open,
+//! statx, read, close every 10 ms in each process) would be about 2 % of
+//! all the CPU the build uses (`uzswap-bench tree`, docs/BENCHMARKS.md).
 //!
 //! [`own`] keeps the file open on each thread that reads it and reads it
 //! again from offset 0 (the kernel renders a `statm` anew at each read from

@@ -11,9 +11,10 @@
 //! is no interrupt at all; at idle priority a helper runs only while the
 //! program waits (for a page, or for room), so it never delays it; and the
 //! program's thread is pinned there, or the scheduler would keep moving it
-//! to the other, idle, CPU away from its helpers. Measured on 2026-11-26:
-//! `xz -9` under the same budget 52.8 s → 38.0 s, a Python dict 43 s →
-//! 35 s, with a third less CPU (docs/benchmarks/notes/2026-11-26-cosched.md).
+//! to the other, idle, CPU away from its helpers. Under the same budget
+//! `xz -9` takes 38.0 s with co-scheduling against 52.8 s without, a
+//! Python dict 35 s against 43 s, with a third less CPU (`uzswap-bench
+//! programs`, docs/BENCHMARKS.md).
 //!
 //! When: for [`SETTLE`] the process has had the same threads of its own
 //! (the rest are the runtime's helpers), its pager evicted, and one thread
@@ -26,8 +27,9 @@
 //! pinned: see `first_thread_run_delay`): one that shares the CPUs
 //! with others (a `make -j8`'s compilers on two CPUs wait three quarters)
 //! would lose the CPU that comes free, and its helpers at idle priority
-//! would get next to none (a `make -j8` under 198 MiB took 1.08 × the time
-//! it took without co-scheduling, 2026-11-28). The watcher reads /proc
+//! would get next to none (a `make -j8` under 198 MiB takes 1.08 × the
+//! time it takes without co-scheduling: `uzswap-bench tree`,
+//! docs/BENCHMARKS.md). The watcher reads /proc
 //! only while its pager evicts, or while a thread is pinned. Only the busy
 //! thread is pinned: the others keep their affinity, and a runtime sizing
 //! a thread pool at start-up has not evicted for a settle time yet.
@@ -46,9 +48,11 @@
 //! (another thread faulted, and the helpers at idle priority wait for the
 //! busy one to block). After the last two, not again for [`BACKOFF`]. The
 //! watcher itself is never pinned nor at idle priority, or it could not
-//! see the CPU crowded. Measured on 2026-11-28 with a busy loop on each CPU: `sort`
-//! under 48 MiB, killed at 120 s where it took 44 s without co-scheduling;
-//! three forked Python workers, two pinned to one CPU, never ended.
+//! see the CPU crowded. Without these releases, with a busy loop on each
+//! CPU, `sort` under 48 MiB does not end in 120 s where it takes 44 s
+//! without co-scheduling, and three forked Python workers, two pinned to
+//! one CPU, never end (`uzswap-bench programs` on crowded CPUs,
+//! docs/BENCHMARKS.md).
 //!
 //! What the program sees: `sched_getaffinity` (libc's, which this library
 //! replaces) answers the affinity the thread had before it was pinned, so
@@ -81,11 +85,12 @@ pub const SETTLE: Duration = Duration::from_secs(1);
 /// How long after a release for crowding before the thread is pinned again.
 pub const BACKOFF: Duration = Duration::from_secs(10);
 /// Periods in a row the pinned thread must wait for its CPU (more than a
-/// quarter of each) before it is let go for crowding. One period was not
-/// enough: on 2026-11-27 a single period of 2.5-4 ms waiting (a kernel
-/// worker's turn on that CPU) let a Python program go about once in 30 s,
-/// and it then ran unpinned for [`BACKOFF`] and a settle time; a program
-/// that shares the CPU with another busy one waits in every period.
+/// quarter of each) before it is let go for crowding. One period is not
+/// enough: a single period of 2.5-4 ms waiting (a kernel worker's turn on
+/// that CPU) would let a Python program go about once in 30 s, and it
+/// would then run unpinned for [`BACKOFF`] and a settle time (`uzswap-bench
+/// programs`, docs/BENCHMARKS.md); a program that shares the CPU with
+/// another busy one waits in every period.
 pub const CROWDED_PERIODS: u32 = 3;
 /// A fault unread this long while a thread is pinned waits behind it: the
 /// helpers at idle priority run only when the pinned thread waits.
@@ -356,8 +361,7 @@ fn own_threads(helpers: &[i32]) -> Vec<(i32, u64)> {
 }
 
 fn watch() {
-    // SAFETY: gettid has no preconditions.
-    WATCHER.store(unsafe { libc::gettid() }, Ordering::Relaxed);
+    WATCHER.store(crate::sys::gettid(), Ordering::Relaxed);
     let mut w = Watch::default();
     let mut waited = 0;
     // While a thread is pinned: when the last look was, and the CPU time
@@ -551,8 +555,7 @@ pub fn after_fork_child() {
 /// one CPU alone too. A process the user started on one CPU from a parent
 /// that is not (`taskset -c N prog` in a script) keeps it.
 pub fn release_inherited(run: u32) {
-    // SAFETY: getppid has no preconditions.
-    let parent = unsafe { libc::getppid() };
+    let parent = crate::sys::getppid();
     let (Ok(mine), Ok(tree)) = (
         sched::affinity(0),
         sched::affinity(i32::try_from(run).unwrap_or(0)),
@@ -586,8 +589,7 @@ pub fn answer_for(pid: i32) -> Option<CpuSet> {
 
 /// Whether the calling thread is the one pinned (or being pinned).
 fn on_pinned_thread() -> bool {
-    // SAFETY: gettid has no preconditions.
-    pinned_tid() == Some(unsafe { libc::gettid() })
+    pinned_tid() == Some(crate::sys::gettid())
 }
 
 #[cfg(test)]

@@ -2,14 +2,16 @@
 //! descriptors (its userfaultfds and eventfds, `uzswap_os::fdguard`) stay
 //! open whatever the program closes. A managed child between `fork()` and
 //! `exec()` that closes every descriptor but its own (Python's
-//! `subprocess` with `preexec_fn`) lost its pager's descriptors: its
-//! handler thread died on EBADF and the child with it (and, had a fault
-//! come first, an evicted page would have read as zeros). Each call
+//! `subprocess` with `preexec_fn`) would lose its pager's descriptors: its
+//! handler thread would die on EBADF and the child with it (and, were a
+//! fault to come first, an evicted page would read as zeros). Each call
 //! succeeds as if the guarded descriptors had been closed too; they are
 //! close-on-exec, so an `exec` still ends them.
 
-use libc::{c_int, c_long, c_uint};
+use libc::{c_int, c_uint};
 use uzswap_os::fdguard;
+
+use crate::sys;
 
 /// `close_range(2)`'s flag that marks close-on-exec instead of closing.
 const CLOSE_RANGE_CLOEXEC: c_uint = 1 << 2;
@@ -22,7 +24,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         return 0;
     }
     // SAFETY: forwarded to the kernel.
-    unsafe { libc::syscall(libc::SYS_close, fd as c_long) as c_int }
+    unsafe { sys::close(fd) }
 }
 
 /// Closes `first..=last` but the guarded descriptors, in the pieces
@@ -33,14 +35,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 unsafe fn close_range_unguarded(first: c_uint, last: c_uint, flags: c_uint) -> c_int {
     let raw = |lo: c_uint, hi: c_uint| {
         // SAFETY: forwarded to the kernel.
-        unsafe {
-            libc::syscall(
-                libc::SYS_close_range,
-                lo as c_long,
-                hi as c_long,
-                flags as c_long,
-            ) as c_int
-        }
+        unsafe { sys::close_range(lo, hi, flags) }
     };
     if flags & CLOSE_RANGE_CLOEXEC != 0 || first > last {
         return raw(first, last);
@@ -81,8 +76,7 @@ pub unsafe extern "C" fn closefrom(lowfd: c_int) {
     if unsafe { close_range_unguarded(first, c_uint::MAX, 0) } != 0 {
         // A kernel without close_range: one at a time, as glibc falls
         // back to, up to the descriptor limit.
-        // SAFETY: getdtablesize takes nothing.
-        let max = unsafe { libc::getdtablesize() };
+        let max = sys::descriptor_table_size();
         for fd in lowfd..max {
             // SAFETY: the interposed close above.
             unsafe { close(fd) };

@@ -243,8 +243,7 @@ impl Share {
     /// Whether this process is the program `uzswap run` started (its parent
     /// is the arbiter), not one of its descendants.
     pub(crate) fn is_root(&self) -> bool {
-        // SAFETY: getppid has no preconditions.
-        let parent = unsafe { libc::getppid() } as u32;
+        let parent = crate::sys::getppid() as u32;
         parent == self.member().ledger().arbiter_pid()
     }
 
@@ -356,30 +355,24 @@ mod tests {
                 sh.hold_for_fork();
                 // SAFETY: the child claims a slot, gives it back and
                 // leaves at once, without the harness.
-                let pid = unsafe { libc::fork() };
+                let pid = unsafe { crate::sys::fork() };
                 // SAFETY: held just above, by this thread (or, in the
                 // child, its copy).
                 unsafe { sh.release_after_fork() };
                 if pid == 0 {
                     let ok = sh.rejoin().is_ok();
                     sh.leave();
-                    // SAFETY: leaving the child at once.
-                    unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+                    // Leaving the child at once.
+                    crate::sys::exit_now(if ok { 0 } else { 1 });
                 }
                 assert!(pid > 0, "fork failed");
                 let t0 = std::time::Instant::now();
                 let status = loop {
-                    let mut status = 0;
-                    // SAFETY: polling our own child.
-                    if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+                    if let Some(status) = crate::sys::try_wait(pid) {
                         break status;
                     }
                     if t0.elapsed() > std::time::Duration::from_secs(10) {
-                        // SAFETY: our own child.
-                        unsafe {
-                            libc::kill(pid, libc::SIGKILL);
-                            libc::waitpid(pid, &mut status, 0);
-                        }
+                        crate::sys::kill_and_reap(pid);
                         panic!("fork {fork}: the child hung claiming its slot");
                     }
                     std::thread::sleep(std::time::Duration::from_micros(200));

@@ -76,24 +76,7 @@ pub fn serve(thread_start: fn()) -> std::io::Result<()> {
 /// Only our own user (or root) may read the statistics: abstract sockets
 /// have no file permissions.
 fn same_user(conn: &UnixStream) -> bool {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: u32::MAX,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: SO_PEERCRED fills a ucred of the length given.
-    let r = unsafe {
-        libc::getsockopt(
-            conn.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    // SAFETY: geteuid cannot fail.
-    r == 0 && (cred.uid == 0 || cred.uid == unsafe { libc::geteuid() })
+    crate::sys::peer_is_same_user(conn.as_raw_fd())
 }
 
 /// Writes the final snapshot where `uzswap run` expects it (atomically:

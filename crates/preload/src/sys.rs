@@ -1,7 +1,11 @@
-//! System calls made directly (not through libc's `mmap` family, which this
-//! library itself replaces for the program).
+//! The only module of this crate that calls `libc`: system calls made
+//! directly (not through libc's `mmap` family and `close`, which this
+//! library itself replaces for the program), the C library's process
+//! hooks (`pthread_atfork`, `atexit`, `dlsym`), identities (pids, tids,
+//! a socket peer's user) and, for the tests, forks.
 
-use libc::{c_int, c_long, c_void};
+use libc::{c_int, c_long, c_uint, c_void};
+use std::os::fd::RawFd;
 
 /// `mmap` without passing through our own `mmap`.
 ///
@@ -148,6 +152,141 @@ pub fn warn(msg: &str) {
 pub fn one_malloc_arena() -> bool {
     // SAFETY: mallopt only changes the allocator's parameters.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) == 1 }
+}
+
+/// `close(2)` without passing through our own `close`.
+///
+/// # Safety
+/// As `close(2)`: nothing may use `fd` afterwards.
+pub unsafe fn close(fd: c_int) -> c_int {
+    // SAFETY: forwarded as is.
+    unsafe { libc::syscall(libc::SYS_close, fd as c_long) as c_int }
+}
+
+/// `close_range(2)` without passing through our own `close_range`.
+///
+/// # Safety
+/// As `close_range(2)`: nothing may use the descriptors closed.
+pub unsafe fn close_range(first: c_uint, last: c_uint, flags: c_uint) -> c_int {
+    // SAFETY: forwarded as is.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first as c_long,
+            last as c_long,
+            flags as c_long,
+        ) as c_int
+    }
+}
+
+/// The size of the descriptor table (`getdtablesize`).
+pub fn descriptor_table_size() -> c_int {
+    // SAFETY: getdtablesize takes nothing.
+    unsafe { libc::getdtablesize() }
+}
+
+/// The calling thread's id.
+pub fn gettid() -> libc::pid_t {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+/// The calling process's parent.
+pub fn getppid() -> libc::pid_t {
+    // SAFETY: getppid has no preconditions.
+    unsafe { libc::getppid() }
+}
+
+/// Whether the peer of the Unix socket `fd` runs as root or as this
+/// process's effective user (`SO_PEERCRED`); no if it cannot be told.
+pub fn peer_is_same_user(fd: RawFd) -> bool {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills a ucred of the length given.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: geteuid cannot fail.
+    r == 0 && (cred.uid == 0 || cred.uid == unsafe { libc::geteuid() })
+}
+
+/// The address of the next definition of `name` after this library
+/// (`dlsym(RTLD_NEXT)`), if there is one.
+pub fn next_symbol(name: &std::ffi::CStr) -> Option<usize> {
+    // SAFETY: dlsym with a NUL-terminated name.
+    let found = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
+    (!found.is_null()).then_some(found as usize)
+}
+
+/// Registers the fork hooks (`pthread_atfork`); the error number if the
+/// C library refuses.
+pub fn at_fork(
+    prepare: extern "C" fn(),
+    parent: extern "C" fn(),
+    child: extern "C" fn(),
+) -> Result<(), i32> {
+    // SAFETY: three extern "C" functions without arguments, for the whole
+    // life of the program.
+    let r = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    if r != 0 {
+        return Err(r);
+    }
+    Ok(())
+}
+
+/// Registers `hook` to run at the process's exit (`atexit`).
+pub fn at_exit(hook: extern "C" fn()) {
+    // SAFETY: registers an extern "C" function that lives for the program.
+    unsafe { libc::atexit(hook) };
+}
+
+/// Ends the process at once with `status` (`_exit`: no exit hooks, no
+/// flushing).
+pub fn exit_now(status: c_int) -> ! {
+    // SAFETY: ends the process; nothing runs after.
+    unsafe { libc::_exit(status) }
+}
+
+/// `fork(2)`: the child's pid in the parent, 0 in the child, -1 if it
+/// failed.
+///
+/// # Safety
+/// The child of a multithreaded process may only do what is safe after a
+/// fork until it execs or exits.
+#[cfg(test)]
+pub unsafe fn fork() -> libc::pid_t {
+    // SAFETY: the caller's duty.
+    unsafe { libc::fork() }
+}
+
+/// Whether the child `pid` has ended: its wait status if so (`waitpid`
+/// with `WNOHANG`).
+#[cfg(test)]
+pub fn try_wait(pid: libc::pid_t) -> Option<c_int> {
+    let mut status = 0;
+    // SAFETY: polls a child of ours; the status is written to a local.
+    (unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid).then_some(status)
+}
+
+/// Kills the child `pid` and reaps it.
+#[cfg(test)]
+pub fn kill_and_reap(pid: libc::pid_t) {
+    let mut status = 0;
+    // SAFETY: signals and reaps a child of ours.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, &mut status, 0);
+    }
 }
 
 /// glibc's `bool __nss_database_get (enum nss_database, nss_action_list *)`.

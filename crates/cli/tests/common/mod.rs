@@ -43,7 +43,7 @@ pub fn descendants(pid: u32) -> Vec<u32> {
     let mut out = vec![pid];
     let mut i = 0;
     while i < out.len() {
-        out.extend(uzswap_ledger::tree::children(out[i]));
+        out.extend(uzswap_ledger::proc_sample::children(out[i]));
         i += 1;
     }
     out.remove(0);

@@ -1,6 +1,7 @@
-//! The tree's memory as the kernel counts it: the processes below a root
-//! (by the parent each process's `/proc/PID/stat` names) and their proportional anonymous
-//! memory (`Pss_Anon` of `/proc/PID/smaps_rollup`). Pss counts a page that
+//! Samples a process tree's memory from /proc, as the kernel counts it:
+//! the processes below a root (by the parent each process's
+//! `/proc/PID/stat` names) and their proportional anonymous memory
+//! (`Pss_Anon` of `/proc/PID/smaps_rollup`). Pss counts a page that
 //! a fork left shared between two processes half to each, so the sum over
 //! the tree counts it once; it includes every process's pool and the
 //! runtime's heap, both anonymous. This is the figure `--memory-max` is
@@ -25,12 +26,13 @@ pub fn tree_pids(root: u32) -> Vec<u32> {
 /// Why not the `children` files of `/proc/PID/task/TID/`: opening a file
 /// of a thread other than a process's first makes the kernel's cleanup of
 /// that process's `/proc` entries, when it is reaped, far dearer while
-/// other processes keep the CPUs busy. Measured on 2026-11-27: 96 short
-/// `python3` processes with six idle threads each, eight at a time, cost
-/// their reapers 0.5-0.7 % of all the CPU in `d_walk` once each thread's
-/// `stat` had been read once, nothing without the reads; in a `make -j8`
-/// under `uzswap run`, whose every process has six runtime threads, the
-/// reaping `gcc` and `make` spent 4 % of the build's CPU there.
+/// other processes keep the CPUs busy: 96 short `python3` processes with
+/// six idle threads each, eight at a time, cost their reapers 0.5-0.7 % of
+/// all the CPU in `d_walk` once each thread's `stat` has been read once,
+/// nothing without the reads; in a `make -j8` under `uzswap run`, whose
+/// every process has six runtime threads, the reaping `gcc` and `make`
+/// spend 4 % of the build's CPU there (`uzswap-bench tree`,
+/// docs/BENCHMARKS.md).
 fn parents() -> Vec<(u32, u32)> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -60,24 +62,7 @@ fn tree_with_parents(root: u32) -> Vec<(u32, u32)> {
     out
 }
 
-/// Whether `a` and `b` share one address space (`kcmp(2)`, `KCMP_VM`); no
-/// if the kernel cannot say (either is gone, or not ours to inspect).
-pub fn same_address_space(a: u32, b: u32) -> bool {
-    const KCMP_VM: libc::c_long = 1;
-    // SAFETY: kcmp only compares kernel objects of the two processes; no
-    // memory of ours is passed.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_kcmp,
-            libc::c_long::from(a as i32),
-            libc::c_long::from(b as i32),
-            KCMP_VM,
-            0 as libc::c_long,
-            0 as libc::c_long,
-        )
-    };
-    r == 0
-}
+pub use crate::sys::same_address_space;
 
 /// The children of `pid` (of all its threads), those alive now.
 pub fn children(pid: u32) -> Vec<u32> {
@@ -132,33 +117,33 @@ fn kib_field(text: &str, name: &str) -> Option<u64> {
 /// `smaps_rollup` is read again. `RssAnon` is never under `Pss_Anon`, and
 /// a private process starts to share only when a child of its own joins
 /// (which walks it at once), so this bounds only the over-count of a
-/// sharing missed (a double fork). Measured on 2026-11-27 at one second:
-/// a `make -j8` had each compiler walked every second, 23 walks a second
-/// in all, and the walks were still a third of `uzswap run`'s CPU.
+/// sharing missed (a double fork). At one second a `make -j8` has each
+/// compiler walked every second, 23 walks a second in all, and the walks
+/// are a third of `uzswap run`'s CPU (`uzswap-bench tree`,
+/// docs/BENCHMARKS.md).
 pub const EXACT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How often [`Sampler::sample_members`] finds the tree anew from /proc
 /// (the `stat` of every process of the machine). Between findings the
 /// processes of the last sample are read again, and processes that joined
-/// the ledger are placed under their parent. Measured on 2026-11-27 in a
-/// `make -j8` under `uzswap run`: finding the tree at every sample (100
-/// ms), then from every thread's `children` file, was most of the
-/// arbiter's CPU.
+/// the ledger are placed under their parent. In a `make -j8` under
+/// `uzswap run`, finding the tree at every sample (100 ms) would be most
+/// of the arbiter's CPU (`uzswap-bench tree`, docs/BENCHMARKS.md).
 pub const FIND_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Samples one tree over and over, as [`sample`] does, with less work:
 /// a process that shares no anonymous page with another (its `Pss_Anon`
 /// equal to its `Rss_Anon`, within 1/64) has `Pss_Anon` = `RssAnon`, which
-/// `/proc/PID/statm` gives without walking its page tables. Measured on
-/// 2026-11-26: with a Python heap of 1 GB under eviction, the arbiter's
-/// `smaps_rollup` reads every 100 ms took about a tenth of all the CPU
-/// the run used besides the program's.
+/// `/proc/PID/statm` gives without walking its page tables. With a Python
+/// heap of 1 GB under eviction, reading `smaps_rollup` every 100 ms would
+/// take about a tenth of all the CPU the run uses besides the program's
+/// (`uzswap-bench programs`, docs/BENCHMARKS.md).
 ///
 /// Such a process begins to share only by forking, so it is read from
 /// `smaps_rollup` again when a child of its own joins the tree, and at
 /// least every [`EXACT_EVERY`]; the others keep their `statm` figure (a
 /// build starts a process every few hundred milliseconds, and walking
-/// every compiler's tables for each was most of `uzswap run`'s CPU). A
+/// every compiler's tables for each would be most of `uzswap run`'s CPU). A
 /// process found sharing (a child forked without exec, its parent) is read
 /// from `smaps_rollup` at every sample. A child that outlived the process
 /// that forked it (the double fork of a daemon) joins under another parent
@@ -192,7 +177,7 @@ impl Sampler {
 
     /// The tree below `root` now, leaving out the pids in `skip`; the tree
     /// is found from /proc at every call.
-    pub fn sample(&mut self, root: u32, skip: &[u32]) -> TreeSample {
+    pub fn sample(&mut self, root: u32, skip: &[u32]) -> ProcSample {
         self.look(root, skip, None)
     }
 
@@ -204,7 +189,7 @@ impl Sampler {
     /// binary, a program started without the runtime) and started since the
     /// last finding is not counted yet; a process that ended drops out at
     /// once (its read fails).
-    pub fn sample_members(&mut self, root: u32, skip: &[u32], members: &[u32]) -> TreeSample {
+    pub fn sample_members(&mut self, root: u32, skip: &[u32], members: &[u32]) -> ProcSample {
         self.look(root, skip, Some(members))
     }
 
@@ -251,7 +236,7 @@ impl Sampler {
         tree
     }
 
-    fn look(&mut self, root: u32, skip: &[u32], members: Option<&[u32]>) -> TreeSample {
+    fn look(&mut self, root: u32, skip: &[u32], members: Option<&[u32]>) -> ProcSample {
         let now = std::time::Instant::now();
         let tree: Vec<(u32, u32)> = self
             .current_tree(root, now, members)
@@ -303,7 +288,7 @@ impl Sampler {
         }
         self.known = known;
         self.tree = kept;
-        TreeSample {
+        ProcSample {
             pss_anon: processes.iter().map(|&(_, b)| b).sum(),
             processes,
         }
@@ -328,7 +313,7 @@ impl Sampler {
 
 /// One look at a tree.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TreeSample {
+pub struct ProcSample {
     /// `(pid, Pss_Anon bytes)` of each process seen.
     pub processes: Vec<(u32, u64)>,
     /// Their sum.
@@ -339,7 +324,7 @@ pub struct TreeSample {
 /// caller itself, when it is the root and is not to be counted).
 /// A process that shares its parent's address space counts 0 (see the
 /// module's docs).
-pub fn sample(root: u32, skip: &[u32]) -> TreeSample {
+pub fn sample(root: u32, skip: &[u32]) -> ProcSample {
     let processes: Vec<(u32, u64)> = tree_with_parents(root)
         .into_iter()
         .filter(|(p, _)| !skip.contains(p))
@@ -350,7 +335,7 @@ pub fn sample(root: u32, skip: &[u32]) -> TreeSample {
             pss_anon(p).map(|b| (p, b))
         })
         .collect();
-    TreeSample {
+    ProcSample {
         pss_anon: processes.iter().map(|&(_, b)| b).sum(),
         processes,
     }
@@ -403,7 +388,7 @@ mod tests {
         let walks = s.reads().0;
         assert!(walks >= 1, "{:?}", s.reads());
         let second = s.sample(me, &[]);
-        let mine = |t: &TreeSample| t.processes.iter().find(|&&(p, _)| p == me).unwrap().1;
+        let mine = |t: &ProcSample| t.processes.iter().find(|&&(p, _)| p == me).unwrap().1;
         if s.reads().0 == walks {
             // Read from statm: the same memory within the kernel's
             // per-CPU counter slack and what the test itself allocated.
@@ -477,12 +462,9 @@ mod tests {
         let in_time = r_at.elapsed() < EXACT_EVERY;
         let _ = r.kill();
         let _ = r.wait();
-        // SAFETY: signals processes this test started (C and its child
-        // would otherwise sleep on, orphaned).
-        unsafe {
-            libc::kill(c as i32, libc::SIGKILL);
-            libc::kill(grandchild as i32, libc::SIGKILL);
-        }
+        // C and its child would otherwise sleep on, orphaned.
+        crate::sys::kill(c);
+        crate::sys::kill(grandchild);
         assert!(t.processes.iter().any(|&(p, _)| p == grandchild), "{t:?}");
         assert!(
             s.walked_at(c).unwrap() > c_at,
@@ -505,7 +487,7 @@ mod tests {
                 .spawn()
                 .expect("sleep is on the machine")
         };
-        let has = |t: &TreeSample, pid: u32| t.processes.iter().any(|&(p, _)| p == pid);
+        let has = |t: &ProcSample, pid: u32| t.processes.iter().any(|&(p, _)| p == pid);
         let mut s = Sampler::new();
         let mut first = sleep();
         s.sample_members(me, &[], &[]);
@@ -543,44 +525,21 @@ mod tests {
     /// it execs) is counted as 0, not as a second copy of this process.
     #[test]
     fn a_child_sharing_the_address_space_counts_once() {
-        extern "C" fn wait_forever(_: *mut libc::c_void) -> libc::c_int {
-            loop {
-                // SAFETY: pause takes nothing; the child only sleeps here
-                // until it is killed.
-                unsafe { libc::pause() };
-            }
-        }
         // 32 MiB of this process's own, so that a double count shows.
         let mut b = vec![0u8; 32 << 20];
         for i in (0..b.len()).step_by(4096) {
             b[i] = 1;
         }
         let mut stack = vec![0u8; 64 << 10];
-        // SAFETY: the child runs `wait_forever` on `stack`, which outlives
-        // it (it is killed and reaped below), and touches nothing else.
-        let child = unsafe {
-            libc::clone(
-                wait_forever,
-                stack.as_mut_ptr().add(stack.len()).cast(),
-                libc::CLONE_VM | libc::SIGCHLD,
-                std::ptr::null_mut(),
-            )
-        };
-        assert!(
-            child > 0,
-            "clone failed: {}",
-            std::io::Error::last_os_error()
-        );
-        let child = child as u32;
+        // SAFETY: `stack` outlives the child: it is killed and reaped below.
+        let child = unsafe { crate::sys::clone_vm_pausing(&mut stack) }
+            .unwrap_or_else(|e| panic!("clone failed: {e}"));
         let me = std::process::id();
         let s = sample(me, &[]);
         let own = pss_anon(me);
-        // SAFETY: the child is ours; kill and reap it (before any assertion:
-        // a child left pausing would hold the test's output open).
-        unsafe {
-            libc::kill(child as i32, libc::SIGKILL);
-            libc::waitpid(child as i32, std::ptr::null_mut(), 0);
-        }
+        // Killed and reaped before any assertion: a child left pausing
+        // would hold the test's output open.
+        crate::sys::kill_and_reap(child);
         let own = own.expect("this process's smaps_rollup is readable");
         assert!(same_address_space(me, me));
         assert!(s.processes.contains(&(child, 0)), "{s:?}");
