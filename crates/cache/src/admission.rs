@@ -1,11 +1,11 @@
-//! IO-aware admission (seed 002): while the backing device is idle, a page
+//! IO-aware admission: while the backing device is idle, a page
 //! goes straight to the backing file (cheap, and the pool's memory is saved
 //! for when it helps); only while the device is busy are pages taken into
 //! the compressed pool, sparing the device.
 //!
 //! "Busy" means in-flight reads reach `read_limit` or in-flight writes reach
-//! `write_limit` (a limit of 0 is not checked). With hysteresis, as the
-//! kernel maintainers asked of seed 002, the policy does not flap: once busy
+//! `write_limit` (a limit of 0 is not checked). With hysteresis the policy
+//! does not flap: once busy
 //! it stays busy until every checked count has fallen to half its limit or
 //! below, and once idle it becomes busy only when a limit is reached again.
 

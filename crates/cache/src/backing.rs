@@ -34,17 +34,15 @@
 //! pages it leaves behind are dropped (`POSIX_FADV_DONTNEED`), so about
 //! two windows of pages (a few dozen) are in the page cache for a file,
 //! outside the budget; a page still being read when its window is dropped
-//! stays until the kernel reclaims it. Until 814aba5 the file read the
-//! cluster itself, in one `preadv2` that the program waited for whole, and
-//! kept it in buffers of its own.
+//! stays until the kernel reclaims it.
 //!
 //! A page written back must leave memory, as the kernel's swap-out frees
 //! it: [`FileBacking`] reads and writes with `RWF_DONTCACHE` (Linux 6.14
 //! and filesystems that support it), so the file's pages leave the page
 //! cache once on disk, or, where the flag is refused, waits for its writes
-//! and drops them (`sync_file_range`, `POSIX_FADV_DONTNEED`). Before
-//! 2026-11-27 the file stayed in the page cache: memory outside the
-//! budget, read back at memory's speed, which no swap device gives.
+//! and drops them (`sync_file_range`, `POSIX_FADV_DONTNEED`). A file left
+//! in the page cache would be memory outside the budget, read back at
+//! memory's speed, which no swap device gives.
 
 use crate::PAGE_SIZE;
 use std::collections::BTreeMap;
@@ -322,13 +320,15 @@ impl Ahead {
 /// old one, which neither writes nor punches again ([`SharedFile`]). A
 /// process lets go of its descriptor of the old file when the last of its
 /// slots there is freed, and the kernel frees the file (unlinked) when
-/// the last process does. Until 2026-11-29 the child copied the used
-/// slots into a file of its own while its parent waited (55 MiB for each
-/// Python worker forked at 32 MiB, 40-90 ms a fork from a parent with
+/// the last process does. A copy of the used slots into a file of the
+/// child's own, made while its parent waits, costs far more (55 MiB for
+/// each Python worker forked at 32 MiB, 40-90 ms a fork from a parent with
 /// 160 MiB of records, and the copy left in the page cache, dirty, for
-/// every child); sharing the file costs an `open` in each process. The price: a slot freed in a shared file is not
-/// reused, so a process that forks again and again holds the space of
-/// its earlier files until it or its children free their slots there.
+/// every child: see "runtime memory" in docs/BENCHMARKS.md, `workers.py
+/// fork`); sharing the file costs an `open` in each process. The price: a
+/// slot freed in a shared file is not reused, so a process that forks
+/// again and again holds the space of its earlier files until it or its
+/// children free their slots there.
 ///
 /// Slot numbers go on across files: the current file holds slots from
 /// `base` on, each shared file the range it held when it was shared.

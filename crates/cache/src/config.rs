@@ -31,7 +31,7 @@ pub enum Incompressible {
     /// Keep it uncompressed in the pool (today's kernel).
     #[default]
     StoreRaw,
-    /// Refuse it (seed 000's `max_compression_ratio`); with a backing tier
+    /// Refuse it (the first zswap's `max_compression_ratio`); with a backing tier
     /// it goes there instead.
     Reject,
 }

@@ -384,8 +384,9 @@ impl Shard {
 /// Stale queue items a shard holds beyond twice its entries before
 /// [`Shard::trim_lru`] drops them. Small because there are [`SHARDS`]
 /// queues: with 64, each queue of a cache of 12 000 pages faulted back and
-/// stored again grew to 256 items, 1 MiB in all, mostly dead (issue 28: a
-/// Python worker's index at its peak, 1.6 MiB with 64, 1.1 with 8).
+/// stored again grows to 256 items, 1 MiB in all, mostly dead (a Python
+/// worker's index at its peak is 1.6 MiB with 64, 1.1 with 8: see "runtime
+/// memory" in docs/BENCHMARKS.md).
 const LRU_SLACK: usize = 8;
 
 /// The shard of a key: all keys of one index leaf (neighbouring offsets)
