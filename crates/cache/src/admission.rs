@@ -73,7 +73,7 @@ impl IoAdmission {
 pub fn device_inflight(path: &std::path::Path) -> Option<(u32, u32)> {
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::metadata(path).ok()?.dev();
-    let (maj, min) = (libc::major(dev), libc::minor(dev));
+    let (maj, min) = crate::sys::major_minor(dev);
     let s = std::fs::read_to_string(format!("/sys/dev/block/{maj}:{min}/inflight")).ok()?;
     let mut it = s.split_whitespace().map(|v| v.parse::<u32>().ok());
     Some((it.next()??, it.next()??))

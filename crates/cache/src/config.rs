@@ -327,15 +327,8 @@ pub(crate) fn validate(cfg: &CacheConfig) -> Result<(), Error> {
 
 /// Total RAM, for percent limits.
 pub(crate) fn total_ram() -> u64 {
-    // SAFETY: sysinfo fills the struct we pass.
-    unsafe {
-        let mut si: libc::sysinfo = std::mem::zeroed();
-        if libc::sysinfo(&mut si) == 0 {
-            si.totalram as u64 * u64::from(si.mem_unit)
-        } else {
-            8 << 30
-        }
-    }
+    // Where it cannot be read: 8 GiB.
+    crate::sys::total_ram().unwrap_or(8 << 30)
 }
 
 impl PoolLimit {

@@ -31,6 +31,7 @@ pub mod dedup;
 mod index;
 mod seal;
 mod stats;
+mod sys;
 
 pub use admission::IoLimits;
 pub use backing::{BackingStore, Fault, FaultInjector, FileBacking, TierStats};

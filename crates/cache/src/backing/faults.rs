@@ -122,8 +122,8 @@ impl<S: BackingStore> FaultInjector<S> {
 impl<S: BackingStore> BackingStore for FaultInjector<S> {
     fn write_slots(&self, first: u64, pages: &[&[u8]]) -> io::Result<()> {
         match self.take(&[Fault::WriteError, Fault::NoSpace, Fault::ShortWrite]) {
-            Some(Fault::WriteError) => Err(io::Error::from_raw_os_error(libc::EIO)),
-            Some(Fault::NoSpace) => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+            Some(Fault::WriteError) => Err(io::Error::from_raw_os_error(crate::sys::EIO)),
+            Some(Fault::NoSpace) => Err(io::Error::from_raw_os_error(crate::sys::ENOSPC)),
             Some(_) => {
                 // Half of the data reaches the file, then the write stops.
                 let half = pages.len() / 2;
@@ -141,7 +141,7 @@ impl<S: BackingStore> BackingStore for FaultInjector<S> {
 
     fn read_slot(&self, slot: u64, page: &mut [u8]) -> io::Result<()> {
         match self.take(&[Fault::ReadError, Fault::FlipBit, Fault::Truncated]) {
-            Some(Fault::ReadError) => Err(io::Error::from_raw_os_error(libc::EIO)),
+            Some(Fault::ReadError) => Err(io::Error::from_raw_os_error(crate::sys::EIO)),
             Some(Fault::Truncated) => Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "backing file truncated (injected)",

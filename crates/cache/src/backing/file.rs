@@ -12,9 +12,11 @@
 
 use super::readahead::Ahead;
 use super::{BackingStore, TierStats};
+use crate::sys::{self, Advice};
 use crate::PAGE_SIZE;
 use std::fs::File;
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -138,17 +140,11 @@ impl FileBacking {
 /// returns it and the directory it is in.
 fn open_file(path: &Path) -> io::Result<(File, PathBuf)> {
     let (file, dir) = if path.is_dir() {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_TMPFILE)
-            .open(path)
-            .or_else(|_| {
-                // Filesystems without O_TMPFILE: a named file, unlinked.
-                let name = path.join(format!(".uzswap-{}-{}", std::process::id(), unique()));
-                create_unlinked(&name)
-            })?;
+        let file = sys::open_unnamed(path).or_else(|_| {
+            // Filesystems without O_TMPFILE: a named file, unlinked.
+            let name = path.join(format!(".uzswap-{}-{}", std::process::id(), unique()));
+            create_unlinked(&name)
+        })?;
         (file, path.to_path_buf())
     } else {
         let dir = path
@@ -160,15 +156,7 @@ fn open_file(path: &Path) -> io::Result<(File, PathBuf)> {
     };
     // Slots are read one at a time, in no order: readahead would only
     // bring pages into the page cache that nobody asked for.
-    // SAFETY: a hint on our own descriptor.
-    unsafe {
-        libc::posix_fadvise(
-            std::os::fd::AsRawFd::as_raw_fd(&file),
-            0,
-            0,
-            libc::POSIX_FADV_RANDOM,
-        )
-    };
+    sys::fadvise(file.as_raw_fd(), 0, 0, Advice::Random);
     Ok((file, dir))
 }
 
@@ -200,23 +188,22 @@ fn create_unlinked(path: &Path) -> io::Result<File> {
 /// `None` when a signal interrupted it (call again); the error when it
 /// failed, or an error of `zero_kind` saying `zero` when it moved nothing
 /// (which would otherwise loop for ever).
-fn progress(n: isize, zero_kind: io::ErrorKind, zero: &str) -> io::Result<Option<usize>> {
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(None);
-        }
-        return Err(e);
+fn progress(
+    n: io::Result<usize>,
+    zero_kind: io::ErrorKind,
+    zero: &str,
+) -> io::Result<Option<usize>> {
+    match n {
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
+        Err(e) => Err(e),
+        Ok(0) => Err(io::Error::new(zero_kind, zero.to_string())),
+        Ok(n) => Ok(Some(n)),
     }
-    if n == 0 {
-        return Err(io::Error::new(zero_kind, zero.to_string()));
-    }
-    Ok(Some(n as usize))
 }
 
 impl FileBacking {
-    fn fd(&self) -> libc::c_int {
-        std::os::fd::AsRawFd::as_raw_fd(&self.file)
+    fn fd(&self) -> RawFd {
+        self.file.as_raw_fd()
     }
 
     /// The byte offset of a slot of the current file.
@@ -242,7 +229,7 @@ impl FileBacking {
     /// that file's window read ahead (see `readahead.rs`).
     fn read_windowed(
         &self,
-        fd: libc::c_int,
+        fd: RawFd,
         first: u64,
         ahead: &uzswap_os::lock::Mutex<Ahead>,
         slot: u64,
@@ -250,9 +237,9 @@ impl FileBacking {
     ) -> io::Result<()> {
         let plan = ahead.lock().plan(slot);
         // The window's reads start before this slot's, which waits.
-        advise_slots(fd, first, &plan.fetch, libc::POSIX_FADV_WILLNEED);
+        advise_slots(fd, first, &plan.fetch, Advice::WillNeed);
         for gone in &plan.drop {
-            advise_slots(fd, first, gone, libc::POSIX_FADV_DONTNEED);
+            advise_slots(fd, first, gone, Advice::DontNeed);
         }
         self.read_at(fd, (slot - first) * PAGE_SIZE as u64, page, page.len())?;
         if plan.ahead {
@@ -261,21 +248,16 @@ impl FileBacking {
         Ok(())
     }
 
-    /// The flags of a read or write: `RWF_DONTCACHE` while it is taken.
-    fn rwf(&self) -> libc::c_int {
-        if self.dontcache.load(Ordering::Relaxed) {
-            libc::RWF_DONTCACHE
-        } else {
-            0
-        }
+    /// Whether a read or write asks for `RWF_DONTCACHE`: while it is taken.
+    fn use_dontcache(&self) -> bool {
+        self.dontcache.load(Ordering::Relaxed)
     }
 
-    /// Whether a failed call with `flags` was a refusal of `RWF_DONTCACHE`
-    /// (an older kernel: EINVAL; a filesystem without it: EOPNOTSUPP). It
-    /// is not asked for again; the call is to be repeated without it.
-    fn refused(&self, flags: libc::c_int, e: &io::Error) -> bool {
-        let refusal =
-            flags != 0 && matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL));
+    /// Whether a failed call that asked for `RWF_DONTCACHE` (`dontcache`)
+    /// was a refusal of it (`sys::refuses_dontcache`). It is not asked for
+    /// again; the call is to be repeated without it.
+    fn refused(&self, dontcache: bool, e: &io::Error) -> bool {
+        let refusal = dontcache && sys::refuses_dontcache(e);
         if refusal {
             self.dontcache.store(false, Ordering::Relaxed);
         }
@@ -286,46 +268,19 @@ impl FileBacking {
     /// device (an error here is the write's: the pages are not stored) and
     /// drops them from the page cache.
     fn drop_written(&self, at: u64, len: u64) -> io::Result<()> {
-        // SAFETY: plain system calls on our own descriptor.
-        let r = unsafe {
-            libc::sync_file_range(
-                self.fd(),
-                at as libc::off64_t,
-                len as libc::off64_t,
-                libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                    | libc::SYNC_FILE_RANGE_WRITE
-                    | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        sys::write_out(self.fd(), at, len)?;
         self.drop_cached(self.fd(), at, len);
         Ok(())
     }
 
     /// Reads `fd` from byte `start` into `buf` until it is full or the file
     /// ends, which is an error before `least` bytes; returns the bytes read.
-    fn read_at(
-        &self,
-        fd: libc::c_int,
-        start: u64,
-        buf: &mut [u8],
-        least: usize,
-    ) -> io::Result<usize> {
-        let mut flags = self.rwf();
+    fn read_at(&self, fd: RawFd, start: u64, buf: &mut [u8], least: usize) -> io::Result<usize> {
+        let mut dontcache = self.use_dontcache();
         let mut done = 0;
         while done < buf.len() {
-            let rest = &mut buf[done..];
-            let iov = libc::iovec {
-                iov_base: rest.as_mut_ptr().cast(),
-                iov_len: rest.len(),
-            };
-            // SAFETY: the iovec points into `buf`, live and exclusively
-            // ours for the call; the fd is ours and open.
-            let n =
-                unsafe { libc::preadv2(fd, &iov, 1, (start + done as u64) as libc::off_t, flags) };
-            if n == 0 && done >= least {
+            let n = sys::pread(fd, &mut buf[done..], start + done as u64, dontcache);
+            if matches!(n, Ok(0)) && done >= least {
                 break; // the file ends after the slots asked for
             }
             match progress(
@@ -335,37 +290,37 @@ impl FileBacking {
             ) {
                 Ok(Some(n)) => done += n,
                 Ok(None) => {}
-                Err(e) if self.refused(flags, &e) => flags = 0,
+                Err(e) if self.refused(dontcache, &e) => dontcache = false,
                 Err(e) => return Err(e),
             }
         }
-        if flags == 0 {
+        if !dontcache {
             self.drop_cached(fd, start, done as u64);
         }
         Ok(done)
     }
 
     /// Drops clean cached pages of a file (a hint: failure leaves them).
-    fn drop_cached(&self, fd: libc::c_int, at: u64, len: u64) {
-        advise(fd, at, len, libc::POSIX_FADV_DONTNEED);
+    fn drop_cached(&self, fd: RawFd, at: u64, len: u64) {
+        advise(fd, at, len, Advice::DontNeed);
     }
 }
 
 /// [`advise`] of a range of slots of the file `fd` whose first slot is
 /// `first` (the part of the range at or above it).
-fn advise_slots(fd: libc::c_int, first: u64, slots: &std::ops::Range<u64>, advice: libc::c_int) {
+fn advise_slots(fd: RawFd, first: u64, slots: &std::ops::Range<u64>, advice: Advice) {
     let (lo, hi) = (slots.start.max(first), slots.end.max(first));
     let page = PAGE_SIZE as u64;
     advise(fd, (lo - first) * page, (hi - lo) * page, advice);
 }
 
-/// `posix_fadvise` of `len` bytes at `at` (a hint: failure is ignored).
-fn advise(fd: libc::c_int, at: u64, len: u64, advice: libc::c_int) {
+/// [`sys::fadvise`] of `len` bytes at `at`, if there are any (a length of
+/// 0 would mean the whole file).
+fn advise(fd: RawFd, at: u64, len: u64, advice: Advice) {
     if len == 0 {
         return;
     }
-    // SAFETY: a hint on one of our own descriptors.
-    unsafe { libc::posix_fadvise(fd, at as libc::off_t, len as libc::off_t, advice) };
+    sys::fadvise(fd, at, len, advice);
 }
 
 impl BackingStore for FileBacking {
@@ -374,19 +329,9 @@ impl BackingStore for FileBacking {
         let mut slices = &mut iov[..];
         let start = self.offset(first);
         let mut at = start;
-        let mut flags = self.rwf();
+        let mut dontcache = self.use_dontcache();
         while !slices.is_empty() {
-            // SAFETY: the iovecs point into live slices for the call's
-            // duration; the fd is ours and open.
-            let n = unsafe {
-                libc::pwritev2(
-                    self.fd(),
-                    slices.as_ptr().cast(),
-                    slices.len().min(1024) as libc::c_int,
-                    at as libc::off_t,
-                    flags,
-                )
-            };
+            let n = sys::pwritev(self.fd(), slices, at, dontcache);
             let n = match progress(
                 n,
                 io::ErrorKind::WriteZero,
@@ -394,8 +339,8 @@ impl BackingStore for FileBacking {
             ) {
                 Ok(Some(n)) => n,
                 Ok(None) => continue,
-                Err(e) if self.refused(flags, &e) => {
-                    flags = 0;
+                Err(e) if self.refused(dontcache, &e) => {
+                    dontcache = false;
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -403,7 +348,7 @@ impl BackingStore for FileBacking {
             at += n as u64;
             io::IoSlice::advance_slices(&mut slices, n);
         }
-        if flags == 0 {
+        if !dontcache {
             self.drop_written(start, at - start)?;
         }
         Ok(())
@@ -435,7 +380,7 @@ impl BackingStore for FileBacking {
                 format!("slot {slot} is in no backing file this process still holds"),
             )
         })?;
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&view.file);
+        let fd = view.file.as_raw_fd();
         self.read_windowed(fd, first, &view.ahead, slot, page)
     }
 
@@ -444,15 +389,8 @@ impl BackingStore for FileBacking {
             // A shared file's slots: another process may still read them.
             return;
         }
-        // SAFETY: plain syscall on our fd; failure only leaves blocks in use.
-        unsafe {
-            libc::fallocate(
-                self.fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                self.offset(first) as libc::off_t,
-                (count * PAGE_SIZE as u64) as libc::off_t,
-            );
-        }
+        // A failure only leaves the blocks in use.
+        let _ = sys::punch_hole(self.fd(), self.offset(first), count * PAGE_SIZE as u64);
     }
 
     fn device_inflight(&self) -> Option<(u32, u32)> {
@@ -481,7 +419,6 @@ impl BackingStore for FileBacking {
     /// one's descriptor (`dup3`): the descriptor number, and so `self`,
     /// stays valid, and from then on names the copy.
     fn fork_private(&self, end: u64) -> io::Result<()> {
-        use std::os::fd::AsRawFd;
         // The window is the shared file's: forgotten.
         // SAFETY: the child's only thread runs here (`fork_private`'s
         // contract: `Cache::fork_child`).
@@ -489,22 +426,21 @@ impl BackingStore for FileBacking {
         self.read_ahead_hits.store(0, Ordering::Relaxed);
         let copy = FileBacking::create(&self.dir)?;
         let (src, dst) = (self.file.as_raw_fd(), copy.file.as_raw_fd());
-        let end = (end * PAGE_SIZE as u64) as libc::off_t;
-        let mut at: libc::off_t = 0;
+        let end = end * PAGE_SIZE as u64;
+        let mut at = 0;
         while at < end {
-            // SAFETY: lseek on our own descriptor.
-            let data = unsafe { libc::lseek(src, at, libc::SEEK_DATA) };
-            if data < 0 || data >= end {
-                break; // ENXIO: no data past `at`
-            }
-            // SAFETY: as above.
-            let hole = unsafe { libc::lseek(src, data, libc::SEEK_HOLE) }.min(end);
+            let data = match sys::seek_data(src, at) {
+                Ok(data) if data < end => data,
+                _ => break, // ENXIO: no data past `at`
+            };
+            let Ok(hole) = sys::seek_hole(src, data) else {
+                break;
+            };
+            let hole = hole.min(end);
             let (mut from, mut to) = (data, data);
             while from < hole {
-                // SAFETY: both descriptors are ours; the offsets are locals.
-                let n = unsafe {
-                    libc::copy_file_range(src, &mut from, dst, &mut to, (hole - from) as usize, 0)
-                };
+                let len = (hole - from) as usize;
+                let n = sys::copy_range(src, &mut from, dst, &mut to, len);
                 progress(
                     n,
                     io::ErrorKind::UnexpectedEof,
@@ -516,10 +452,7 @@ impl BackingStore for FileBacking {
         // SAFETY: dup3 onto our own descriptor number: it atomically closes
         // the shared file there and names the copy instead; `copy` keeps
         // (and closes on drop) its own number.
-        if unsafe { libc::dup3(dst, src, libc::O_CLOEXEC) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        unsafe { sys::replace_fd(dst, src) }
     }
 
     /// While it holds fewer than [`MAX_SHARED_FILES`] shared files: each
@@ -550,7 +483,6 @@ impl BackingStore for FileBacking {
     /// See the type's docs ("A fork shares the file"). Runs in a fork hook
     /// with no I/O of this store in flight (the cache's contract).
     unsafe fn fork_share(&self, side: Side, next: u64, live: u64) -> io::Result<()> {
-        use std::os::fd::AsRawFd;
         // The parent opened its next file before the fork; the child's copy
         // of that descriptor is the parent's file, never the child's.
         let prepared = self.next_file.lock().take();
@@ -601,9 +533,7 @@ impl BackingStore for FileBacking {
         // the new file's description there (the old one stays open through
         // `old` above, if any slot is shared); `file` closes its own
         // number on drop.
-        if unsafe { libc::dup3(file.as_raw_fd(), self.fd(), libc::O_CLOEXEC) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        unsafe { sys::replace_fd(file.as_raw_fd(), self.fd()) }?;
         // The window was the old file's.
         match side {
             Side::Parent => *self.ahead.lock() = Ahead::default(),
@@ -703,27 +633,9 @@ mod tests {
     }
 
     /// How many of the first `pages` pages of `b`'s file are in the page
-    /// cache (`mincore` of a shared mapping of it).
+    /// cache.
     fn cached_pages(b: &FileBacking, pages: usize) -> usize {
-        let len = pages * PAGE_SIZE;
-        // SAFETY: maps our own descriptor read-only for this function; the
-        // mapping is unmapped before it returns, and `vec` has a byte per
-        // page.
-        unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                b.fd(),
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED, "{}", io::Error::last_os_error());
-            let mut vec = vec![0u8; pages];
-            assert_eq!(libc::mincore(p, len, vec.as_mut_ptr()), 0);
-            libc::munmap(p, len);
-            vec.iter().filter(|&&v| v & 1 == 1).count()
-        }
+        crate::sys::cached_pages(b.fd(), pages)
     }
 
     /// Written-back pages leave the page cache, as swapped-out pages leave
