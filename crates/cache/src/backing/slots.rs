@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 /// run, then the end of the file, then pieces.
 ///
 /// Slots are numbered from `base`, the current file's first slot (see
-/// [`FileBacking`], "A fork shares the file"): [`SlotMap::rebase`] starts
-/// a new file's numbering.
+/// [`FileBacking`](super::FileBacking), "A fork shares the file"):
+/// [`SlotMap::rebase`] starts a new file's numbering.
 #[derive(Debug, Default)]
 pub struct SlotMap {
     free: BTreeMap<u64, u64>,
