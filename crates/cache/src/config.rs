@@ -134,9 +134,9 @@ pub struct CacheConfig {
     /// Called first on the writer thread (e.g. to mark it as the runtime's
     /// own thread, as `uzswap run` does).
     pub thread_start: Option<fn()>,
-    /// Test hook: the hash dedup uses to find candidates (a constant forces
-    /// every page to collide). None: xxh3.
-    #[doc(hidden)]
+    /// Test hook (feature `testing`): the hash dedup uses to find
+    /// candidates (a constant forces every page to collide). None: xxh3.
+    #[cfg(feature = "testing")]
     pub dedup_hasher: Option<fn(&[u8]) -> u64>,
 }
 
@@ -162,6 +162,7 @@ impl Default for CacheConfig {
             proactive: None,
             background_writer: true,
             thread_start: None,
+            #[cfg(feature = "testing")]
             dedup_hasher: None,
         }
     }

@@ -24,7 +24,9 @@ use std::time::Duration;
 
 /// The error numbers the fault injector reports (`backing/faults.rs`): an
 /// I/O error, and a full device.
+#[cfg(feature = "testing")]
 pub(crate) const EIO: i32 = libc::EIO;
+#[cfg(feature = "testing")]
 pub(crate) const ENOSPC: i32 = libc::ENOSPC;
 
 /// Most buffers one vectored write takes (`IOV_MAX`).

@@ -5,8 +5,8 @@
 //! (encrypts or checksums) pages before they reach the store, so a store
 //! sees only opaque slots and needs no integrity logic of its own.
 //! [`FileBacking`] is the default: a sparse local file, owner-only, unlinked
-//! as soon as it is open. [`FaultInjector`] wraps any store and fails on
-//! command, for tests and the soak.
+//! as soon as it is open. `FaultInjector` (feature `testing`) wraps any
+//! store and fails on command, for tests and the soak.
 //!
 //! [`SlotMap`] hands out slots, preferring runs of adjacent free slots so a
 //! writeback batch becomes one `pwritev`.
@@ -19,15 +19,18 @@
 //! - `readahead.rs`: the file's window read ahead ([`FILE_READ_AHEAD`],
 //!   [`FILE_READ_AROUND`]);
 //! - `slots.rs`: [`SlotMap`], the cache's free-slot bookkeeping;
-//! - `faults.rs`: [`FaultInjector`], a store that fails on command.
+//! - `faults.rs`: `FaultInjector`, a store that fails on command (feature
+//!   `testing`).
 //!
 //! The file's system calls are the crate's `sys`.
 
+#[cfg(feature = "testing")]
 mod faults;
 mod file;
 mod readahead;
 mod slots;
 
+#[cfg(feature = "testing")]
 pub use faults::{Fault, FaultInjector};
 pub use file::{FileBacking, MAX_SHARED_FILES};
 pub use readahead::{FILE_READ_AHEAD, FILE_READ_AROUND};
@@ -153,7 +156,7 @@ pub trait BackingStore: Send + Sync {
 }
 
 /// A shared store is a store: the caller can keep a handle on a tier it
-/// gives the cache (tests arm a [`FaultInjector`] this way).
+/// gives the cache (tests arm a `FaultInjector` this way).
 impl<S: BackingStore + ?Sized> BackingStore for std::sync::Arc<S> {
     fn write_slots(&self, first: u64, pages: &[&[u8]]) -> io::Result<()> {
         (**self).write_slots(first, pages)

@@ -549,9 +549,12 @@ impl Cache {
             same_filled: cfg.same_filled,
             dedup_on: AtomicBool::new(cfg.dedup),
             dedup_scope: cfg.dedup_scope,
+            #[cfg(feature = "testing")]
             dedup: cfg
                 .dedup_hasher
                 .map_or_else(DedupIndex::default, DedupIndex::with_hasher),
+            #[cfg(not(feature = "testing"))]
+            dedup: DedupIndex::default(),
             backing,
             slots: Mutex::new(SlotMap::new(
                 cfg.backing_max_bytes.map(|b| b / PAGE_SIZE as u64),
