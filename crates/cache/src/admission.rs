@@ -1,11 +1,11 @@
-//! IO-aware admission (seed 002): while the backing device is idle, a page
+//! IO-aware admission: while the backing device is idle, a page
 //! goes straight to the backing file (cheap, and the pool's memory is saved
 //! for when it helps); only while the device is busy are pages taken into
 //! the compressed pool, sparing the device.
 //!
 //! "Busy" means in-flight reads reach `read_limit` or in-flight writes reach
-//! `write_limit` (a limit of 0 is not checked). With hysteresis, as the
-//! kernel maintainers asked of seed 002, the policy does not flap: once busy
+//! `write_limit` (a limit of 0 is not checked). With hysteresis the policy
+//! does not flap: once busy
 //! it stays busy until every checked count has fallen to half its limit or
 //! below, and once idle it becomes busy only when a limit is reached again.
 
@@ -73,7 +73,7 @@ impl IoAdmission {
 pub fn device_inflight(path: &std::path::Path) -> Option<(u32, u32)> {
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::metadata(path).ok()?.dev();
-    let (maj, min) = (libc::major(dev), libc::minor(dev));
+    let (maj, min) = crate::sys::major_minor(dev);
     let s = std::fs::read_to_string(format!("/sys/dev/block/{maj}:{min}/inflight")).ok()?;
     let mut it = s.split_whitespace().map(|v| v.parse::<u32>().ok());
     Some((it.next()??, it.next()??))

@@ -586,14 +586,96 @@ mod tests {
         }
     }
 
+    /// What `src` decodes to with `codec`'s format given room for two
+    /// pages, by a decoder other than `Codec::decompress` (lz4_flex for lz4;
+    /// the libraries' own calls that report the length for the others):
+    /// `Ok(bytes)`, `Err(true)` for an lz4 match offset of 0 (which only the
+    /// reference decoder takes: no verdict), `Err(false)` if it does not
+    /// decode.
+    fn oracle(codec: Codec, src: &[u8]) -> Result<Vec<u8>, bool> {
+        let mut out = vec![0u8; 2 * PAGE_SIZE];
+        let n = match codec {
+            Codec::Raw => return Ok(src.to_vec()),
+            Codec::Lz4 => match lz4_flex::block::decompress_into(src, &mut out) {
+                Ok(n) => n,
+                Err(lz4_flex::block::DecompressError::OffsetZero) => return Err(true),
+                Err(_) => return Err(false),
+            },
+            Codec::Zstd => return zstd::bulk::decompress(src, 2 * PAGE_SIZE).map_err(|_| false),
+            Codec::Deflate => libdeflater::Decompressor::new()
+                .deflate_decompress(src, &mut out)
+                .map_err(|_| false)?,
+        };
+        out.truncate(n);
+        Ok(out)
+    }
+
+    /// `data` in `codec`'s format, whatever its length (the page
+    /// compressors take pages only).
+    fn encode(codec: Codec, data: &[u8]) -> Vec<u8> {
+        match codec {
+            Codec::Raw => data.to_vec(),
+            Codec::Lz4 => lz4_flex::block::compress(data),
+            Codec::Zstd => zstd::bulk::compress(data, 3).unwrap(),
+            Codec::Deflate => {
+                let mut c = libdeflater::Compressor::new(libdeflater::CompressionLvl::default());
+                let mut out = vec![0u8; c.deflate_compress_bound(data.len())];
+                let n = c.deflate_compress(data, &mut out).unwrap();
+                out.truncate(n);
+                out
+            }
+        }
+    }
+
+    /// Garbage, and well-formed objects of anything but one page (a half
+    /// page, a page and a half, a page's object cut short), either fail to
+    /// decode or decode to exactly one page, the bytes the independent
+    /// decoder gives: never to another length, never a panic.
     #[test]
     fn garbage_never_decodes_to_a_wrong_length() {
+        let text = text_page();
+        let long: Vec<u8> = text.iter().chain(&text[..PAGE_SIZE / 2]).copied().collect();
         let mut page = vec![0u8; PAGE_SIZE];
         for codec in [Codec::Raw, Codec::Lz4, Codec::Zstd, Codec::Deflate] {
-            for src in [&[][..], &[0u8; 7][..], &[0xffu8; 100][..], &text_page()[..]] {
-                // Either a full page or an error, never a panic.
-                let _ = codec.decompress(src, &mut page);
+            let whole = encode(codec, &text);
+            let wrong = [
+                encode(codec, &text[..PAGE_SIZE / 2]),
+                encode(codec, &long),
+                whole[..whole.len() - 1].to_vec(),
+            ];
+            // The well-formed objects of other lengths decode, to another
+            // length: the check below is not vacuous.
+            for src in &wrong[..2] {
+                let len = oracle(codec, src).map(|b| b.len());
+                assert!(matches!(len, Ok(n) if n != PAGE_SIZE), "{codec:?}: {len:?}");
             }
+            let garbage = [&[][..], &[0u8; 7][..], &[0xffu8; 100][..], &text[..]];
+            for src in garbage.into_iter().chain(wrong.iter().map(|w| &w[..])) {
+                page.fill(0x5a);
+                let ours = codec.decompress(src, &mut page);
+                match oracle(codec, src) {
+                    Ok(bytes) if bytes.len() == PAGE_SIZE => {
+                        assert_eq!(ours, Ok(()), "{codec:?}, {} bytes", src.len());
+                        assert!(page == bytes, "{codec:?}, {} bytes", src.len());
+                    }
+                    Ok(bytes) => assert_eq!(
+                        ours,
+                        Err(DecodeError),
+                        "{codec:?}, {} bytes decode to {}",
+                        src.len(),
+                        bytes.len()
+                    ),
+                    Err(true) => {}
+                    Err(false) => {
+                        assert_eq!(ours, Err(DecodeError), "{codec:?}, {} bytes", src.len())
+                    }
+                }
+            }
+        }
+        // Control: a page's own object decodes, to the page.
+        for codec in [Codec::Raw, Codec::Lz4, Codec::Zstd, Codec::Deflate] {
+            codec.decompress(&encode(codec, &text), &mut page).unwrap();
+            assert!(page == text, "{codec:?}");
         }
     }
 }

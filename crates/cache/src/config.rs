@@ -31,7 +31,7 @@ pub enum Incompressible {
     /// Keep it uncompressed in the pool (today's kernel).
     #[default]
     StoreRaw,
-    /// Refuse it (seed 000's `max_compression_ratio`); with a backing tier
+    /// Refuse it (the first zswap's `max_compression_ratio`); with a backing tier
     /// it goes there instead.
     Reject,
 }
@@ -134,9 +134,9 @@ pub struct CacheConfig {
     /// Called first on the writer thread (e.g. to mark it as the runtime's
     /// own thread, as `uzswap run` does).
     pub thread_start: Option<fn()>,
-    /// Test hook: the hash dedup uses to find candidates (a constant forces
-    /// every page to collide). None: xxh3.
-    #[doc(hidden)]
+    /// Test hook (feature `testing`): the hash dedup uses to find
+    /// candidates (a constant forces every page to collide). None: xxh3.
+    #[cfg(feature = "testing")]
     pub dedup_hasher: Option<fn(&[u8]) -> u64>,
 }
 
@@ -162,6 +162,7 @@ impl Default for CacheConfig {
             proactive: None,
             background_writer: true,
             thread_start: None,
+            #[cfg(feature = "testing")]
             dedup_hasher: None,
         }
     }
@@ -327,15 +328,8 @@ pub(crate) fn validate(cfg: &CacheConfig) -> Result<(), Error> {
 
 /// Total RAM, for percent limits.
 pub(crate) fn total_ram() -> u64 {
-    // SAFETY: sysinfo fills the struct we pass.
-    unsafe {
-        let mut si: libc::sysinfo = std::mem::zeroed();
-        if libc::sysinfo(&mut si) == 0 {
-            si.totalram as u64 * u64::from(si.mem_unit)
-        } else {
-            8 << 30
-        }
-    }
+    // Where it cannot be read: 8 GiB.
+    crate::sys::total_ram().unwrap_or(8 << 30)
 }
 
 impl PoolLimit {

@@ -1,4 +1,4 @@
-//! Sharing of identical pages (seed 001): a content index from page hash
+//! Sharing of identical pages: a content index from page hash
 //! to the pool objects holding pages with that hash, with reference counts.
 //!
 //! A hash only finds *candidates*: a page is treated as a duplicate of a

@@ -7,8 +7,9 @@
 //! leaf. Against one hash map entry per page this does two things:
 //! - **memory**: a stored page costs its entry in a leaf, plus a sixteenth
 //!   of a map slot, instead of a map slot holding the key beside the entry
-//!   with the map's spare capacity (measured before: 157–230 bytes per
-//!   stored page for map and queue; the entry itself is 32);
+//!   with the map's spare capacity (157–230 bytes per stored page for map
+//!   and queue, against the dense index's figure of `uzswap-bench cache` in
+//!   docs/BENCHMARKS.md; the entry itself is 32);
 //! - **locality**: loads and stores of neighbouring offsets touch the same
 //!   leaf, so a sequential pass misses the CPU cache once per leaf instead
 //!   of once per page (a hash spreads neighbours over the whole table).

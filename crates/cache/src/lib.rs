@@ -31,9 +31,12 @@ pub mod dedup;
 mod index;
 mod seal;
 mod stats;
+mod sys;
 
 pub use admission::IoLimits;
-pub use backing::{BackingStore, Fault, FaultInjector, FileBacking, TierStats};
+pub use backing::{BackingStore, FileBacking, TierStats};
+#[cfg(feature = "testing")]
+pub use backing::{Fault, FaultInjector};
 #[cfg(not(feature = "shuttle"))]
 pub use cache::ForkError;
 pub use cache::{same_filled_word, Cache, CacheUsage, LoadMode, Loaded, Stored, SHARDS};

@@ -64,6 +64,7 @@ impl Sealer {
     /// numbers still open under the key they were sealed with). `from`
     /// must be above every sequence number sealed so far. A key that
     /// sealed nothing yet (a second fork before any write) is replaced.
+    #[cfg_attr(feature = "shuttle", allow(dead_code))] // for cache/fork.rs, not built in the model
     pub fn rekey(&mut self, from: u64) -> std::io::Result<()> {
         if let Sealer::Aead(keys) = self {
             let fresh = fresh_key()?;
@@ -134,7 +135,7 @@ fn nonce(seq: u64) -> Nonce {
 
 fn fresh_key() -> std::io::Result<LessSafeKey> {
     let mut key = [0u8; 32];
-    getrandom(&mut key)?;
+    crate::sys::getrandom(&mut key)?;
     let cipher = UnboundKey::new(&AES_256_GCM, &key)
         .map_err(|_| std::io::Error::other("AES-256-GCM refused a 32-byte key"))?;
     // The cipher holds its own expanded copy; wipe ours.
@@ -145,23 +146,6 @@ fn fresh_key() -> std::io::Result<LessSafeKey> {
 fn checksum(id: SealId, page: &[u8]) -> [u8; 16] {
     let seed = xxhash_rust::xxh3::xxh3_64(&id.aad());
     xxhash_rust::xxh3::xxh3_128_with_seed(page, seed).to_le_bytes()
-}
-
-fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
-    let mut done = 0;
-    while done < buf.len() {
-        // SAFETY: the pointer and length describe the unfilled tail of `buf`.
-        let n = unsafe { libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        done += n as usize;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -38,8 +38,8 @@ pub fn cli_binary() -> Option<PathBuf> {
 /// A loopback port nothing listens on now. A cluster node also listens
 /// on its port + 10000 (its bus), so for one that port must be at most
 /// 55535 and free too: the kernel hands out ports up to 60999 here, and a
-/// node given one above 55535 exits at once (a cluster test failed so,
-/// 2026-11-28).
+/// node given one above 55535 exits at once (its bus port would be past
+/// 65535).
 fn free_port(cluster: bool) -> u16 {
     loop {
         let port = TcpListener::bind("127.0.0.1:0")

@@ -6,13 +6,13 @@
 //!   /usr/lib/python3*, /usr/lib/node_modules (files with no NUL byte).
 //! - `bin`: machine code: ELF executables and shared libraries under
 //!   /usr/bin and /usr/lib/x86_64-linux-gnu.
-//! - `mixed`: the project's standard mix, with the shares the seeds report:
+//! - `mixed`: the project's standard mix, with the shares the zswap mails report:
 //!   10 % zero pages, 5 % pages of one repeated non-zero word, 45 % text,
 //!   25 % machine code, 5 % random bytes, 10 % copies of a few text pages.
 //! - `text75`: the text pages whose lz4-compressed size is 70–80 % of a
-//!   page, the "text (75 %)" data of seed 003 (real pages selected by their
-//!   compressibility, not a made-up pattern).
-//! - `zero`: zero-filled pages (seed 003's other data set).
+//!   page, the "text (75 %)" data of the zcache xcfmalloc measurements
+//!   (real pages selected by their compressibility, not a made-up pattern).
+//! - `zero`: zero-filled pages (those measurements' other data set).
 //!
 //! Files are walked in sorted order and at most 128 pages are taken from any
 //! one file, so a large file cannot dominate; a page equal to one already
@@ -109,7 +109,8 @@ fn is_elf(file: &[u8]) -> bool {
 /// equal to one already taken is skipped: a machine holds many identical
 /// files (licences, documentation, vendored packages), and the mixed data's
 /// share of duplicate pages must be the one it declares, not whatever the
-/// machine's file tree happens to repeat (it measured 21 % more here).
+/// machine's file tree happens to repeat (21 % more on this project's
+/// build machine).
 fn gather(roots: &[&str], accept: fn(&[u8]) -> bool, count: usize) -> Result<(Vec<u8>, usize)> {
     use std::os::unix::fs::MetadataExt;
     let mut files = Vec::new();

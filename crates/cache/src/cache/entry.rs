@@ -1,7 +1,8 @@
 //! Putting entries into the index and taking them out, and letting go of
 //! what a removed entry held. A new page's entry goes in through
 //! [`Inner::insert`] (which lets go of the entry it replaces); an entry
-//! leaves through [`Inner::remove`] (or an exclusive load, load.rs); what it
+//! leaves through [`Inner::remove`] (every entry of an area through
+//! [`Inner::remove_area`]; or through an exclusive load, load.rs); what it
 //! held goes through [`Inner::detach`], which frees its pool object (once
 //! no dedup sharer is left) or its backing slot. A writeback commit changes
 //! an entry's place in place (writeback.rs). The gauges of `stats.rs`
@@ -70,6 +71,30 @@ impl Inner {
         let key = (area, offset);
         let old = self.shard(key).lock().map.remove(&key);
         old.map(|e| self.detach(area, e.place)).is_some()
+    }
+
+    /// Removes every entry of `area` and frees what they held; returns how
+    /// many there were.
+    pub(super) fn remove_area(&self, area: u32) -> u64 {
+        let mut n = 0;
+        for shard in self.shards.iter() {
+            let mut dropped = Vec::new();
+            shard.lock().map.retain(|k, e| {
+                if k.0 == area {
+                    dropped.push(e.place);
+                    false
+                } else {
+                    true
+                }
+            });
+            n += dropped.len() as u64;
+            // Out of the index under the lock: nothing else reaches these
+            // places any more, so they are freed without it.
+            for p in dropped {
+                self.detach(area, p);
+            }
+        }
+        n
     }
 
     /// Uncounts a removed entry's place and frees what it held.

@@ -34,7 +34,8 @@
 
 use super::{Cache, Seals, RELAXED};
 use crate::backing::SlotMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use crate::sys;
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 use uzswap_os::fork::{AfterFork, Side};
 
@@ -79,14 +80,7 @@ impl Cache {
                 .as_ref()
                 .is_some_and(|b| b.fork_share_prepare().is_ok());
         // A pipe for the child's "copied" (if there is a store to copy).
-        let pipe = i.backing.as_ref().and_then(|_| {
-            let mut fds = [0; 2];
-            // SAFETY: pipe2 fills two descriptors on success.
-            (unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0).then(|| {
-                // SAFETY: fresh descriptors we own.
-                unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
-            })
-        });
+        let pipe = i.backing.as_ref().and_then(|_| sys::pipe().ok());
         std::mem::forget(i.wb_gate.write());
         let slots = i.slots.lock();
         let used = slots.used();
@@ -137,14 +131,8 @@ impl Cache {
         }
         if let Some((rx, tx)) = self.fork_pipe.lock().take() {
             drop(tx); // the child's end alone: EOF if it dies
-            let mut pfd = libc::pollfd {
-                fd: rx.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // EINTR or a timeout: go on (see COPY_WAIT).
-            // SAFETY: one pollfd of our own.
-            unsafe { libc::poll(&mut pfd, 1, COPY_WAIT.as_millis() as libc::c_int) };
+                      // EINTR or a timeout: go on (see COPY_WAIT).
+            sys::wait_readable(rx.as_raw_fd(), COPY_WAIT);
         }
         // SAFETY: fork_prepare took every lock on this thread.
         unsafe {
@@ -191,8 +179,7 @@ impl Cache {
         }
         if let Some((rx, tx)) = pipe {
             drop(rx);
-            // SAFETY: one byte from a local to our end of the pipe.
-            unsafe { libc::write(tx.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+            let _ = sys::write_byte(tx.as_raw_fd(), 1);
         }
         Ok(())
     }

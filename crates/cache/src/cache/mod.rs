@@ -1,20 +1,32 @@
 //! The cache itself: an index from `(area, offset)` to where a page lives
 //! (a same-filled word, a pool object, or a backing slot), and the paths
-//! that change it. This file holds the data layout, the lock order, the
-//! public [`Cache`] handle and the helpers every path uses; each path has
-//! its own file:
+//! that change it. This file holds the data layout (the types [`Entry`],
+//! [`Place`], [`Obj`], [`Seals`], [`LruItem`], [`Shard`] with their
+//! methods), the lock order, the public [`Cache`] handle (all its methods
+//! but the fork hooks), the state [`Inner`], and the few methods of `Inner`
+//! that every path uses (`shard`, `check`, `area_slot`, `now`, `scope`,
+//! `limit_share`, `index_bytes`). The rest of `Inner`'s methods live with
+//! their job, one file each:
 //!
 //! - `store.rs`: the store path (same-filled pages, IO admission,
 //!   compression, duplicate sharing, the pool, direct writes to the backing
-//!   tier);
-//! - `load.rs`: the load path in both modes, and reading a place;
+//!   tier): `store`, `store_to_backing`, `pool_full`, `inflight`,
+//!   `object_is`;
+//! - `load.rs`: the load path in both modes, and reading a place: `load`,
+//!   `load_exclusive`, `read_place`, `read_backing`, `take_pool`,
+//!   `count_load`, `miss`;
 //! - `entry.rs`: putting entries into the index and taking them out, the
-//!   gauges they move, and freeing what a removed entry held;
+//!   gauges they move, and freeing what a removed entry held: `insert`,
+//!   `remove`, `remove_area`, `detach`, `free_obj`, `free_slot`,
+//!   `account`;
 //! - `writeback.rs`: one writeback batch (victims from the LRU queues,
-//!   sealing, vectored writes, commit);
+//!   sealing, vectored writes, commit): `writeback_batch`, `pick_victims`;
 //! - `writer.rs`: the writer thread (wake-up, reclaim, proactive
-//!   writeback);
-//! - `check.rs`: the invariant check.
+//!   writeback): `writer_loop`, `wake_writer`, `reclaim`, `stop_writer`;
+//! - `fork.rs`: the fork hooks, methods of [`Cache`] (`fork_prepare`,
+//!   `fork_parent`, `fork_child`, `fork_child_start`) and what they share
+//!   or copy of the backing tier;
+//! - `check.rs`: the invariant check, `check_invariants`.
 //!
 //! # Layout
 //! The index is split into [`SHARDS`] shards, each a mutex over a dense
@@ -384,8 +396,9 @@ impl Shard {
 /// Stale queue items a shard holds beyond twice its entries before
 /// [`Shard::trim_lru`] drops them. Small because there are [`SHARDS`]
 /// queues: with 64, each queue of a cache of 12 000 pages faulted back and
-/// stored again grew to 256 items, 1 MiB in all, mostly dead (issue 28: a
-/// Python worker's index at its peak, 1.6 MiB with 64, 1.1 with 8).
+/// stored again grows to 256 items, 1 MiB in all, mostly dead (a Python
+/// worker's index at its peak is 1.6 MiB with 64, 1.1 with 8: see "runtime
+/// memory" in docs/BENCHMARKS.md).
 const LRU_SLACK: usize = 8;
 
 /// The shard of a key: all keys of one index leaf (neighbouring offsets)
@@ -536,9 +549,12 @@ impl Cache {
             same_filled: cfg.same_filled,
             dedup_on: AtomicBool::new(cfg.dedup),
             dedup_scope: cfg.dedup_scope,
+            #[cfg(feature = "testing")]
             dedup: cfg
                 .dedup_hasher
                 .map_or_else(DedupIndex::default, DedupIndex::with_hasher),
+            #[cfg(not(feature = "testing"))]
+            dedup: DedupIndex::default(),
             backing,
             slots: Mutex::new(SlotMap::new(
                 cfg.backing_max_bytes.map(|b| b / PAGE_SIZE as u64),
@@ -643,24 +659,7 @@ impl Cache {
         let inner = &*self.inner;
         inner.check(area, PAGE_SIZE)?;
         inner.area_slot(area)?.store(0, RELAXED);
-        let mut n = 0;
-        for shard in inner.shards.iter() {
-            let mut dropped = Vec::new();
-            shard.lock().map.retain(|k, e| {
-                if k.0 == area {
-                    dropped.push(e.place);
-                    false
-                } else {
-                    true
-                }
-            });
-            n += dropped.len() as u64;
-            // Out of the index under the lock: nothing else reaches these
-            // places any more, so they are freed without it.
-            for p in dropped {
-                inner.detach(area, p);
-            }
-        }
+        let n = inner.remove_area(area);
         inner.counters.invalidated_pages.fetch_add(n, RELAXED);
         Ok(n)
     }

@@ -135,60 +135,76 @@ impl Inner {
                     }
                 }
             };
-            let scope = self.scope(area);
-            let size = data.len();
-            let mut dhash = None;
-            let mut shared = None;
-            if self.dedup_on.load(RELAXED) {
-                // Pages are matched in encoded form: equal encoded bytes
-                // under one codec decode to equal pages, so a candidate is
-                // confirmed by comparing bytes, without decoding it, and the
-                // hash reads the (shorter) encoded object. The codec is part
-                // of the key. A page encoded differently (another level)
-                // merely misses a saving.
-                let h = self.dedup.hash(data) ^ (codec as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                shared = self
-                    .dedup
-                    .find_and_ref(scope, h, |cand| self.object_is(cand, data));
-                dhash = Some(h);
+            self.store_in_pool(area, offset, page, data, codec, cold_codec.is_some())
+        })
+    }
+
+    /// Puts `page`, encoded as `data` with `codec`, into the pool: shared
+    /// with an identical object if dedup is on and finds one, else copied
+    /// into a new object (or, where the pool cannot allocate, written to
+    /// the backing tier). `cold`: encoded with the cold compressor.
+    fn store_in_pool(
+        &self,
+        area: u32,
+        offset: u64,
+        page: &[u8],
+        data: &[u8],
+        codec: Codec,
+        cold: bool,
+    ) -> Result<Stored, Reject> {
+        let scope = self.scope(area);
+        let size = data.len();
+        let mut dhash = None;
+        let mut shared = None;
+        if self.dedup_on.load(RELAXED) {
+            // Pages are matched in encoded form: equal encoded bytes
+            // under one codec decode to equal pages, so a candidate is
+            // confirmed by comparing bytes, without decoding it, and the
+            // hash reads the (shorter) encoded object. The codec is part
+            // of the key. A page encoded differently (another level)
+            // merely misses a saving.
+            let h = self.dedup.hash(data) ^ (codec as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            shared = self
+                .dedup
+                .find_and_ref(scope, h, |cand| self.object_is(cand, data));
+            dhash = Some(h);
+        }
+        let handle = match shared {
+            Some(h) => {
+                self.counters.duplicate_pages.fetch_add(1, RELAXED);
+                self.counters
+                    .dedup_saved_bytes
+                    .fetch_add(size as u64, RELAXED);
+                h
             }
-            let handle = match shared {
-                Some(h) => {
-                    self.counters.duplicate_pages.fetch_add(1, RELAXED);
-                    self.counters
-                        .dedup_saved_bytes
-                        .fetch_add(size as u64, RELAXED);
+            None => match self.pool.malloc_write(data) {
+                Ok(h) => {
+                    if let Some(d) = dhash {
+                        self.dedup.insert(scope, d, h);
+                    }
                     h
                 }
-                None => match self.pool.malloc_write(data) {
-                    Ok(h) => {
-                        if let Some(d) = dhash {
-                            self.dedup.insert(scope, d, h);
-                        }
-                        h
+                Err(e) => {
+                    self.counters.reject_alloc_fail.fetch_add(1, RELAXED);
+                    if self.backing.is_some() {
+                        return self.store_to_backing(area, offset, page);
                     }
-                    Err(e) => {
-                        self.counters.reject_alloc_fail.fetch_add(1, RELAXED);
-                        if self.backing.is_some() {
-                            return self.store_to_backing(area, offset, page);
-                        }
-                        return Err(Reject::Alloc(e.to_string()));
-                    }
-                },
-            };
-            let obj = Obj::new(handle, size, codec, dhash);
-            self.insert(area, offset, Place::Pool(obj));
-            if cold_codec.is_some() && codec != Codec::Raw {
-                self.counters.cold_stores.fetch_add(1, RELAXED);
-            }
-            if self.pool.pool_bytes() >= self.limit_share((100 + self.accept_percent) / 2) {
-                self.wake_writer();
-            }
-            Ok(match (shared, codec) {
-                (Some(_), _) => Stored::Duplicate { bytes: size },
-                (None, Codec::Raw) => Stored::Raw,
-                (None, _) => Stored::Compressed { bytes: data.len() },
-            })
+                    return Err(Reject::Alloc(e.to_string()));
+                }
+            },
+        };
+        let obj = Obj::new(handle, size, codec, dhash);
+        self.insert(area, offset, Place::Pool(obj));
+        if cold && codec != Codec::Raw {
+            self.counters.cold_stores.fetch_add(1, RELAXED);
+        }
+        if self.pool.pool_bytes() >= self.limit_share((100 + self.accept_percent) / 2) {
+            self.wake_writer();
+        }
+        Ok(match (shared, codec) {
+            (Some(_), _) => Stored::Duplicate { bytes: size },
+            (None, Codec::Raw) => Stored::Raw,
+            (None, _) => Stored::Compressed { bytes: data.len() },
         })
     }
 

@@ -14,6 +14,7 @@
 //! check (which takes it exclusively) never sees a marked entry.
 
 use super::{Inner, LruItem, Obj, Place, RELAXED, SHARDS};
+use crate::backing::BackingStore;
 use crate::index::Key;
 use crate::seal::SealId;
 use crate::PAGE_SIZE;
@@ -107,7 +108,9 @@ impl Inner {
         victims
     }
 
-    /// One writeback batch; returns the pages written back.
+    /// One writeback batch; returns the pages written back. In steps:
+    /// pick the victims, decompress them, give them slots and seal them,
+    /// write each run of adjacent slots, record the seals, commit.
     pub(super) fn writeback_batch(&self, max: usize, min_age: Option<u32>) -> usize {
         let Some(backing) = self.backing.as_ref() else {
             return 0;
@@ -117,22 +120,43 @@ impl Inner {
         if victims.is_empty() {
             return 0;
         }
-        // Decompress each victim into its page of the batch buffer.
+        let (mut buf, readable) = self.decompress_victims(&victims);
+        self.seal_victims(&mut victims, &readable, &mut buf);
+        let written = self.write_runs(&**backing, &victims, &buf);
+        self.record_seals(&victims, &written);
+        let (done, failed) = self.commit(&victims, &written);
+        let c = &self.counters;
+        c.writeback_batches.fetch_add(1, RELAXED);
+        c.written_back_pages.fetch_add(done as u64, RELAXED);
+        if failed {
+            c.writeback_fail.fetch_add(1, RELAXED);
+        }
+        done
+    }
+
+    /// Decompresses each victim into its page of a batch buffer; returns
+    /// the buffer and which victims could be read.
+    fn decompress_victims(&self, victims: &[Victim]) -> (Vec<u8>, Vec<bool>) {
         let mut buf = vec![0u8; victims.len() * PAGE_SIZE];
         let mut readable = vec![false; victims.len()];
         for (i, v) in victims.iter().enumerate() {
             let page = &mut buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
             let mut ok = false;
             // A stale handle means the entry was dropped meanwhile; the
-            // commit below sees that and skips it.
+            // commit sees that and skips it.
             let _ = self.pool.map_read(v.obj.handle, &mut |src| {
                 ok = v.obj.codec.decompress(src, page).is_ok();
             });
             readable[i] = ok;
         }
+        (buf, readable)
+    }
+
+    /// Allocates slots for the readable victims (fewer where the tier is
+    /// full), assigns them in order and seals each victim's page in `buf`.
+    fn seal_victims(&self, victims: &mut [Victim], readable: &[bool], buf: &mut [u8]) {
         let wanted = readable.iter().filter(|&&r| r).count() as u64;
         let runs = self.slots.lock().alloc(wanted);
-        // Assign slots in order and seal.
         let mut slot_iter = runs.iter().flat_map(|&(s, n)| s..s + n);
         for (i, v) in victims.iter_mut().enumerate() {
             if !readable[i] {
@@ -152,7 +176,11 @@ impl Inner {
                 .seal(id, &mut buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
             v.sealed = Some((slot, seq, tag));
         }
-        // Write each run of adjacent slots with one vectored write.
+    }
+
+    /// Writes each run of adjacent sealed slots with one vectored write;
+    /// returns which victims were written.
+    fn write_runs(&self, backing: &dyn BackingStore, victims: &[Victim], buf: &[u8]) -> Vec<bool> {
         let mut written = vec![false; victims.len()];
         let mut i = 0;
         while i < victims.len() {
@@ -178,23 +206,32 @@ impl Inner {
             written[i..j].iter_mut().for_each(|w| *w = ok);
             i = j;
         }
-        // The seals of the written slots, before any entry names its slot
-        // (a load that finds the entry reads the seal).
-        {
-            let mut seals = self.seals.lock();
-            for (v, _) in victims.iter().zip(&written).filter(|(_, &ok)| ok) {
-                if let Some((slot, seq, tag)) = v.sealed {
-                    seals.set(slot, seq, tag);
-                }
+        written
+    }
+
+    /// Records the seals of the written slots, before any entry names its
+    /// slot (a load that finds the entry reads the seal).
+    fn record_seals(&self, victims: &[Victim], written: &[bool]) {
+        let mut seals = self.seals.lock();
+        for (v, _) in victims.iter().zip(written).filter(|(_, &ok)| ok) {
+            if let Some((slot, seq, tag)) = v.sealed {
+                seals.set(slot, seq, tag);
             }
         }
-        // Commit. No shard lock was held since the pick: under the lock
-        // again, a victim is still ours only if its entry has the gen it
-        // was picked with and its mark (a store or invalidation meanwhile
-        // replaced or removed the entry, and let go of the object itself).
+    }
+
+    /// Commits the batch: each victim still ours moves to its slot if it
+    /// was written, or back to the pool's LRU; the slots of the others are
+    /// freed. Returns the pages moved and whether a write failed.
+    ///
+    /// No shard lock was held since the pick: under the lock again, a
+    /// victim is still ours only if its entry has the gen it was picked
+    /// with and its mark (a store or invalidation meanwhile replaced or
+    /// removed the entry, and let go of the object itself).
+    fn commit(&self, victims: &[Victim], written: &[bool]) -> (usize, bool) {
         let mut done = 0;
         let mut failed = false;
-        for (v, ok) in victims.iter().zip(&written) {
+        for (v, ok) in victims.iter().zip(written) {
             let mut s = self.shard(v.key).lock();
             let ours = s
                 .map
@@ -234,12 +271,6 @@ impl Inner {
                 }
             }
         }
-        let c = &self.counters;
-        c.writeback_batches.fetch_add(1, RELAXED);
-        c.written_back_pages.fetch_add(done as u64, RELAXED);
-        if failed {
-            c.writeback_fail.fetch_add(1, RELAXED);
-        }
-        done
+        (done, failed)
     }
 }
