@@ -21,6 +21,15 @@
 //! What is given up: the standard library's report of a helper's stack
 //! overflow (the process still dies of it, by `SIGSEGV`), and its name in
 //! a panic message (the helper's name is printed after it instead).
+//!
+//! A helper blocks every signal but those a fault raises on the faulting
+//! thread (`SIGSEGV`, `SIGBUS`, `SIGILL`, `SIGFPE`, `SIGTRAP`): a signal
+//! sent to the process goes to a thread that does not block it, and a
+//! program that blocks one in its own threads (to take it with
+//! `sigwait`, `sigtimedwait` or `signalfd`, or to keep it pending) must
+//! not have it delivered to a helper instead. The mask is set in the
+//! creating thread around `pthread_create`, so the new thread has it from
+//! its first instruction.
 
 use std::cell::Cell;
 use std::ffi::c_void;
@@ -111,7 +120,9 @@ fn spawn(name: &str, work: Start) -> std::io::Result<Helper> {
     let r = unsafe {
         libc::pthread_attr_init(&mut attr);
         libc::pthread_attr_setstacksize(&mut attr, STACK_BYTES);
+        let mask = HelperMask::block();
         let r = libc::pthread_create(&mut thread, &attr, start, arg.cast());
+        drop(mask);
         libc::pthread_attr_destroy(&mut attr);
         r
     };
@@ -124,6 +135,40 @@ fn spawn(name: &str, work: Start) -> std::io::Result<Helper> {
         thread,
         done: false,
     })
+}
+
+/// The calling thread's signal mask, with every asynchronous signal blocked
+/// while this lives (see the module docs); dropped, the mask is restored.
+struct HelperMask(libc::sigset_t);
+
+impl HelperMask {
+    fn block() -> HelperMask {
+        // SAFETY: sigfillset/sigdelset fill a set of our own; the old mask
+        // is written by pthread_sigmask before it is ever read.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut set);
+            for sig in [
+                libc::SIGSEGV,
+                libc::SIGBUS,
+                libc::SIGILL,
+                libc::SIGFPE,
+                libc::SIGTRAP,
+            ] {
+                libc::sigdelset(&mut set, sig);
+            }
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            HelperMask(old)
+        }
+    }
+}
+
+impl Drop for HelperMask {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask `block` saved on this same thread.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
 }
 
 /// Starts a named helper thread that runs `thread_start` (if any) and then
@@ -331,6 +376,51 @@ mod tests {
         // Slow on purpose: spawn_helper must still wait for it.
         std::thread::sleep(std::time::Duration::from_millis(20));
         STARTED.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the calling thread blocks `sig`.
+    fn blocks(sig: libc::c_int) -> bool {
+        // SAFETY: reads the calling thread's mask into a set of our own.
+        unsafe {
+            let mut cur: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur);
+            libc::sigismember(&cur, sig) == 1
+        }
+    }
+
+    #[test]
+    fn a_helper_blocks_the_signals_sent_to_the_process_and_its_creator_keeps_its_mask() {
+        let before: Vec<bool> = [libc::SIGUSR1, libc::SIGTERM, libc::SIGCHLD]
+            .iter()
+            .map(|&s| blocks(s))
+            .collect();
+        let h = spawn_helper("test-mask", None, || {
+            for s in [
+                libc::SIGUSR1,
+                libc::SIGTERM,
+                libc::SIGINT,
+                libc::SIGCHLD,
+                libc::SIGRTMIN(),
+            ] {
+                assert!(blocks(s), "signal {s} not blocked in a helper");
+            }
+            for s in [
+                libc::SIGSEGV,
+                libc::SIGBUS,
+                libc::SIGILL,
+                libc::SIGFPE,
+                libc::SIGTRAP,
+            ] {
+                assert!(!blocks(s), "fault signal {s} blocked in a helper");
+            }
+        })
+        .unwrap();
+        h.join().unwrap();
+        let after: Vec<bool> = [libc::SIGUSR1, libc::SIGTERM, libc::SIGCHLD]
+            .iter()
+            .map(|&s| blocks(s))
+            .collect();
+        assert_eq!(before, after, "the creating thread's mask changed");
     }
 
     /// The calling thread's name, as the kernel keeps it.

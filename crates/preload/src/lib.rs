@@ -57,7 +57,8 @@
 //!   library replaces for the program;
 //! - `start`: the constructor and the exit hook; `fork`: the fork hooks;
 //! - `glibc`: the C library's own state that its `fork()` reads after the
-//!   hooks, made at start-up outside the regions;
+//!   hooks, made at start-up outside the regions; `loader`: the dynamic
+//!   loader's allocations, which stay in glibc's heap;
 //! - `space` (over `ranges`): the reservation the managed mappings are
 //!   carved from; `share`: this process's slot in the tree's ledger;
 //!   `cosched`: co-scheduling; `stats`: the statistics socket;
@@ -69,6 +70,7 @@ mod cosched;
 mod fds;
 mod fork;
 mod glibc;
+mod loader;
 mod malloc;
 mod mmap;
 mod ranges;

@@ -11,13 +11,47 @@ use crate::alloc::{__libc_calloc, __libc_free, __libc_malloc, __libc_memalign, _
 use crate::state::{is_managed_ptr, managed};
 use crate::sys;
 
-/// # Safety
-/// The C `malloc` contract.
-#[no_mangle]
-pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
+/// Defines the C entry point `$name($($arg),*)` over `$body($($arg),*,
+/// caller)`, where `caller` is the entry's return address (see
+/// `crate::loader`). On x86-64 the entry is two instructions: the return
+/// address at the top of the stack goes into the next argument register,
+/// and a jump to the body, which returns to the entry's caller.
+macro_rules! entry_with_caller {
+    ($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $body:ident, $reg:literal) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[no_mangle]
+        #[unsafe(naked)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            core::arch::naked_asm!(concat!("mov ", $reg, ", [rsp]"), "jmp {body}", body = sym $body)
+        }
+        $(#[$doc])*
+        #[cfg(not(target_arch = "x86_64"))]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            // SAFETY: the caller has the duties of the C function.
+            unsafe { $body($($arg),*, 0) }
+        }
+    };
+}
+
+/// Whether this call's block is the program's (mimalloc's): the runtime
+/// runs and manages the calling thread, and the caller is not the loader.
+fn for_program(caller: usize) -> bool {
+    managed().is_some() && !crate::loader::called(caller)
+}
+
+entry_with_caller! {
+    /// # Safety
+    /// The C `malloc` contract.
+    fn malloc(size: size_t) -> *mut c_void = malloc_from, "rsi"
+}
+
+/// `malloc` for a call that returns to `caller`.
+unsafe extern "C" fn malloc_from(size: size_t, caller: usize) -> *mut c_void {
     // SAFETY: plain allocator calls.
     unsafe {
-        if managed().is_some() {
+        if for_program(caller) {
             mi::mi_malloc(size)
         } else {
             __libc_malloc(size)
@@ -26,11 +60,16 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
 }
 
 /// Blocks of `calloc` from this size on are zeroed by discarding their
-/// whole pages (see [`calloc`]); smaller ones by `mi_calloc`.
+/// whole pages (see [`calloc_from`]); smaller ones by `mi_calloc`.
 const CALLOC_DISCARD_MIN: usize = 64 << 10;
 
-/// # Safety
-/// The C `calloc` contract.
+entry_with_caller! {
+    /// # Safety
+    /// The C `calloc` contract (see `calloc_from`).
+    fn calloc(n: size_t, size: size_t) -> *mut c_void = calloc_from, "rdx"
+}
+
+/// `calloc` for a call that returns to `caller`.
 ///
 /// mimalloc writes zeros over a block whose memory it has used before,
 /// and a program that uses only part of a large zeroed block (a hash
@@ -41,12 +80,11 @@ const CALLOC_DISCARD_MIN: usize = 64 << 10;
 /// a large block's whole pages are discarded instead (`MADV_DONTNEED`: the
 /// pager sees a remove event and maps zeros where the program touches
 /// them), and only its partial first and last pages are written.
-#[no_mangle]
-pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
+unsafe extern "C" fn calloc_from(n: size_t, size: size_t, caller: usize) -> *mut c_void {
     // SAFETY: plain allocator calls (both check n * size for overflow);
     // the block `mi_malloc` returned is ours to write and discard.
     unsafe {
-        if managed().is_none() {
+        if !for_program(caller) {
             return __libc_calloc(n, size);
         }
         match n.checked_mul(size) {
@@ -133,21 +171,25 @@ fn libc_usable_size(p: *mut c_void) -> usize {
     unsafe { std::mem::transmute::<usize, F>(f)(p) }
 }
 
-/// # Safety
-/// The C `realloc` contract.
-#[no_mangle]
-pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
+entry_with_caller! {
+    /// # Safety
+    /// The C `realloc` contract.
+    fn realloc(p: *mut c_void, size: size_t) -> *mut c_void = realloc_from, "rdx"
+}
+
+/// `realloc` for a call that returns to `caller`.
+unsafe extern "C" fn realloc_from(p: *mut c_void, size: size_t, caller: usize) -> *mut c_void {
     // SAFETY: the pointer's owner is told apart by address as in free; a
-    // glibc block reallocated by a managed thread moves into the managed
-    // heap (copying the bytes glibc says it holds).
+    // glibc block reallocated for the program moves into the managed heap
+    // (copying the bytes glibc says it holds).
     unsafe {
         if p.is_null() {
-            return malloc(size);
+            return malloc_from(size, caller);
         }
         if is_managed_ptr(p) {
             return mi::mi_realloc(p, size);
         }
-        if managed().is_none() {
+        if !for_program(caller) {
             return __libc_realloc(p, size);
         }
         if size == 0 {

@@ -199,6 +199,7 @@ fn switch_on(started: uzswap_os::StartBatch) -> Result<(), String> {
         .map_err(|e| format!("a runtime thread did not start: {e}"))?;
     sys::at_exit(at_exit);
     crate::glibc::make_fork_state();
+    crate::loader::find();
     READY.store(true, Ordering::Release);
     Ok(())
 }

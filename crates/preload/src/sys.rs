@@ -317,3 +317,46 @@ pub fn nss_database_get_any() {
     // SAFETY: as above.
     unsafe { get(0, &mut actions) };
 }
+
+/// The executable part of the program interpreter (`ld.so`, found by
+/// `AT_BASE`): `[lo, hi)` over its executable segments, or `None` without
+/// one (a static program).
+pub fn interpreter_text() -> Option<(usize, usize)> {
+    // SAFETY: getauxval has no preconditions.
+    let base = unsafe { libc::getauxval(libc::AT_BASE) } as usize;
+    if base == 0 {
+        return None;
+    }
+    struct Found {
+        base: usize,
+        text: Option<(usize, usize)>,
+    }
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: dl_iterate_phdr passes a valid info for the call, and
+        // `data` is the `Found` below, borrowed for the iteration alone.
+        let (info, found) = unsafe { (&*info, &mut *data.cast::<Found>()) };
+        if info.dlpi_addr as usize != found.base {
+            return 0;
+        }
+        // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
+        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum.into()) };
+        for ph in phdrs {
+            if ph.p_type == libc::PT_LOAD && ph.p_flags & libc::PF_X != 0 {
+                let lo = found.base + ph.p_vaddr as usize;
+                let hi = lo + ph.p_memsz as usize;
+                let (l, h) = found.text.unwrap_or((lo, hi));
+                found.text = Some((l.min(lo), h.max(hi)));
+            }
+        }
+        1
+    }
+    let mut found = Found { base, text: None };
+    // SAFETY: `each` matches the callback type and only reads what it is
+    // given; `found` outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(each), (&mut found as *mut Found).cast()) };
+    found.text
+}
