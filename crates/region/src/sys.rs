@@ -1205,7 +1205,7 @@ pub struct ZeroScan {
 }
 
 impl ZeroScan {
-    /// None where the kernel has no `PAGEMAP_SCAN` (before 6.7) or
+    /// None where the kernel has no `PAGEMAP_SCAN` (it came in Linux 6.7) or
     /// `/proc` is not mounted.
     pub fn new() -> Option<ZeroScan> {
         let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;

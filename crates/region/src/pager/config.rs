@@ -139,16 +139,12 @@ pub struct PagerConfig {
     /// process may have it; x86-64 only; not with `cpu_handlers`; both
     /// readahead windows at most 63. Off by default.
     ///
-    /// Hidden from the documentation (experimental). The write that
-    /// `faults_on_a_page_under_eviction` lost under AddressSanitizer
-    /// (about 1 run in 40: a page read back the version before the last
-    /// one written) was a write fault's unprotect racing an eviction, in
-    /// both modes (see `Shared::unprotect_once`; the test
-    /// `unprotect_against_eviction_*` makes that interleaving). The stress
-    /// tests' earlier failures under load were their budget check, not the
-    /// pager: `mincore` counted while pages moved (see
-    /// [`crate::Region::mincore_resident`], which now walks under the
-    /// state lock).
+    /// Hidden from the documentation (experimental). A write fault's
+    /// unprotect races an eviction in both modes (see
+    /// `Shared::unprotect_once`; the tests `unprotect_against_eviction_*`
+    /// make that interleaving), and `mincore` counts while pages move
+    /// unless it walks under the state lock (see
+    /// [`crate::Region::mincore_resident`]).
     #[doc(hidden)]
     pub in_thread_faults: bool,
     /// Test hook: pretend userfaultfd(2) failed with this errno and

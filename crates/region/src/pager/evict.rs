@@ -19,9 +19,9 @@ pub(super) const MOVE_MAX_SPAN: usize = 4;
 /// half margins under what it is allotted. That slack is what absorbs a
 /// process's writes to pages mapped as zeros (no fault; counted only at
 /// the evictor's next look) while the arbiter moves its share to another:
-/// at 64 `make -j8` took 0.94-0.96 x the time, but a `make -j2` tree
-/// peaked at up to 1.07 x its budget (0.97-1.03 x at 256, 1.02 x at 128,
-/// which was no faster; docs/BENCHMARKS.md, "tree").
+/// at 64 `make -j8` takes 0.94-0.96 x the time, but a `make -j2` tree
+/// peaks at up to 1.07 x its budget (0.97-1.03 x at 256, 1.02 x at 128,
+/// which is no faster; see `uzswap-bench tree` in docs/BENCHMARKS.md).
 pub(super) const MARGIN_MAX: usize = 256;
 
 /// Victims of a batch (indexes, by address) that one call serves, and the

@@ -62,8 +62,10 @@ static LAST_MANAGED: AtomicBool = AtomicBool::new(false);
 /// a shell or a launcher, which execs at once, then carries no runtime. A
 /// parent with more (a Python program forking its workers) has children
 /// that grow from its size, and they are managed: counted by stored pages
-/// alone, a parent with its data resident had unmanaged workers, 4.3 x the
-/// budget together (64 MiB, 2026-11-25).
+/// alone, a parent with its data resident would have unmanaged workers,
+/// 4.3 x a 64 MiB budget together (the fork test program,
+/// `crates/cli/tests/programs/workers.py fork`, under `uzswap run`; its
+/// figures are in docs/BENCHMARKS.md).
 pub const MANAGE_MIN_PAGES: u64 = 2048;
 
 /// In a forked child (from its `pthread_atfork` child hook on): whether it
@@ -304,13 +306,14 @@ impl Shared {
                 self.done_cv.wait(&mut s);
             }
         }
-        // Lock order: dispatch, the zero look, then state, then the
-        // store's. No load can start in between: `forking` defers them.
+        // Taken in the lock order (the pager module's documentation): the
+        // gate is held already. No load can start in between: `forking`
+        // defers them.
         // The zero look is the evictor's, which takes it outside the gate
         // (before each batch and while idle): held across the fork so that
         // the child never finds it taken by a thread it does not have (its
-        // evictor waited on it for ever, 2026-11-29: a Python worker hung
-        // in its first fault, held back for room nobody made).
+        // evictor would wait on it for ever, and the child's first fault,
+        // held back for room, with it).
         std::mem::forget(self.dispatch.lock());
         if let Some(z) = &self.zero_scan {
             std::mem::forget(z.lock());
@@ -329,10 +332,10 @@ impl Shared {
         // its threads, which may wait for the gate the hook holds), so a
         // thread of the parent may have held it at the fork: a pager
         // starting, or being dropped. Then the list is left unread (its
-        // handles leak, as forgotten ones do). Seen on 2026-11-27 (the CI
-        // run of cd8b65c): a child of `fork_during_heavy_eviction_loses_nothing`
-        // waited on it for ever while another test of the binary dropped
-        // its pager.
+        // handles leak, as forgotten ones do). Waiting for it instead would
+        // hang the child for ever when another thread of the parent was
+        // dropping its pager (`fork_during_heavy_eviction_loses_nothing`
+        // forks while other tests of its binary drop theirs).
         // SAFETY: this is the child of a fork, run by its only thread (the
         // fork hook).
         let parents = unsafe { uzswap_os::fork::take_in_child(&self.threads) }.unwrap_or_default();
@@ -377,8 +380,8 @@ impl Shared {
             // page was ever used, the zero page), so a write to each would
             // give this child a private copy of the whole table, a record
             // for every page of every reservation (6.3 MiB in each forked
-            // Python worker, 2026-11-29), where the parent holds only the
-            // records of pages it used.
+            // Python worker of the fork test program), where the parent
+            // holds only the records of pages it used.
             for &(addr, area, first, len) in &segs {
                 let a = s.areas.get_mut(&area).expect("a segment's area");
                 for i in 0..len / PAGE_SIZE {

@@ -31,7 +31,9 @@
 //!    every page is mapped under it, see `handler.rs`, `handle_batch`;
 //!    the evictor takes it, holding nothing else but the gate,
 //!    after each discard: a barrier behind which every event of that call
-//!    was handled). Handlers never take the gate.
+//!    was handled). Handlers never take the gate, nor does the SIGBUS
+//!    handler of in-thread faults (it takes `dispatch` to map a load,
+//!    `state` and the store's locks, never across a wait).
 //! 3. `Shared::zero_scan` (the evictor's, and the fork hooks', which hold
 //!    it through a fork; it takes `state` inside it briefly, never the
 //!    reverse)

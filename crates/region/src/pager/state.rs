@@ -384,9 +384,10 @@ impl State {
     /// entries as there are resident pages, and gives back capacity far
     /// beyond what a list holds (keeping [`LIST_SLACK`], or with in-thread
     /// faults [`QUEUE_RESERVE`], spare). A process whose resident set
-    /// shrank kept the lists it had at its largest: an idle Python parent
-    /// of a tree, 768 KiB of lists for 273 entries (2026-11-29). Never in
-    /// a signal handler (it may allocate).
+    /// shrank would keep the lists it had at its largest (an idle Python
+    /// parent of the `tree` benchmark's program: 768 KiB of lists for 273
+    /// entries; the `list_entries` and `lists_bytes` statistics show them).
+    /// Never in a signal handler (it may allocate).
     pub(super) fn trim_lists(&mut self) {
         if self.inactive.len() + self.active.len() > 2 * self.resident + LIST_SLACK {
             for active in [false, true] {
