@@ -177,7 +177,7 @@ impl PagerConfig {
             cpu_handlers: false,
             cpu_spin: Duration::from_millis(2),
             fork: ForkChild::Managed,
-            fork_manage_min_pages: super::fork::MANAGE_MIN_PAGES,
+            fork_manage_min_pages: MANAGE_MIN_PAGES,
             evict_by_move: true,
             uncharged_zero_pages: false,
             keep_clean: true,
@@ -200,6 +200,19 @@ pub const FORK_ROOM_WAIT: Duration = Duration::from_millis(50);
 /// child: long enough for the arbiter to see the child (it decides every
 /// 100 ms) and share the budget anew.
 pub const FORK_ROOM_HOLD: Duration = Duration::from_millis(300);
+
+/// The default of `PagerConfig::fork_manage_min_pages`: below this many
+/// pages held (resident and stored), a `Managed` pager brings its stored
+/// pages back for the fork instead (`Prefault`): cheaper than the child's
+/// take-over (its threads, its copy of the backing file), and the child of
+/// a shell or a launcher, which execs at once, then carries no runtime. A
+/// parent with more (a Python program forking its workers) has children
+/// that grow from its size, and they are managed: counted by stored pages
+/// alone, a parent with its data resident would have unmanaged workers,
+/// 4.3 x a 64 MiB budget together (the fork test program,
+/// `crates/cli/tests/programs/workers.py fork`, under `uzswap run`; its
+/// figures are in docs/BENCHMARKS.md).
+pub const MANAGE_MIN_PAGES: u64 = 2048;
 
 /// How often the evictor reads [`PagerConfig::charge`] while the resident
 /// set or the limit moves.

@@ -1,8 +1,8 @@
 //! The program's own changes to region memory, as userfaultfd reports them:
 //! remove (`MADV_DONTNEED`), unmap and remap events.
 
-use super::handler::Wakes;
 use super::state::{lookup, split_out, PageState};
+use super::types::Wakes;
 use super::Shared;
 use crate::sys::PAGE_SIZE;
 

@@ -3,6 +3,7 @@
 
 use super::config::{Charge, VictimPolicy, CHARGE_PERIOD, IDLE_CHARGE_PERIOD};
 use super::state::{lookup, OwnSpan, PageState, State, QUEUE_RESERVE};
+use super::types::{Span, Victim, Wakes};
 use super::Shared;
 use crate::sys::{self, PAGE_SIZE};
 use std::sync::atomic::Ordering;
@@ -24,67 +25,19 @@ pub(super) const MOVE_MAX_SPAN: usize = 4;
 /// which is no faster; see `uzswap-bench tree` in docs/BENCHMARKS.md).
 pub(super) const MARGIN_MAX: usize = 256;
 
-/// Victims of a batch (indexes, by address) that one call serves, and the
-/// range it covers: from the first victim to the end of the last.
-pub(super) struct Span {
-    pub(super) victims: Vec<usize>,
-    pub(super) lo: usize,
-    pub(super) hi: usize,
-}
-
-/// A victim inside an eviction batch.
-pub(super) struct Victim {
-    pub(super) area: u32,
-    pub(super) page: u32,
-    pub(super) addr: usize,
-    /// The page was `Clean`: nothing to store.
-    pub(super) clean: bool,
-    /// Stored successfully (dirty victims).
-    pub(super) stored: bool,
-    /// `MADV_DONTNEED` is to be (or was) issued.
-    pub(super) discard: bool,
-    pub(super) unprotect: bool,
-    /// Never on the active list this residency: stored with
-    /// `PageStore::store_cold`.
-    pub(super) cold: bool,
-    /// A dirty victim that left by a move before it was stored
-    /// ([`Shared::move_out`]): steps 2 to 5 are done for it.
-    pub(super) moved: bool,
-}
-
-impl State {
-    /// The victims (sorted by address) that pass `keep`, in spans:
-    /// neighbours share one when no page between them is resident
-    /// (`gap_is_empty`), so that one call serves the span.
-    fn spans(&self, victims: &[Victim], keep: impl Fn(&Victim) -> bool) -> Vec<Span> {
-        let mut out: Vec<Span> = Vec::new();
-        let mut prev: Option<&Victim> = None;
-        for (i, v) in victims.iter().enumerate() {
-            if !keep(v) {
-                continue;
-            }
-            let join = prev.is_some_and(|u| {
-                u.area == v.area
-                    && self.gap_is_empty(v.area, (u.addr, u.page as u64), (v.addr, v.page as u64))
-            });
-            match out.last_mut() {
-                Some(span) if join => {
-                    span.victims.push(i);
-                    span.hi = v.addr + PAGE_SIZE;
-                }
-                _ => out.push(Span {
-                    victims: vec![i],
-                    lo: v.addr,
-                    hi: v.addr + PAGE_SIZE,
-                }),
-            }
-            prev = Some(v);
-        }
-        out
-    }
-}
-
 impl Shared {
+    /// Wakes the evictor when the resident set nears the budget (after the
+    /// faulting thread, with deferred wakes).
+    pub(super) fn kick(&self, s: &State, w: &mut Wakes) {
+        if s.charged() > self.start_threshold(s) {
+            if w.defer {
+                w.kick = true;
+            } else {
+                self.work_cv.notify_one();
+            }
+        }
+    }
+
     /// The margin at the limit now: the configured one (a 32nd of the
     /// budget) scaled down with a limit that a charge has brought far below
     /// the budget. A margin of the budget's size under a limit at the floor

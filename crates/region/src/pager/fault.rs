@@ -3,42 +3,10 @@
 //! unprotection for a write to a clean page, parking for a page the
 //! evictor or a load is working on.
 
-use super::handler::{PageBuf, Wakes};
-use super::load::{Load, MAX_LOAD};
 use super::state::{lookup, PageState, State, IN_THREAD_SPARE, MAX_IN_THREAD_WINDOW};
+use super::types::{Fault, Outcome, PageBuf, Wakes, MAX_LOAD};
 use super::Shared;
 use crate::sys::{self, PAGE_SIZE};
-use std::time::Instant;
-
-/// What handling a fault came to. (A `Load` is large, its tickets a fixed
-/// array; boxing it would allocate in the SIGBUS handler of in-thread
-/// faults.)
-#[allow(clippy::large_enum_variant)]
-pub(super) enum Outcome {
-    Done,
-    /// A load was started: finish it (`Shared::finish_load`) once the
-    /// dispatch lock is released.
-    Load(Load),
-    /// Retry later: the budget is full.
-    Defer,
-    /// Retry later: EAGAIN, an event is being delivered (it must be read,
-    /// and the thread that raised it must go on, before any resolving
-    /// ioctl succeeds).
-    Again,
-    /// With in-thread faults: the address is in no region (the SIGBUS is
-    /// not ours).
-    Foreign,
-}
-
-#[derive(Clone, Copy)]
-pub(super) struct Fault {
-    pub(super) addr: usize,
-    pub(super) write: bool,
-    pub(super) wp: bool,
-    pub(super) t0: Instant,
-    /// Deferred before (counters count a fault once).
-    pub(super) retried: bool,
-}
 
 impl Shared {
     /// Resolves one fault. Never blocks on the evictor. Wakes the faulting
@@ -58,9 +26,9 @@ impl Shared {
             s.stats.faults_foreign += 1;
             drop(g);
             let r = if f.wp {
-                self.unprotect(w, f.addr)
+                w.unprotect(&self.uffd, f.addr)
             } else {
-                self.zeropage(w, f.addr)
+                w.zeropage(&self.uffd, f.addr)
             };
             return match r {
                 Ok(()) => Outcome::Done,
@@ -143,7 +111,7 @@ impl Shared {
                     w.wake(self, f.addr, PAGE_SIZE);
                     return Outcome::Done;
                 }
-                match self.zeropage(w, f.addr) {
+                match w.zeropage(&self.uffd, f.addr) {
                     Ok(()) => {
                         // Mapped again as zeros: no copy may stand for it.
                         s.stats.faults_rezeroed += 1;
@@ -219,7 +187,7 @@ impl Shared {
     ) -> Outcome {
         buf.page(0).fill(0);
         // SAFETY: buf page 0 is readable memory we own.
-        match unsafe { self.copy(w, f.addr, buf.addr(0), PAGE_SIZE, true) } {
+        match unsafe { w.copy(&self.uffd, f.addr, buf.addr(0), PAGE_SIZE, true) } {
             Ok(()) => {
                 s.stats.faults_rezeroed += 1;
                 Outcome::Done
@@ -303,7 +271,7 @@ impl Shared {
         let (first, rest_at, rest) = if f.write {
             buf.page(0).fill(0);
             // SAFETY: buf page 0 is readable memory we own.
-            match unsafe { self.copy(w, f.addr, buf.addr(0), PAGE_SIZE, false) } {
+            match unsafe { w.copy(&self.uffd, f.addr, buf.addr(0), PAGE_SIZE, false) } {
                 Ok(()) => {}
                 Err(e) if e.errno == libc::EEXIST => return Ok(1),
                 Err(e) => return Err(e),
@@ -336,7 +304,7 @@ impl Shared {
             Err(_) if first == 1 => Ok(1),
             // The run met a page mapped already (EEXIST): the faulting
             // page alone, or its thread would wait for ever.
-            Err(e) if rest > 1 && e.errno != libc::EAGAIN => match self.zeropage(w, f.addr) {
+            Err(e) if rest > 1 && e.errno != libc::EAGAIN => match w.zeropage(&self.uffd, f.addr) {
                 Ok(()) => Ok(1),
                 Err(e) if e.errno == libc::EEXIST => Ok(1),
                 Err(e) => Err(e),
@@ -376,51 +344,6 @@ impl Shared {
         Outcome::Load(s.start_load(f, area, page, n))
     }
 
-    /// Wakes the evictor when the resident set nears the budget (after the
-    /// faulting thread, with deferred wakes).
-    pub(super) fn kick(&self, s: &State, w: &mut Wakes) {
-        if s.charged() > self.start_threshold(s) {
-            if w.defer {
-                w.kick = true;
-            } else {
-                self.work_cv.notify_one();
-            }
-        }
-    }
-
-    /// `UFFDIO_COPY` on the fault path, waking as `w` says.
-    ///
-    /// # Safety
-    /// As [`Uffd::copy`].
-    pub(super) unsafe fn copy(
-        &self,
-        w: &mut Wakes,
-        dst: usize,
-        src: *const u8,
-        len: usize,
-        wp: bool,
-    ) -> Result<(), sys::UffdError> {
-        // SAFETY: the caller's promise, passed on.
-        let r = unsafe { self.uffd.copy(dst, src, len, wp, w.defer) };
-        w.resolved(dst, &r, len);
-        r
-    }
-
-    /// `UFFDIO_ZEROPAGE` of one page on the fault path, waking as `w` says.
-    pub(super) fn zeropage(&self, w: &mut Wakes, addr: usize) -> Result<(), sys::UffdError> {
-        let r = self.uffd.zeropage(addr, PAGE_SIZE, w.defer);
-        w.resolved(addr, &r, PAGE_SIZE);
-        r
-    }
-
-    /// Clears write protection of one page on the fault path, waking as `w`
-    /// says.
-    pub(super) fn unprotect(&self, w: &mut Wakes, addr: usize) -> Result<(), sys::UffdError> {
-        let r = self.uffd.writeprotect(addr, PAGE_SIZE, false, w.defer);
-        w.resolved(addr, &r, PAGE_SIZE);
-        r
-    }
-
     /// Clears write protection from a handler. EAGAIN (an event is
     /// pending, and only a handler can read it) defers the fault: the page
     /// is `Dirty` by then, so the retry unprotects again.
@@ -440,7 +363,7 @@ impl Shared {
         if let Some(hook) = self.cfg.test_before_unprotect {
             hook();
         }
-        match self.unprotect(w, addr) {
+        match w.unprotect(&self.uffd, addr) {
             Err(e) if e.errno == libc::EAGAIN => Outcome::Again,
             _ => Outcome::Done,
         }

@@ -36,8 +36,8 @@
 //! `Clean` (mapped, a copy-on-write copy of the parent's).
 
 use super::config::{Charge, ForkChild, FORK_ROOM_HOLD, FORK_ROOM_WAIT};
-use super::handler::PageBuf;
 use super::state::PageState;
+use super::types::PageBuf;
 use super::Shared;
 use crate::sys::{self, PAGE_SIZE};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,19 +54,6 @@ static FORK_HELD: Mutex<Vec<(Arc<Shared>, ForkChild)>> = Mutex::new(Vec::new());
 /// Whether the child of the last fork took over a pager (see
 /// [`fork_child_managed`]).
 static LAST_MANAGED: AtomicBool = AtomicBool::new(false);
-
-/// The default of `PagerConfig::fork_manage_min_pages`: below this many
-/// pages held (resident and stored), a `Managed` pager brings its stored
-/// pages back for the fork instead (`Prefault`): cheaper than the child's
-/// take-over (its threads, its copy of the backing file), and the child of
-/// a shell or a launcher, which execs at once, then carries no runtime. A
-/// parent with more (a Python program forking its workers) has children
-/// that grow from its size, and they are managed: counted by stored pages
-/// alone, a parent with its data resident would have unmanaged workers,
-/// 4.3 x a 64 MiB budget together (the fork test program,
-/// `crates/cli/tests/programs/workers.py fork`, under `uzswap run`; its
-/// figures are in docs/BENCHMARKS.md).
-pub const MANAGE_MIN_PAGES: u64 = 2048;
 
 /// In a forked child (from its `pthread_atfork` child hook on): whether it
 /// took over a pager. If not, its regions are plain memory, and the host

@@ -51,9 +51,8 @@
 //! and retries: the handler thread reads the event, and the thread that
 //! raised it must run.
 
-use super::fault::{Fault, Outcome};
-use super::handler::{PageBuf, Wakes};
 use super::state::{lookup, PageState};
+use super::types::{Fault, Outcome, PageBuf, Wakes};
 use super::{PagerError, Shared};
 use crate::sys::{self, PAGE_SIZE};
 use std::cell::Cell;

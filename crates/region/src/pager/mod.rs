@@ -6,8 +6,10 @@
 //! - `mod.rs`: [`Pager`] and its public API, the shared state (`Shared`)
 //!   and region lifecycle (made, dropped);
 //! - `config.rs`: [`PagerConfig`], [`VictimPolicy`], [`Charge`], errors;
+//! - `types.rs`: the vocabulary the other files share (a fault, its
+//!   outcome, a load, page buffers, wakes, eviction victims);
 //! - `state.rs`: [`PageState`], the page records, the segment map, the
-//!   victim lists and victim choice;
+//!   victim lists and victim choice, and every method of `State`;
 //! - `handler.rs`: the handler threads, message dispatch and wake-ups;
 //! - `fault.rs`: resolving one fault (what each page state calls for);
 //! - `load.rs`: a stored page brought back with no lock held (start, load,
@@ -61,13 +63,15 @@ mod handler;
 mod inthread;
 mod load;
 mod state;
+mod types;
 mod zeros;
 
+pub use config::MANAGE_MIN_PAGES;
 pub use config::{
     Charge, ForkChild, PagerConfig, PagerError, RegionError, VictimPolicy, CHARGE_PERIOD,
     IDLE_CHARGE_PERIOD, MAX_CPU_HANDLERS,
 };
-pub use fork::{fork_child_managed, MANAGE_MIN_PAGES};
+pub use fork::fork_child_managed;
 pub use state::PageState;
 
 use crate::stats::{Histogram, PagerStats};

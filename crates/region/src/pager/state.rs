@@ -6,6 +6,7 @@
 
 use super::config::VictimPolicy;
 use super::inthread::in_handler;
+use super::types::{Fault, Load, Span, Victim, MAX_LOAD};
 use crate::stats::{Histogram, PagerStats};
 use crate::sys::PAGE_SIZE;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -614,6 +615,75 @@ impl State {
         self.areas[&area].meta[a.1 as usize + 1..b.1 as usize]
             .iter()
             .all(|m| !m.st.resident() && !m.zapping)
+    }
+}
+
+impl State {
+    /// Step 1: pages `page..page + n` of `area`, all `Stored`, become
+    /// `Loading` for the fault `f`.
+    pub(super) fn start_load(&mut self, f: Fault, area: u32, page: u64, n: usize) -> Load {
+        assert!(n <= MAX_LOAD, "a load of {n} pages");
+        let mut tickets = [0; MAX_LOAD];
+        for i in 0..n as u64 {
+            let m = self.meta(area, page + i);
+            debug_assert_eq!(m.st, PageState::Stored);
+            m.st = PageState::Loading;
+            m.qgen = m.qgen.wrapping_add(1);
+            tickets[i as usize] = m.qgen;
+        }
+        self.resident += n;
+        self.loading += n;
+        Load {
+            f,
+            area,
+            page,
+            n,
+            tickets,
+        }
+    }
+
+    /// Whether page `i` of load `l` is still the load's: `Loading` with its
+    /// ticket (`at`: and still at the address `l` was made for).
+    pub(super) fn load_owns(&self, l: &Load, i: usize, at: bool) -> bool {
+        let p = l.page + i as u64;
+        let mine = self
+            .areas
+            .get(&l.area)
+            .and_then(|a| a.meta.get(p as usize))
+            .is_some_and(|m| m.st == PageState::Loading && m.qgen == l.tickets[i]);
+        mine && (!at || lookup(&self.segs, l.f.addr + i * PAGE_SIZE) == Some((l.area, p)))
+    }
+}
+
+impl State {
+    /// The victims (sorted by address) that pass `keep`, in spans:
+    /// neighbours share one when no page between them is resident
+    /// (`gap_is_empty`), so that one call serves the span.
+    pub(super) fn spans(&self, victims: &[Victim], keep: impl Fn(&Victim) -> bool) -> Vec<Span> {
+        let mut out: Vec<Span> = Vec::new();
+        let mut prev: Option<&Victim> = None;
+        for (i, v) in victims.iter().enumerate() {
+            if !keep(v) {
+                continue;
+            }
+            let join = prev.is_some_and(|u| {
+                u.area == v.area
+                    && self.gap_is_empty(v.area, (u.addr, u.page as u64), (v.addr, v.page as u64))
+            });
+            match out.last_mut() {
+                Some(span) if join => {
+                    span.victims.push(i);
+                    span.hi = v.addr + PAGE_SIZE;
+                }
+                _ => out.push(Span {
+                    victims: vec![i],
+                    lo: v.addr,
+                    hi: v.addr + PAGE_SIZE,
+                }),
+            }
+            prev = Some(v);
+        }
+        out
     }
 }
 

@@ -28,8 +28,8 @@
 //! charged, as before any look).
 
 use super::config::CHARGE_PERIOD;
-use super::evict::Victim;
 use super::state::Seg;
+use super::types::Victim;
 use super::Shared;
 use crate::sys::{self, PAGE_SIZE};
 use std::collections::BTreeMap;
