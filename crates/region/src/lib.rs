@@ -243,7 +243,7 @@
 //! missing or write-protect (`handle_userfault` returns `VM_FAULT_SIGBUS`
 //! before it looks at the reason), and queues no message. The pager's
 //! SIGBUS handler resolves the fault right there, as the handler thread
-//! would (`Shared::fault`, then the load's steps 2 and 3 on this thread),
+//! would (`PagerCore::fault`, then the load's steps 2 and 3 on this thread),
 //! and returns; the access runs again. No hand-off, no wake-up: measured
 //! here 3.9 µs a fault against 13.6 µs for a spinning handler thread.
 //! - **Contract.** A system call that reads or writes region memory that
@@ -370,7 +370,7 @@
 //! **Moved first.** A dirty victim of a short span (the spans step 5
 //! would drop, at most 4 victims, while the staging area has room) takes
 //! steps 2 to 6 in another order, one page at a time
-//! (`Shared::move_out`), before the rest of the batch: marked `zapping`
+//! (`PagerCore::move_out`), before the rest of the batch: marked `zapping`
 //! (state lock), moved into a staging slot (`UFFDIO_MOVE`: the program
 //! loses the page atomically, with one TLB flush and no write protection,
 //! so no second flush), stored from the slot, and settled at once (state

@@ -141,7 +141,7 @@ pub struct PagerConfig {
     ///
     /// Hidden from the documentation (experimental). A write fault's
     /// unprotect races an eviction in both modes (see
-    /// `Shared::unprotect_once`; the tests `unprotect_against_eviction_*`
+    /// `PagerCore::unprotect_once`; the tests `unprotect_against_eviction_*`
     /// make that interleaving), and `mincore` counts while pages move
     /// unless it walks under the state lock (see
     /// [`crate::Region::mincore_resident`]).

@@ -3,10 +3,10 @@
 
 use super::state::{lookup, split_out, PageState};
 use super::types::Wakes;
-use super::Shared;
+use super::PagerCore;
 use crate::sys::PAGE_SIZE;
 
-impl Shared {
+impl PagerCore {
     /// The program discarded `[start, end)` (remove or unmap event): what
     /// the store held for it goes, the pages read as zeros afterwards.
     /// With `own_check`, a remove we caused ourselves is recognised and

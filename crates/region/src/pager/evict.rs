@@ -4,7 +4,7 @@
 use super::config::{Charge, VictimPolicy, CHARGE_PERIOD, IDLE_CHARGE_PERIOD};
 use super::state::{lookup, OwnSpan, PageState, State, QUEUE_RESERVE};
 use super::types::{Span, Victim, Wakes};
-use super::Shared;
+use super::PagerCore;
 use crate::sys::{self, PAGE_SIZE};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -25,7 +25,7 @@ pub(super) const MOVE_MAX_SPAN: usize = 4;
 /// which is no faster; see `uzswap-bench tree` in docs/BENCHMARKS.md).
 pub(super) const MARGIN_MAX: usize = 256;
 
-impl Shared {
+impl PagerCore {
     /// Wakes the evictor when the resident set nears the budget (after the
     /// faulting thread, with deferred wakes).
     pub(super) fn kick(&self, s: &State, w: &mut Wakes) {
@@ -88,7 +88,7 @@ impl Shared {
         (s.charged(), s.limit)
     }
 
-    /// [`Shared::recharge`], and the time until the next reading:
+    /// [`PagerCore::recharge`], and the time until the next reading:
     /// [`CHARGE_PERIOD`] while the resident set moves or the limit comes
     /// down, twice the last period (up to [`IDLE_CHARGE_PERIOD`])
     /// otherwise. A limit that comes down means the arbiter of a tree is
@@ -246,7 +246,7 @@ impl Shared {
     pub(super) fn claim(&self, s: &mut State, v: Vec<(u32, u64)>) -> Vec<Victim> {
         let mut out = Vec::with_capacity(v.len());
         for (area, page) in v {
-            let Some(addr) = Shared::page_addr(s, area, page) else {
+            let Some(addr) = PagerCore::page_addr(s, area, page) else {
                 continue;
             };
             let m = s.meta(area, page);
@@ -715,7 +715,7 @@ impl Shared {
             let d = self.dispatch.lock();
             let mut g = self.state.lock();
             let s = &mut *g;
-            let at = Shared::page_addr(s, area, page);
+            let at = PagerCore::page_addr(s, area, page);
             // `EvictAborted` too: a write that met a write-protect marker
             // before the move waits for the page (see `move_out`).
             let still = matches!(

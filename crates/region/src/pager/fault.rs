@@ -5,10 +5,10 @@
 
 use super::state::{lookup, PageState, State, IN_THREAD_SPARE, MAX_IN_THREAD_WINDOW};
 use super::types::{Fault, Outcome, PageBuf, Wakes, MAX_LOAD};
-use super::Shared;
+use super::PagerCore;
 use crate::sys::{self, PAGE_SIZE};
 
-impl Shared {
+impl PagerCore {
     /// Resolves one fault. Never blocks on the evictor. Wakes the faulting
     /// thread as `w` says.
     pub(super) fn fault(&self, f: Fault, buf: &mut PageBuf, w: &mut Wakes) -> Outcome {
@@ -173,7 +173,7 @@ impl Shared {
     /// `zapping`, in no span of its own): the kernel dropped the page
     /// behind the pager's back, which the program's discard does when its
     /// zap comes after a fault mapped the page again (see
-    /// `Shared::handle_batch`). The fault may be the evictor's own read of
+    /// `PagerCore::handle_batch`). The fault may be the evictor's own read of
     /// the page, which would wait for ever parked. Zeros are what a
     /// discarded page reads: mapped write-protected, so that a write still
     /// meets the eviction (and aborts it) and the evictor stores zeros. A
@@ -317,7 +317,7 @@ impl Shared {
     /// A missing fault on a stored page: step 1 of a load (see `load.rs`).
     /// The faulting page and its run of stored followers (readahead)
     /// become `Loading`, counted resident so that the budget is reserved;
-    /// the caller finishes the load with [`Shared::finish_load`] once it
+    /// the caller finishes the load with [`PagerCore::finish_load`] once it
     /// released the dispatch lock.
     pub(super) fn fault_stored(&self, s: &mut State, f: Fault, area: u32, page: u64) -> Outcome {
         if s.forking {

@@ -38,7 +38,7 @@
 use super::config::{Charge, ForkChild, FORK_ROOM_HOLD, FORK_ROOM_WAIT};
 use super::state::PageState;
 use super::types::PageBuf;
-use super::Shared;
+use super::PagerCore;
 use crate::sys::{self, PAGE_SIZE};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -47,10 +47,10 @@ use uzswap_os::fork::{AfterFork, Side};
 use uzswap_os::lock::Mutex;
 
 /// Every pager of the process (the hooks skip the dropped ones).
-static REGISTRY: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+static REGISTRY: Mutex<Vec<Weak<PagerCore>>> = Mutex::new(Vec::new());
 /// The pagers whose locks `fork_prepare` holds, with what this fork does
 /// for each, for the parent and child hooks to release.
-static FORK_HELD: Mutex<Vec<(Arc<Shared>, ForkChild)>> = Mutex::new(Vec::new());
+static FORK_HELD: Mutex<Vec<(Arc<PagerCore>, ForkChild)>> = Mutex::new(Vec::new());
 /// Whether the child of the last fork took over a pager (see
 /// [`fork_child_managed`]).
 static LAST_MANAGED: AtomicBool = AtomicBool::new(false);
@@ -67,7 +67,7 @@ static FORKING: AtomicBool = AtomicBool::new(false);
 
 /// Lists a new pager for the fork hooks (installed with the first pager),
 /// and forgets the dropped ones.
-pub(super) fn register(sh: &Arc<Shared>) {
+pub(super) fn register(sh: &Arc<PagerCore>) {
     let mut reg = REGISTRY.lock();
     reg.retain(|w| w.strong_count() > 0);
     reg.push(Arc::downgrade(sh));
@@ -92,7 +92,7 @@ unsafe extern "C" fn fork_prepare() {
     // a pager at the fork would leave it taken in the child, whose next
     // fork or pager would wait for it for ever.
     let reg = REGISTRY.lock();
-    let list: Vec<Arc<Shared>> = reg
+    let list: Vec<Arc<PagerCore>> = reg
         .iter()
         .filter_map(Weak::upgrade)
         .filter(|s| s.cfg.fork != ForkChild::Unmanaged && s.ours())
@@ -227,7 +227,7 @@ fn take_over_failed(e: &str) -> ! {
     ))
 }
 
-impl Shared {
+impl PagerCore {
     /// Before a fork whose child takes over (`PagerConfig::fork_room`;
     /// [`crate::Pager::make_room_for_fork`], which says when to call it):
     /// lowers the limit by the memory the child is expected to make its

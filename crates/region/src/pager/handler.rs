@@ -5,7 +5,7 @@
 //! `fault.rs` and `events.rs`.
 
 use super::types::{Fault, Load, Outcome, PageBuf, Wakes};
-use super::Shared;
+use super::PagerCore;
 use crate::sys::{self, Msg, RawMsg};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -34,7 +34,7 @@ pub(super) const MAIN_BACKSTOP_MS: i32 = 1;
 /// lock held too. So batches are handled in the order they were read, one
 /// at a time, as by a single thread: a fault read after a remove event is
 /// never handled before it; within a batch the events go first (see
-/// `Shared::handle_batch`).
+/// `PagerCore::handle_batch`).
 #[derive(Default)]
 pub(super) struct Dispatch {
     /// Faults read by a CPU handler that had been spinning on an idle CPU,
@@ -57,7 +57,7 @@ pub(super) enum Step {
     Worked { woke_at: Instant },
 }
 
-impl Shared {
+impl PagerCore {
     pub(super) fn handler_loop(self: Arc<Self>) {
         self.serve(None);
     }

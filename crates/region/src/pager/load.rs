@@ -31,7 +31,7 @@ use super::config::VictimPolicy;
 use super::handler::Dispatch;
 use super::state::{lookup, PageState, State};
 use super::types::{Fault, Load, Outcome, PageBuf, Wakes};
-use super::Shared;
+use super::PagerCore;
 use crate::store::{LoadError, LoadMode, Loaded};
 use crate::sys::{feature, PAGE_SIZE};
 use std::time::{Duration, Instant};
@@ -41,7 +41,7 @@ use uzswap_os::lock::MutexGuard;
 /// of 1 and 4 ms between them).
 const LOAD_ATTEMPTS: usize = 3;
 
-impl Shared {
+impl PagerCore {
     /// Loads a stored page that must come back (the faulting page, a page
     /// the fork hook brings back), with no lock held. A failed read or
     /// check is tried again a few times with a short pause: the device may
@@ -288,7 +288,7 @@ impl Shared {
             let m = s.meta(l.area, p);
             m.st = PageState::Stored;
             if std::mem::take(&mut m.parked) {
-                if let Some(addr) = Shared::page_addr(s, l.area, p) {
+                if let Some(addr) = PagerCore::page_addr(s, l.area, p) {
                     w.wake(self, addr, PAGE_SIZE);
                 }
             }
@@ -371,7 +371,7 @@ impl Shared {
 /// A load failed: the access must not see made-up data. Map a poison
 /// marker (the access gets SIGBUS, as on a swap read error) if the kernel
 /// has it, else zeros.
-fn fail_access(sh: &Shared, w: &mut Wakes, addr: usize) {
+fn fail_access(sh: &PagerCore, w: &mut Wakes, addr: usize) {
     if sh.uffd.features() & feature::POISON != 0 {
         let r = sh.uffd.poison(addr, PAGE_SIZE, w.defer);
         w.resolved(addr, &r, PAGE_SIZE);

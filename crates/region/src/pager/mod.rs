@@ -3,7 +3,7 @@
 //!
 //! See the crate documentation for the protocol; this folder implements
 //! it, one job a file:
-//! - `mod.rs`: [`Pager`] and its public API, the shared state (`Shared`)
+//! - `mod.rs`: [`Pager`] and its public API, the state its threads share (`PagerCore`)
 //!   and region lifecycle (made, dropped);
 //! - `config.rs`: [`PagerConfig`], [`VictimPolicy`], [`Charge`], errors;
 //! - `types.rs`: the vocabulary the other files share (a fault, its
@@ -24,10 +24,10 @@
 //! - `check.rs`: `check_invariants`.
 //!
 //! # Lock order
-//! 1. `Shared::gate` (one eviction batch or one fork at a time; a guard
+//! 1. `PagerCore::gate` (one eviction batch or one fork at a time; a guard
 //!    everywhere but in the fork hooks, which hold it from prepare to
 //!    parent/child)
-//! 2. `Shared::dispatch` (the handlers, while they read and handle a batch
+//! 2. `PagerCore::dispatch` (the handlers, while they read and handle a batch
 //!    or retry deferred faults, and while they map a load: re-check and
 //!    `UFFDIO_COPY`, see `load.rs`; an in-thread fault while it resolves;
 //!    every page is mapped under it, see `handler.rs`, `handle_batch`;
@@ -36,10 +36,10 @@
 //!    was handled). Handlers never take the gate, nor does the SIGBUS
 //!    handler of in-thread faults (it takes `dispatch` to map a load,
 //!    `state` and the store's locks, never across a wait).
-//! 3. `Shared::zero_scan` (the evictor's, and the fork hooks', which hold
+//! 3. `PagerCore::zero_scan` (the evictor's, and the fork hooks', which hold
 //!    it through a fork; it takes `state` inside it briefly, never the
 //!    reverse)
-//! 4. `Shared::state`
+//! 4. `PagerCore::state`
 //! 5. the store's internal locks (taken inside `PageStore` calls)
 //!
 //! No thread holds `state` across a call that may need the handler to make
@@ -87,7 +87,11 @@ use uzswap_os::lock::{Condvar, Mutex};
 use uzswap_os::Helper;
 use zeros::ZeroLook;
 
-pub(crate) struct Shared {
+/// What the pager's threads share (handlers, evictor, SIGBUS handler, fork
+/// hooks, and the program's own calls): the descriptor, the store, the
+/// locks (taken in the order above) and the counters. Its methods are
+/// grouped by job, one file of this folder a job (the list above).
+pub(crate) struct PagerCore {
     uffd: Uffd,
     store: Arc<dyn PageStore>,
     cfg: PagerConfig,
@@ -111,7 +115,7 @@ pub(crate) struct Shared {
     threads: Mutex<Vec<Helper>>,
     /// Eviction starts at `limit - margin` and stops at `limit - 2·margin`,
     /// the margin a 32nd of the budget, at most `evict::MARGIN_MAX`, and
-    /// no larger than a sixteenth of the limit (see `Shared::margin_at`).
+    /// no larger than a sixteenth of the limit (see `PagerCore::margin_at`).
     margin: usize,
     /// Messages read and not yet handled (see [`Dispatch`]).
     dispatch: Mutex<Dispatch>,
@@ -162,7 +166,7 @@ pub(crate) struct Shared {
 
 /// Owns the helper threads; the last `Pager` or `Region` handle stops them.
 pub(crate) struct Owner {
-    pub(crate) sh: Arc<Shared>,
+    pub(crate) sh: Arc<PagerCore>,
 }
 
 impl Drop for Owner {
@@ -261,7 +265,7 @@ impl Pager {
         // runs: noting them could not allocate, and its zero pages stay
         // charged.
         let zero_look = cfg.uncharged_zero_pages && !cfg.in_thread_faults;
-        let sh = Arc::new(Shared {
+        let sh = Arc::new(PagerCore {
             uffd,
             staging,
             zero_scan: zero_look
@@ -478,13 +482,13 @@ impl Pager {
         self.owner.sh.uffd.features()
     }
 
-    /// Checks the pager's invariants (see `Shared::check_invariants`).
+    /// Checks the pager's invariants (see `PagerCore::check_invariants`).
     pub fn check_invariants(&self) -> Result<(), String> {
         self.owner.sh.check_invariants()
     }
 }
 
-impl Shared {
+impl PagerCore {
     /// Whether this process runs the pager's threads.
     fn ours(&self) -> bool {
         self.pid.load(Ordering::Relaxed) == sys::getpid()

@@ -2,7 +2,7 @@
 //! ([`PageState`], `PageMeta`), the segment map from addresses to pages,
 //! the evictor's own discards in flight (`OwnSpan`), and the two lists
 //! victims are chosen from (`State::select`). Everything here lives under
-//! `Shared::state`; nothing here makes a system call.
+//! `PagerCore::state`; nothing here makes a system call.
 
 use super::config::VictimPolicy;
 use super::inthread::in_handler;
@@ -269,7 +269,7 @@ pub(super) struct State {
     /// Pages in a resident state, over all areas.
     pub(super) resident: usize,
     /// Of those, pages that mapped the shared zero page at the evictor's
-    /// last look (`Shared::refresh_zero_mapped`): mapped as zeros by a
+    /// last look (`PagerCore::refresh_zero_mapped`): mapped as zeros by a
     /// first touch or its zero run and not written since, they hold no
     /// memory. The budget counts `resident` less these
     /// ([`State::charged`]).

@@ -9,7 +9,7 @@
 //! dispatch lock is released. Each step resolves through [`Wakes`], which
 //! the handler that owns it wakes with at the end.
 
-use super::Shared;
+use super::PagerCore;
 use crate::sys::{self, Uffd, PAGE_SIZE};
 use std::time::Instant;
 
@@ -19,7 +19,7 @@ use std::time::Instant;
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Outcome {
     Done,
-    /// A load was started: finish it (`Shared::finish_load`) once the
+    /// A load was started: finish it (`PagerCore::finish_load`) once the
     /// dispatch lock is released.
     Load(Load),
     /// Retry later: the budget is full.
@@ -187,7 +187,7 @@ impl Wakes {
 
     /// Wakes the threads waiting on `[addr, addr + len)`, now or in
     /// `finish`.
-    pub(super) fn wake(&mut self, sh: &Shared, addr: usize, len: usize) {
+    pub(super) fn wake(&mut self, sh: &PagerCore, addr: usize, len: usize) {
         // Faults parked in the SIGBUS handler or by a pin wait on the settle
         // sequence; with in-thread faults nobody waits in the kernel.
         sh.notify_settled();
@@ -202,7 +202,7 @@ impl Wakes {
     }
 
     /// Does the deferred wake-ups. Call with no pager lock held.
-    pub(super) fn finish(&mut self, sh: &Shared) {
+    pub(super) fn finish(&mut self, sh: &PagerCore) {
         for (addr, len) in self.ranges.drain(..) {
             let _ = sh.uffd.wake(addr, len);
         }
@@ -231,7 +231,7 @@ pub(super) struct Victim {
     /// `PageStore::store_cold`.
     pub(super) cold: bool,
     /// A dirty victim that left by a move before it was stored
-    /// ([`Shared::move_out`]): steps 2 to 5 are done for it.
+    /// ([`PagerCore::move_out`]): steps 2 to 5 are done for it.
     pub(super) moved: bool,
 }
 

@@ -30,7 +30,7 @@
 use super::config::CHARGE_PERIOD;
 use super::state::Seg;
 use super::types::Victim;
-use super::Shared;
+use super::PagerCore;
 use crate::sys::{self, PAGE_SIZE};
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -123,7 +123,7 @@ fn clip(segs: &BTreeMap<usize, Seg>, runs: &[(usize, usize)]) -> Vec<(usize, usi
     out
 }
 
-impl Shared {
+impl PagerCore {
     /// Looks at which resident pages map the zero page (see the module
     /// docs): a full look if the last is a [`CHARGE_PERIOD`] old, else an
     /// incremental one if faults noted runs since. Under the state lock
