@@ -147,14 +147,15 @@ pub struct PagerConfig {
     /// [`crate::Region::mincore_resident`]).
     #[doc(hidden)]
     pub in_thread_faults: bool,
-    /// Test hook: pretend userfaultfd(2) failed with this errno and
-    /// /dev/userfaultfd with EACCES.
-    #[doc(hidden)]
+    /// Test hook (feature `testing`): pretend userfaultfd(2) failed with
+    /// this errno and /dev/userfaultfd with EACCES.
+    #[cfg(feature = "testing")]
     pub inject_open_errno: Option<i32>,
-    /// Test hook: called by a write fault on a write-protected page just
-    /// before it clears the protection (on the thread that resolves the
-    /// fault: in a signal handler with in-thread faults).
-    #[doc(hidden)]
+    /// Test hook (feature `testing`): called by a write fault on a
+    /// write-protected page just before it clears the protection (on the
+    /// thread that resolves the fault: in a signal handler with in-thread
+    /// faults).
+    #[cfg(feature = "testing")]
     pub test_before_unprotect: Option<fn()>,
 }
 
@@ -186,7 +187,9 @@ impl PagerConfig {
             fork_room: None,
             floor_pages: None,
             in_thread_faults: false,
+            #[cfg(feature = "testing")]
             inject_open_errno: None,
+            #[cfg(feature = "testing")]
             test_before_unprotect: None,
         }
     }

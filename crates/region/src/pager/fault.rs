@@ -360,6 +360,7 @@ impl PagerCore {
     /// alone, as for the `UFFDIO_COPY` of a first-touch fault; it returns
     /// EAGAIN rather than wait for an event to be read.
     pub(super) fn unprotect_once(&self, w: &mut Wakes, addr: usize) -> Outcome {
+        #[cfg(feature = "testing")]
         if let Some(hook) = self.cfg.test_before_unprotect {
             hook();
         }

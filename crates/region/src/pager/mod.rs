@@ -248,7 +248,11 @@ impl Pager {
         } else {
             0
         };
-        let uffd = Uffd::open(feature::POISON | sigbus, cfg.inject_open_errno)?;
+        #[cfg(feature = "testing")]
+        let inject = cfg.inject_open_errno;
+        #[cfg(not(feature = "testing"))]
+        let inject = None;
+        let uffd = Uffd::open(feature::POISON | sigbus, inject)?;
         if uffd.features() & sigbus != sigbus {
             return Err(PagerError::NoSigbus);
         }
