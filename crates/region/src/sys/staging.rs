@@ -101,7 +101,11 @@ impl Staging {
 
     /// Moves the page at `src` into the empty slot `slot`.
     pub fn take(&self, slot: usize, src: usize) -> Taken {
-        assert!(slot < self.pages, "staging holds {} pages", self.pages);
+        assert!(
+            slot < self.pages,
+            "slot {slot} is past the staging area of {} pages",
+            self.pages
+        );
         let dst = self.base + slot * PAGE_SIZE;
         match self.uffd.move_pages(dst, src, PAGE_SIZE) {
             Ok(()) => Taken::Moved,
@@ -124,7 +128,11 @@ impl Staging {
     /// descriptor nobody serves, and reading it would wait forever. The
     /// caller is the only user of the area meanwhile.
     pub unsafe fn slot(&self, slot: usize) -> &[u8] {
-        assert!(slot < self.pages, "staging holds {} pages", self.pages);
+        assert!(
+            slot < self.pages,
+            "slot {slot} is past the staging area of {} pages",
+            self.pages
+        );
         // SAFETY: per the contract, the slot is mapped, private to the
         // caller, and stays so while the borrow of `self` lives.
         unsafe {
