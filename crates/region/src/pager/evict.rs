@@ -311,7 +311,6 @@ impl PagerCore {
     /// except to commit and settle.
     /// Returns how many left memory, and how many the store refused.
     pub(super) fn evict(&self, mut victims: Vec<Victim>) -> (usize, usize) {
-        let mut refused = 0;
         // By address: victims with no resident page between them are
         // protected and discarded with one call per span (see `OwnSpan`).
         // Each `MADV_DONTNEED` is a round trip through the handler (a
@@ -321,8 +320,21 @@ impl PagerCore {
         victims.sort_unstable_by_key(|v| v.addr);
         self.count_zero_mapped(&victims);
         let (gone_first, refused_first) = self.move_out(&mut victims);
-        refused += refused_first;
-        let wp_spans = self.state.lock().spans(&victims, |v| !v.clean && !v.moved);
+        let refused = refused_first + self.protect_and_store(&mut victims);
+        let (mut discards, moves) = self.commit_batch(&mut victims, refused);
+        self.unprotect_aborted(&victims);
+        let moved = self.drop_by_move(&victims, &moves, &mut discards);
+        self.drop_by_discard(&discards);
+        let gone = gone_first + self.settle_batch(&victims, discards.len() as u64, moved);
+        (gone, refused)
+    }
+
+    /// Steps 2 and 3 of [`PagerCore::evict`] for the dirty victims not moved
+    /// out: write-protect them a span at a time, copy each out and store
+    /// it. Returns how many the store refused.
+    fn protect_and_store(&self, victims: &mut [Victim]) -> usize {
+        let mut refused = 0;
+        let wp_spans = self.state.lock().spans(victims, |v| !v.clean && !v.moved);
         let mut buf = Vec::new();
         let mut addrs = Vec::new();
         // 2. Write-protect dirty victims. After this no CPU can write them:
@@ -362,12 +374,18 @@ impl PagerCore {
                 }
             }
         }
-        let mut discards;
+        refused
+    }
+
+    /// Step 4 of [`PagerCore::evict`] (state lock): `refused` is the batch's
+    /// count of refused stores. Returns the spans to discard (listed in
+    /// `State::own`) and the victims (indexes) to move to the staging area.
+    fn commit_batch(&self, victims: &mut [Victim], refused: usize) -> (Vec<Span>, Vec<usize>) {
         let mut moves = Vec::new();
         // 4. Commit: a victim still `Evicting` becomes `Discarding`; one a
         //    write reached goes back to `Dirty`; one the program discarded
         //    meanwhile loses what we stored.
-        {
+        let discards = {
             let mut g = self.state.lock();
             let s = &mut *g;
             s.stats.store_rejected += refused as u64;
@@ -408,7 +426,7 @@ impl PagerCore {
                 }
             }
             debug_assert!(s.own.is_empty(), "one eviction batch at a time");
-            let mut spans = s.spans(&victims, |v| v.discard && !v.moved);
+            let mut spans = s.spans(victims, |v| v.discard && !v.moved);
             // Short spans leave by moves while the staging area has room.
             if let Some(st) = &self.staging {
                 let mut room = st.pages();
@@ -424,8 +442,14 @@ impl PagerCore {
             }
             s.own
                 .extend(spans.iter().map(|span| OwnSpan::new(span.lo, span.hi)));
-            discards = spans;
-        }
+            spans
+        };
+        (discards, moves)
+    }
+
+    /// After step 4: clears the protection of the victims a write reached or
+    /// the store refused (they are `Dirty` again).
+    fn unprotect_aborted(&self, victims: &[Victim]) {
         for v in victims.iter().filter(|v| v.unprotect) {
             self.unprotect_retry(v.addr);
         }
@@ -434,6 +458,12 @@ impl PagerCore {
             // the kernel were woken by the unprotect).
             self.notify_settled();
         }
+    }
+
+    /// Step 5a of [`PagerCore::evict`]: the victims `moves` (indexes) leave by
+    /// moves; one the kernel will not move joins `discards`, listed in
+    /// `State::own`. Returns how many pages moved.
+    fn drop_by_move(&self, victims: &[Victim], moves: &[usize], discards: &mut Vec<Span>) -> u64 {
         // 5a. Drop by moving victims of short spans into the staging area,
         //     one page at a time: no remove event, so no handler round trip
         //     and no EAGAIN for the faults meanwhile (see `sys::Staging`). A
@@ -447,7 +477,7 @@ impl PagerCore {
             let mut refused = Vec::new();
             let mut slot = 0;
             let mut gone = false;
-            for &i in &moves {
+            for &i in moves {
                 match st.take(slot, victims[i].addr) {
                     sys::Taken::Moved => slot += 1,
                     sys::Taken::Gone => gone = true,
@@ -477,6 +507,12 @@ impl PagerCore {
                 discards.extend(refused);
             }
         }
+        moved
+    }
+
+    /// Step 5b of [`PagerCore::evict`]: one discard call per span of
+    /// `discards`, each span's parked faults woken after its call.
+    fn drop_by_discard(&self, discards: &[Span]) {
         // 5b. Drop by discarding, one call per span. The remove event each
         //     raises is recognised by the handler through `State::own`.
         //
@@ -486,8 +522,7 @@ impl PagerCore {
         // the dispatch lock, holding up every fault until we sleep again.
         // At the idle policy we wait until it yields. (Where the process
         // may not leave the idle policy again, the discards stay normal.)
-        let calls = discards.len() as u64;
-        for &Span { lo, hi, .. } in &discards {
+        for &Span { lo, hi, .. } in discards {
             let idle = self.idle_discards
                 && self.cpu_handlers.load(Ordering::Relaxed) > 0
                 && uzswap_os::sched::set_idle(0, true).is_ok();
@@ -528,16 +563,22 @@ impl PagerCore {
                 self.wake.signal();
             }
         }
+    }
+
+    /// Step 6 of [`PagerCore::evict`] (state lock): settles the discarded
+    /// victims and releases every victim not moved out first; `calls` and
+    /// `moved` go to the statistics. Returns how many of them left memory.
+    fn settle_batch(&self, victims: &[Victim], calls: u64, moved: u64) -> usize {
         // 6. Settle: `Discarding` → `Stored`, wake parked faults (those
         //    moved out first were settled then).
         let mut wake = Vec::new();
-        let mut gone = gone_first;
+        let mut gone = 0;
         {
             let mut g = self.state.lock();
             let s = &mut *g;
             s.stats.discard_calls += calls;
             s.stats.evict_moved_pages += moved;
-            for v in &victims {
+            for v in victims {
                 if v.discard && !v.moved {
                     let mut w = None;
                     if settle(s, v, &mut w) {
@@ -554,7 +595,7 @@ impl PagerCore {
             self.wake_parked(a);
         }
         self.notify_settled();
-        (gone, refused)
+        gone
     }
 
     /// Steps 2 to 6 for the dirty victims of short spans, while the
