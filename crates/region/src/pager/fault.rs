@@ -42,42 +42,7 @@ impl PagerCore {
             return Outcome::Defer;
         }
         if f.wp {
-            match m.st {
-                PageState::Clean => {
-                    // The store's copy goes stale with this write.
-                    self.store.invalidate(area, page);
-                    let mm = s.meta(area, page);
-                    mm.st = PageState::Dirty;
-                    mm.referenced = true;
-                    s.stats.faults_wp += 1;
-                    // Under the state lock (as every unprotect of a fault):
-                    // see `unprotect_once`.
-                    return self.unprotect_once(w, f.addr);
-                }
-                PageState::Evicting => {
-                    s.meta(area, page).st = PageState::EvictAborted;
-                    park(s, area, page, w);
-                }
-                // Loading: not mapped yet, or the write would not fault;
-                // it goes once the load mapped the page (or gave it up).
-                PageState::EvictAborted | PageState::Discarding | PageState::Loading => {
-                    park(s, area, page, w);
-                }
-                PageState::Dirty => {
-                    return self.unprotect_once(w, f.addr);
-                }
-                PageState::Absent | PageState::Stored => {
-                    // A write-protect marker left on a page that is not
-                    // present (it was discarded or evicted while protected):
-                    // waking alone would fault again forever. Clearing the
-                    // marker turns the retry into a missing-page fault,
-                    // served from the store (or as zeros). Under the lock
-                    // too: a load that maps the page meanwhile maps it
-                    // protected and `Clean`, and must stay so.
-                    return self.unprotect_once(w, f.addr);
-                }
-            }
-            return Outcome::Done;
+            return self.fault_wp(s, f.addr, area, page, m.st, w);
         }
         if m.zapping {
             park(s, area, page, w);
@@ -137,36 +102,98 @@ impl PagerCore {
                 w.wait = true;
                 Outcome::Done
             }
-            PageState::Absent => {
-                if s.charged() >= s.limit && !m.claimed && !s.store_full {
-                    if !f.retried {
-                        s.stats.faults_throttled += 1;
-                    }
-                    return Outcome::Defer;
-                }
-                let n = self.zero_run(s, f.addr, area, page);
-                let mapped = match self.map_zeros(w, f, n, buf) {
-                    Ok(mapped) => mapped,
-                    // ENOENT: the range is gone (an unmap event of the same
-                    // batch was applied first).
-                    Err(e) => return self.failed_map(&e, w, f.addr),
-                };
-                s.areas.get_mut(&area).expect("area").zr.next = page + mapped as u64;
-                s.note_zeros(f.addr, mapped);
-                for i in 0..mapped as u64 {
-                    s.meta(area, page + i).st = PageState::Dirty;
-                    s.enqueue_new(area, page + i, false);
-                }
-                s.resident += mapped;
-                s.stats.faults_zero += 1;
-                s.stats.zero_readahead_pages += mapped as u64 - 1;
-                s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.charged() as u64);
-                s.lat_zero.record(f.t0.elapsed().as_nanos() as u64);
-                self.kick(s, w);
-                Outcome::Done
-            }
+            PageState::Absent => self.fault_absent(s, f, (area, page), m.claimed, buf, w),
             PageState::Stored => self.fault_stored(s, f, area, page),
         }
+    }
+
+    /// A write-protect fault at `addr`, on page `page` of `area` in state
+    /// `st` (state lock held).
+    fn fault_wp(
+        &self,
+        s: &mut State,
+        addr: usize,
+        area: u32,
+        page: u64,
+        st: PageState,
+        w: &mut Wakes,
+    ) -> Outcome {
+        match st {
+            PageState::Clean => {
+                // The store's copy goes stale with this write.
+                self.store.invalidate(area, page);
+                let mm = s.meta(area, page);
+                mm.st = PageState::Dirty;
+                mm.referenced = true;
+                s.stats.faults_wp += 1;
+                // Under the state lock (as every unprotect of a fault):
+                // see `unprotect_once`.
+                return self.unprotect_once(w, addr);
+            }
+            PageState::Evicting => {
+                s.meta(area, page).st = PageState::EvictAborted;
+                park(s, area, page, w);
+            }
+            // Loading: not mapped yet, or the write would not fault;
+            // it goes once the load mapped the page (or gave it up).
+            PageState::EvictAborted | PageState::Discarding | PageState::Loading => {
+                park(s, area, page, w);
+            }
+            PageState::Dirty => {
+                return self.unprotect_once(w, addr);
+            }
+            PageState::Absent | PageState::Stored => {
+                // A write-protect marker left on a page that is not
+                // present (it was discarded or evicted while protected):
+                // waking alone would fault again forever. Clearing the
+                // marker turns the retry into a missing-page fault,
+                // served from the store (or as zeros). Under the lock
+                // too: a load that maps the page meanwhile maps it
+                // protected and `Clean`, and must stay so.
+                return self.unprotect_once(w, addr);
+            }
+        }
+        Outcome::Done
+    }
+
+    /// A missing fault on a page never stored (`Absent`; `claimed`: an
+    /// eviction chose it), state lock held: held back while the budget is
+    /// full, else mapped as zeros with its zero run.
+    fn fault_absent(
+        &self,
+        s: &mut State,
+        f: Fault,
+        (area, page): (u32, u64),
+        claimed: bool,
+        buf: &mut PageBuf,
+        w: &mut Wakes,
+    ) -> Outcome {
+        if s.charged() >= s.limit && !claimed && !s.store_full {
+            if !f.retried {
+                s.stats.faults_throttled += 1;
+            }
+            return Outcome::Defer;
+        }
+        let n = self.zero_run(s, f.addr, area, page);
+        let mapped = match self.map_zeros(w, f, n, buf) {
+            Ok(mapped) => mapped,
+            // ENOENT: the range is gone (an unmap event of the same
+            // batch was applied first).
+            Err(e) => return self.failed_map(&e, w, f.addr),
+        };
+        s.areas.get_mut(&area).expect("area").zr.next = page + mapped as u64;
+        s.note_zeros(f.addr, mapped);
+        for i in 0..mapped as u64 {
+            s.meta(area, page + i).st = PageState::Dirty;
+            s.enqueue_new(area, page + i, false);
+        }
+        s.resident += mapped;
+        s.stats.faults_zero += 1;
+        s.stats.zero_readahead_pages += mapped as u64 - 1;
+        s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.charged() as u64);
+        s.lat_zero.record(f.t0.elapsed().as_nanos() as u64);
+        self.kick(s, w);
+        Outcome::Done
     }
 
     /// A missing fault on a dirty victim the evictor has not dropped (not
