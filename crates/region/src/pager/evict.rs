@@ -124,121 +124,148 @@ impl PagerCore {
         let mut period = CHARGE_PERIOD;
         let mut seen = (usize::MAX, 0);
         loop {
-            loop {
-                {
-                    let mut s = self.state.lock();
-                    if self.shutdown.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    if self.cfg.in_thread_faults && s.queue_spare() < QUEUE_RESERVE / 2 {
-                        // In-thread faults queue pages into reserved
-                        // capacity only; one deferred for it waits.
-                        s.reserve_queues();
-                        self.notify_settled();
-                    }
-                    if s.charged() > self.start_threshold(&s) {
-                        break;
-                    }
-                    if !charging {
-                        if s.zero_mapped == 0 {
-                            self.work_cv.wait(&mut s);
-                            continue;
-                        }
-                        // Pages mapped as zeros may be written, and take
-                        // memory, without a fault: look again soon.
-                        self.work_cv
-                            .wait_until(&mut s, Instant::now() + IDLE_CHARGE_PERIOD);
-                        // The look takes the state lock itself; the loop
-                        // takes it again and re-checks shutdown and the
-                        // threshold.
-                        drop(s);
-                        self.refresh_zero_mapped();
-                        continue;
-                    }
-                    // A charge can grow while nothing faults: look again
-                    // at the next reading. (A fault that nears the limit
-                    // wakes the evictor whatever the period.)
-                    self.work_cv.wait_until(&mut s, charged_at + period);
-                }
-                if charged_at.elapsed() >= period {
-                    period = self.recharge_paced(period, &mut seen);
-                    charged_at = Instant::now();
-                }
+            if !self.wait_for_work(charging, &mut charged_at, &mut period, &mut seen) {
+                return;
             }
             // Evicting: the process is not idle.
             period = CHARGE_PERIOD;
-            {
-                let mut s = self.state.lock();
-                if s.store_full {
-                    // The store refused the last batch: try again after a
-                    // pause (the program may free memory, the pool shrink).
-                    // Every fault notifies the condition variable; only the
-                    // deadline (or shutdown) ends the pause, or the evictor
-                    // would offer batches to a full store at fault rate.
-                    let until = Instant::now() + Duration::from_millis(20);
-                    loop {
-                        if self.shutdown.load(Ordering::Relaxed)
-                            || self.work_cv.wait_until(&mut s, until).timed_out()
-                        {
-                            break;
-                        }
-                    }
-                }
-            }
+            self.pause_while_store_full();
             loop {
                 if charging && charged_at.elapsed() >= CHARGE_PERIOD {
                     self.recharge();
                     charged_at = Instant::now();
                 }
-                // Runs mapped as zeros since the last look hold no memory:
-                // looked at first, and again if faults noted more before
-                // the count (two looks at most a batch).
-                self.refresh_zero_mapped();
-                let gate = self.gate.lock();
-                let over = || {
-                    let s = self.state.lock();
-                    let n = s
-                        .charged()
-                        .saturating_sub(self.stop_threshold(&s))
-                        .min(self.cfg.evict_batch);
-                    (n, !s.zero_runs.is_empty())
-                };
-                let n = match over() {
-                    (n, true) if n > 0 => {
-                        self.refresh_zero_mapped();
-                        over().0
-                    }
-                    (n, _) => n,
-                };
-                let gone = if n > 0 {
-                    let victims = {
-                        let mut s = self.state.lock();
-                        let v = s.select(n, self.cfg.policy);
-                        if self.cfg.in_thread_faults && s.queue_spare() < QUEUE_RESERVE / 2 {
-                            // As at the top: faults deferred for list
-                            // capacity must not wait for the whole round.
-                            s.reserve_queues();
-                            self.notify_settled();
-                        }
-                        self.claim(&mut s, v)
-                    };
-                    let (gone, refused) = self.evict(victims);
-                    self.note_progress(refused, gone);
-                    gone
-                } else {
-                    0
-                };
-                drop(gate);
-                if self.throttled.swap(false, Ordering::Relaxed) {
-                    self.wake.signal();
-                }
-                // In-thread faults deferred for room wait on the sequence.
-                self.notify_settled();
+                let gone = self.one_batch();
                 if gone == 0 || self.shutdown.load(Ordering::Relaxed) {
                     break;
                 }
             }
         }
+    }
+
+    /// The evictor between rounds: sleeps until the charged count passes
+    /// the start threshold (true) or the pager shuts down (false), reading
+    /// the charge every `period` (paced by `recharge_paced` from `seen`)
+    /// and looking at zero-mapped runs while idle.
+    fn wait_for_work(
+        &self,
+        charging: bool,
+        charged_at: &mut Instant,
+        period: &mut Duration,
+        seen: &mut (usize, usize),
+    ) -> bool {
+        loop {
+            {
+                let mut s = self.state.lock();
+                if self.shutdown.load(Ordering::Relaxed) {
+                    return false;
+                }
+                if self.cfg.in_thread_faults && s.queue_spare() < QUEUE_RESERVE / 2 {
+                    // In-thread faults queue pages into reserved
+                    // capacity only; one deferred for it waits.
+                    s.reserve_queues();
+                    self.notify_settled();
+                }
+                if s.charged() > self.start_threshold(&s) {
+                    return true;
+                }
+                if !charging {
+                    if s.zero_mapped == 0 {
+                        self.work_cv.wait(&mut s);
+                        continue;
+                    }
+                    // Pages mapped as zeros may be written, and take
+                    // memory, without a fault: look again soon.
+                    self.work_cv
+                        .wait_until(&mut s, Instant::now() + IDLE_CHARGE_PERIOD);
+                    // The look takes the state lock itself; the loop
+                    // takes it again and re-checks shutdown and the
+                    // threshold.
+                    drop(s);
+                    self.refresh_zero_mapped();
+                    continue;
+                }
+                // A charge can grow while nothing faults: look again
+                // at the next reading. (A fault that nears the limit
+                // wakes the evictor whatever the period.)
+                self.work_cv.wait_until(&mut s, *charged_at + *period);
+            }
+            if charged_at.elapsed() >= *period {
+                *period = self.recharge_paced(*period, seen);
+                *charged_at = Instant::now();
+            }
+        }
+    }
+
+    /// Before a round: if the store refused the last batch, a pause.
+    fn pause_while_store_full(&self) {
+        let mut s = self.state.lock();
+        if s.store_full {
+            // The store refused the last batch: try again after a
+            // pause (the program may free memory, the pool shrink).
+            // Every fault notifies the condition variable; only the
+            // deadline (or shutdown) ends the pause, or the evictor
+            // would offer batches to a full store at fault rate.
+            let until = Instant::now() + Duration::from_millis(20);
+            loop {
+                if self.shutdown.load(Ordering::Relaxed)
+                    || self.work_cv.wait_until(&mut s, until).timed_out()
+                {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// One batch of a round: looks at zero-mapped runs, then under the gate
+    /// chooses, claims and evicts up to `evict_batch` pages over the stop
+    /// threshold. Returns how many left memory.
+    fn one_batch(&self) -> usize {
+        // Runs mapped as zeros since the last look hold no memory:
+        // looked at first, and again if faults noted more before
+        // the count (two looks at most a batch).
+        self.refresh_zero_mapped();
+        let gate = self.gate.lock();
+        let over = || {
+            let s = self.state.lock();
+            let n = s
+                .charged()
+                .saturating_sub(self.stop_threshold(&s))
+                .min(self.cfg.evict_batch);
+            (n, !s.zero_runs.is_empty())
+        };
+        let n = match over() {
+            (n, true) if n > 0 => {
+                self.refresh_zero_mapped();
+                over().0
+            }
+            (n, _) => n,
+        };
+        let gone = if n > 0 {
+            let victims = {
+                let mut s = self.state.lock();
+                let v = s.select(n, self.cfg.policy);
+                if self.cfg.in_thread_faults && s.queue_spare() < QUEUE_RESERVE / 2 {
+                    // As in `wait_for_work`: faults deferred for list
+                    // capacity must not wait for the whole round.
+                    s.reserve_queues();
+                    self.notify_settled();
+                }
+                self.claim(&mut s, v)
+            };
+            let (gone, refused) = self.evict(victims);
+            self.note_progress(refused, gone);
+            gone
+        } else {
+            0
+        };
+        drop(gate);
+        if self.throttled.swap(false, Ordering::Relaxed) {
+            self.wake.signal();
+        }
+        // In-thread faults deferred for room wait on the sequence.
+        self.notify_settled();
+        gone
     }
 
     /// Step 1, *claim*: marks chosen pages as in eviction (under the state
