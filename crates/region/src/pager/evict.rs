@@ -644,35 +644,7 @@ impl PagerCore {
         let Some(st) = &self.staging else {
             return (0, 0);
         };
-        // Choose, and mark `zapping` under the state lock: from here a
-        // missing fault on one of them parks until it is settled.
-        let chosen: Vec<usize> = {
-            let mut g = self.state.lock();
-            let s = &mut *g;
-            let mut room = st.pages();
-            let mut chosen = Vec::new();
-            // The spans step 5 would drop: a long one leaves in one
-            // discard, cheaper than a move per page.
-            for span in s.spans(victims, |_| true) {
-                let n = span.victims.len();
-                if n > MOVE_MAX_SPAN || n > room {
-                    continue;
-                }
-                room -= n;
-                for i in span.victims {
-                    let v = &victims[i];
-                    if v.clean {
-                        continue; // moved in step 5a, nothing to store
-                    }
-                    let m = s.meta(v.area, v.page as u64);
-                    if m.st == PageState::Evicting {
-                        m.zapping = true;
-                        chosen.push(i);
-                    }
-                }
-            }
-            chosen
-        };
+        let chosen = self.choose_moves(st, victims);
         let (mut slots, mut left, mut refused) = (0, 0, 0);
         for i in chosen {
             let v = &mut victims[i];
@@ -702,41 +674,8 @@ impl PagerCore {
             }
             // Settle it now (a refused move: clear `zapping`, and it goes on
             // through write protection as if never chosen).
-            let mut wake = None;
-            {
-                let mut g = self.state.lock();
-                let s = &mut *g;
-                let (area, page) = (v.area, v.page as u64);
-                if v.moved {
-                    // `EvictAborted`: a write met the page's write-protect
-                    // marker (left from an earlier span) before the move
-                    // took it. The write has not happened (its thread waits,
-                    // parked), so the moved bytes are the page's: it leaves
-                    // as stored, and the write faults it back. Left
-                    // `EvictAborted` it would have no owner, and every later
-                    // fault on it would park for ever.
-                    let st = s.meta(area, page).st;
-                    if v.stored && matches!(st, PageState::Evicting | PageState::EvictAborted) {
-                        s.meta(area, page).st = PageState::Discarding;
-                    } else if v.stored {
-                        // Discarded by the program meanwhile (`Absent`): its
-                        // copy must not stand for it.
-                        self.store.invalidate(area, page);
-                    }
-                    if settle(s, v, &mut wake) {
-                        left += 1;
-                    }
-                    self.release(s, v);
-                } else {
-                    let m = s.meta(area, page);
-                    m.zapping = false;
-                    if std::mem::replace(&mut m.parked, false) {
-                        wake = Some(v.addr);
-                    }
-                }
-            }
-            if let Some(a) = wake {
-                self.wake_parked(a);
+            if self.settle_moved(v) {
+                left += 1;
             }
         }
         st.clear(slots);
@@ -744,6 +683,80 @@ impl PagerCore {
         s.stats.evict_moved_first += left as u64;
         s.stats.evict_moved_pages += left as u64;
         (left, refused)
+    }
+
+    /// The dirty victims (indexes) of spans short enough to leave by moves
+    /// while the staging area `st` has room, each marked `zapping` (state
+    /// lock): from here a missing fault on one of them parks until it is
+    /// settled.
+    fn choose_moves(&self, st: &sys::Staging, victims: &[Victim]) -> Vec<usize> {
+        let mut g = self.state.lock();
+        let s = &mut *g;
+        let mut room = st.pages();
+        let mut chosen = Vec::new();
+        // The spans step 5 would drop: a long one leaves in one
+        // discard, cheaper than a move per page.
+        for span in s.spans(victims, |_| true) {
+            let n = span.victims.len();
+            if n > MOVE_MAX_SPAN || n > room {
+                continue;
+            }
+            room -= n;
+            for i in span.victims {
+                let v = &victims[i];
+                if v.clean {
+                    continue; // moved in step 5a, nothing to store
+                }
+                let m = s.meta(v.area, v.page as u64);
+                if m.st == PageState::Evicting {
+                    m.zapping = true;
+                    chosen.push(i);
+                }
+            }
+        }
+        chosen
+    }
+
+    /// Settles victim `v` of [`PagerCore::move_out`] once its move was tried:
+    /// a moved one leaves (whether it counts as gone is returned), one the
+    /// kernel would not move is left to the protected path.
+    fn settle_moved(&self, v: &Victim) -> bool {
+        let mut left = false;
+        let mut wake = None;
+        {
+            let mut g = self.state.lock();
+            let s = &mut *g;
+            let (area, page) = (v.area, v.page as u64);
+            if v.moved {
+                // `EvictAborted`: a write met the page's write-protect
+                // marker (left from an earlier span) before the move
+                // took it. The write has not happened (its thread waits,
+                // parked), so the moved bytes are the page's: it leaves
+                // as stored, and the write faults it back. Left
+                // `EvictAborted` it would have no owner, and every later
+                // fault on it would park for ever.
+                let st = s.meta(area, page).st;
+                if v.stored && matches!(st, PageState::Evicting | PageState::EvictAborted) {
+                    s.meta(area, page).st = PageState::Discarding;
+                } else if v.stored {
+                    // Discarded by the program meanwhile (`Absent`): its
+                    // copy must not stand for it.
+                    self.store.invalidate(area, page);
+                }
+                left = settle(s, v, &mut wake);
+                self.release(s, v);
+            } else {
+                let m = s.meta(area, page);
+                m.zapping = false;
+                if std::mem::replace(&mut m.parked, false) {
+                    wake = Some(v.addr);
+                }
+            }
+        }
+        if let Some(a) = wake {
+            self.wake_parked(a);
+        }
+        left
     }
 
     /// Stores a victim's bytes (cold ones with `PageStore::store_cold`);
