@@ -61,6 +61,10 @@ static LAST_MANAGED: AtomicBool = AtomicBool::new(false);
 pub fn fork_child_managed() -> bool {
     LAST_MANAGED.load(Ordering::Acquire)
 }
+/// A segment the child registers again: (address, area, first page,
+/// length in bytes).
+type ChildSeg = (usize, u32, u64, usize);
+
 static ATFORK: std::sync::Once = std::sync::Once::new();
 /// A fork is between its prepare and its parent or child hook.
 static FORKING: AtomicBool = AtomicBool::new(false);
@@ -351,47 +355,7 @@ impl PagerCore {
             d.handoff_at = None;
             d.deferred.clear();
         }
-        let (segs, clean) = {
-            let mut s = self.state.lock();
-            s.forking = false;
-            s.fork_room = None;
-            debug_assert!(s.own.is_empty() && s.loading == 0);
-            let mut clean = Vec::new();
-            let segs: Vec<(usize, u32, u64, usize)> = s
-                .segs
-                .iter()
-                .map(|(&a, seg)| (a, seg.area, seg.first, seg.len))
-                .collect();
-            // Only records with something to clear are written: the
-            // records are the parent's copy-on-write pages (and, where no
-            // page was ever used, the zero page), so a write to each would
-            // give this child a private copy of the whole table, a record
-            // for every page of every reservation (6.3 MiB in each forked
-            // Python worker of the fork test program), where the parent
-            // holds only the records of pages it used.
-            for &(addr, area, first, len) in &segs {
-                let a = s.areas.get_mut(&area).expect("a segment's area");
-                for i in 0..len / PAGE_SIZE {
-                    let m = &mut a.meta[first as usize + i];
-                    if m.parked || m.woken {
-                        m.parked = false;
-                        m.woken = false;
-                    }
-                    if m.st == PageState::Clean {
-                        clean.push(addr + i * PAGE_SIZE);
-                    }
-                }
-            }
-            // The counters start again: they are the child's.
-            let (budget, limit) = (s.stats.budget_pages, s.stats.limit_pages);
-            s.stats = crate::stats::PagerStats {
-                budget_pages: budget,
-                limit_pages: limit,
-                ..Default::default()
-            };
-            s.stats.peak_resident_pages = s.charged() as u64;
-            (segs, clean)
-        };
+        let (segs, clean) = self.child_records();
         for (addr, _, _, len) in segs {
             self.uffd
                 .register(addr, len)
@@ -417,6 +381,53 @@ impl PagerCore {
             c.store(0, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// In the child's take-over (state lock): the pager's state becomes the
+    /// child's (no fork in progress, no parked or woken records, counters
+    /// from zero). Returns the segments `(address, area, first page,
+    /// length)` to register again and the addresses of the `Clean` pages
+    /// to write-protect again.
+    fn child_records(&self) -> (Vec<ChildSeg>, Vec<usize>) {
+        let mut s = self.state.lock();
+        s.forking = false;
+        s.fork_room = None;
+        debug_assert!(s.own.is_empty() && s.loading == 0);
+        let mut clean = Vec::new();
+        let segs: Vec<ChildSeg> = s
+            .segs
+            .iter()
+            .map(|(&a, seg)| (a, seg.area, seg.first, seg.len))
+            .collect();
+        // Only records with something to clear are written: the
+        // records are the parent's copy-on-write pages (and, where no
+        // page was ever used, the zero page), so a write to each would
+        // give this child a private copy of the whole table, a record
+        // for every page of every reservation (6.3 MiB in each forked
+        // Python worker of the fork test program), where the parent
+        // holds only the records of pages it used.
+        for &(addr, area, first, len) in &segs {
+            let a = s.areas.get_mut(&area).expect("a segment's area");
+            for i in 0..len / PAGE_SIZE {
+                let m = &mut a.meta[first as usize + i];
+                if m.parked || m.woken {
+                    m.parked = false;
+                    m.woken = false;
+                }
+                if m.st == PageState::Clean {
+                    clean.push(addr + i * PAGE_SIZE);
+                }
+            }
+        }
+        // The counters start again: they are the child's.
+        let (budget, limit) = (s.stats.budget_pages, s.stats.limit_pages);
+        s.stats = crate::stats::PagerStats {
+            budget_pages: budget,
+            limit_pages: limit,
+            ..Default::default()
+        };
+        s.stats.peak_resident_pages = s.charged() as u64;
+        (segs, clean)
     }
 
     /// Brings every stored page back, write-protected and clean. The gate
