@@ -2,6 +2,7 @@
 //! ([`PagerConfig`], [`VictimPolicy`], [`Charge`]) and the errors of making
 //! a pager or a region.
 
+use super::state::MAX_IN_THREAD_WINDOW;
 use crate::sys::OpenError;
 use std::io;
 use std::sync::Arc;
@@ -163,6 +164,39 @@ impl PagerConfig {
     /// The least the limit may fall to (see [`PagerConfig::floor_pages`]).
     pub fn floor(&self) -> usize {
         self.floor_pages.unwrap_or(self.budget_pages / 4)
+    }
+
+    /// Refuses settings a pager cannot run with (each error says which).
+    pub(super) fn check(&self) -> Result<(), PagerError> {
+        if self.budget_pages < 16 {
+            return Err(PagerError::Config("budget_pages must be at least 16"));
+        }
+        if self
+            .floor_pages
+            .is_some_and(|f| f < 16 || f > self.budget_pages)
+        {
+            return Err(PagerError::Config(
+                "floor_pages must be at least 16 and at most budget_pages",
+            ));
+        }
+        if self.evict_batch == 0 {
+            return Err(PagerError::Config("evict_batch must be at least 1"));
+        }
+        if self.in_thread_faults {
+            if self.cpu_handlers {
+                return Err(PagerError::Config(
+                    "in_thread_faults and cpu_handlers exclude each other (no fault reaches a handler thread in that mode)",
+                ));
+            }
+            if self.readahead_max > MAX_IN_THREAD_WINDOW
+                || self.zero_readahead_max > MAX_IN_THREAD_WINDOW
+            {
+                return Err(PagerError::Config(
+                    "with in_thread_faults, readahead_max and zero_readahead_max must be at most 63",
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Defaults for a budget of `budget_pages`.

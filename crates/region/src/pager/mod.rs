@@ -74,12 +74,11 @@ pub use config::{
 pub use fork::fork_child_managed;
 pub use state::PageState;
 
-use crate::stats::{Histogram, PagerStats};
+use crate::stats::PagerStats;
 use crate::store::PageStore;
 use crate::sys::{self, feature, Uffd, PAGE_SIZE};
 use handler::Dispatch;
 use state::{zeroed_meta, Area, Readahead, Seg, State};
-use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -215,34 +214,7 @@ pub struct PagerUsage {
 impl Pager {
     /// Opens userfaultfd and starts the handler and evictor threads.
     pub fn new(store: Arc<dyn PageStore>, cfg: PagerConfig) -> Result<Pager, PagerError> {
-        if cfg.budget_pages < 16 {
-            return Err(PagerError::Config("budget_pages must be at least 16"));
-        }
-        if cfg
-            .floor_pages
-            .is_some_and(|f| f < 16 || f > cfg.budget_pages)
-        {
-            return Err(PagerError::Config(
-                "floor_pages must be at least 16 and at most budget_pages",
-            ));
-        }
-        if cfg.evict_batch == 0 {
-            return Err(PagerError::Config("evict_batch must be at least 1"));
-        }
-        if cfg.in_thread_faults {
-            if cfg.cpu_handlers {
-                return Err(PagerError::Config(
-                    "in_thread_faults and cpu_handlers exclude each other (no fault reaches a handler thread in that mode)",
-                ));
-            }
-            if cfg.readahead_max > state::MAX_IN_THREAD_WINDOW
-                || cfg.zero_readahead_max > state::MAX_IN_THREAD_WINDOW
-            {
-                return Err(PagerError::Config(
-                    "with in_thread_faults, readahead_max and zero_readahead_max must be at most 63",
-                ));
-            }
-        }
+        cfg.check()?;
         let sigbus = if cfg.in_thread_faults {
             feature::SIGBUS
         } else {
@@ -277,33 +249,7 @@ impl Pager {
                 .flatten(),
             store,
             margin: (cfg.budget_pages / 32).clamp(2, evict::MARGIN_MAX),
-            state: Mutex::new(State {
-                areas: HashMap::new(),
-                segs: BTreeMap::new(),
-                inactive: VecDeque::new(),
-                active: VecDeque::new(),
-                n_active: 0,
-                resident: 0,
-                zero_mapped: 0,
-                zero_runs: Vec::with_capacity(if zero_look { state::ZERO_RUNS_KEPT } else { 0 }),
-                evict_clock: 0,
-                own: Vec::new(),
-                loading: 0,
-                next_area: 1,
-                stats: PagerStats {
-                    budget_pages: cfg.budget_pages as u64,
-                    limit_pages: cfg.budget_pages as u64,
-                    ..PagerStats::default()
-                },
-                lat_store: Histogram::default(),
-                lat_zero: Histogram::default(),
-                lat_copy: Histogram::default(),
-                store_full: false,
-                limit: cfg.budget_pages,
-                forking: false,
-                fork_room: None,
-                reserve_lists: cfg.in_thread_faults,
-            }),
+            state: Mutex::new(State::new(&cfg, zero_look)),
             cfg,
             work_cv: Condvar::new(),
             done_cv: Condvar::new(),

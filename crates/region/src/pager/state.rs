@@ -4,7 +4,7 @@
 //! victims are chosen from (`State::select`). Everything here lives under
 //! `PagerCore::state`; nothing here makes a system call.
 
-use super::config::VictimPolicy;
+use super::config::{PagerConfig, VictimPolicy};
 use super::inthread::in_handler;
 use super::types::{Fault, Load, Span, Victim, MAX_LOAD};
 use crate::stats::{Histogram, PagerStats};
@@ -321,6 +321,38 @@ pub(super) fn lookup(segs: &BTreeMap<usize, Seg>, addr: usize) -> Option<(u32, u
 }
 
 impl State {
+    /// The state of a new pager with settings `cfg`, nothing mapped yet;
+    /// `zero_look`: it looks at zero runs (capacity reserved for them).
+    pub(super) fn new(cfg: &PagerConfig, zero_look: bool) -> State {
+        State {
+            areas: HashMap::new(),
+            segs: BTreeMap::new(),
+            inactive: VecDeque::new(),
+            active: VecDeque::new(),
+            n_active: 0,
+            resident: 0,
+            zero_mapped: 0,
+            zero_runs: Vec::with_capacity(if zero_look { ZERO_RUNS_KEPT } else { 0 }),
+            evict_clock: 0,
+            own: Vec::new(),
+            loading: 0,
+            next_area: 1,
+            stats: PagerStats {
+                budget_pages: cfg.budget_pages as u64,
+                limit_pages: cfg.budget_pages as u64,
+                ..PagerStats::default()
+            },
+            lat_store: Histogram::default(),
+            lat_zero: Histogram::default(),
+            lat_copy: Histogram::default(),
+            store_full: false,
+            limit: cfg.budget_pages,
+            forking: false,
+            fork_room: None,
+            reserve_lists: cfg.in_thread_faults,
+        }
+    }
+
     /// Resident pages that hold memory: the budget's count.
     pub(super) fn charged(&self) -> usize {
         self.resident.saturating_sub(self.zero_mapped)
