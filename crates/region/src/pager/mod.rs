@@ -3,8 +3,8 @@
 //!
 //! See the crate documentation for the protocol; this folder implements
 //! it, one job a file:
-//! - `mod.rs`: [`Pager`] and its public API, the state its threads share (`PagerCore`)
-//!   and region lifecycle (made, dropped);
+//! - `mod.rs`: [`Pager`] and its public API, the state its threads share
+//!   (`PagerCore`) and region lifecycle (made, dropped);
 //! - `config.rs`: [`PagerConfig`], [`VictimPolicy`], [`Charge`], errors;
 //! - `types.rs`: the vocabulary the other files share (a fault, its
 //!   outcome, a load, page buffers, wakes, eviction victims);
@@ -12,8 +12,8 @@
 //!   victim lists and victim choice, and every method of `State`;
 //! - `handler.rs`: the handler threads, message dispatch and wake-ups;
 //! - `fault.rs`: resolving one fault (what each page state calls for);
-//! - `load.rs`: a stored page brought back with no lock held (start, load,
-//!   re-check and map), readahead;
+//! - `load.rs`: a stored page brought back with no lock held (load,
+//!   re-check and map; its start is `State::start_load`), readahead;
 //! - `events.rs`: remove, unmap and remap events;
 //! - `evict.rs`: the evictor thread and an eviction batch's steps;
 //! - `zeros.rs`: resident pages that map the zero page, which the budget
