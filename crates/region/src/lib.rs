@@ -243,7 +243,7 @@
 //! missing or write-protect (`handle_userfault` returns `VM_FAULT_SIGBUS`
 //! before it looks at the reason), and queues no message. The pager's
 //! SIGBUS handler resolves the fault right there, as the handler thread
-//! would (`Shared::fault`, then the load's steps 2 and 3 on this thread),
+//! would (`PagerCore::fault`, then the load's steps 2 and 3 on this thread),
 //! and returns; the access runs again. No hand-off, no wake-up: measured
 //! here 3.9 µs a fault against 13.6 µs for a spinning handler thread.
 //! - **Contract.** A system call that reads or writes region memory that
@@ -296,10 +296,10 @@
 //!
 //! Measured (docs/BENCHMARKS.md, "In-thread faults"; usemem, 1 GiB in
 //! 256 MiB, on a machine shared with other builds): the skewed pattern's
-//! program-side fault p50 fell from 18.6 µs (handler thread) to 10.3–10.5
-//! µs, against the kernel's zswap at 8.1–8.2 µs; 5.9 µs of it inside the
-//! pager, the rest the kernel's signal round trip. The pass was 1.3–1.5 ×
-//! the kernel's on the sequential pattern and 0.90–1.11 × on the skewed
+//! program-side fault p50 is 10.3–10.5 µs in-thread against 18.6 µs with
+//! the handler thread, and the kernel's zswap at 8.1–8.2 µs; 5.9 µs of it
+//! inside the pager, the rest the kernel's signal round trip. The pass is
+//! 1.3–1.5 × the kernel's on the sequential pattern and 0.90–1.11 × on the skewed
 //! one. Off by default: the EFAULT contract is the program's to keep.
 //!
 //! # Eviction: write-protect (or move) before copy (evictor thread)
@@ -370,7 +370,7 @@
 //! **Moved first.** A dirty victim of a short span (the spans step 5
 //! would drop, at most 4 victims, while the staging area has room) takes
 //! steps 2 to 6 in another order, one page at a time
-//! (`Shared::move_out`), before the rest of the batch: marked `zapping`
+//! (`PagerCore::move_out`), before the rest of the batch: marked `zapping`
 //! (state lock), moved into a staging slot (`UFFDIO_MOVE`: the program
 //! loses the page atomically, with one TLB flush and no write protection,
 //! so no second flush), stored from the slot, and settled at once (state
@@ -452,14 +452,9 @@
 //!   (`PagerConfig::fork_room`, `Pager::make_room_for_fork`).
 //!
 //! # Lock order
-//! `gate` (one eviction batch or fork at a time) → `dispatch` (a handler
-//! reading and handling a batch, or mapping a load; the evictor takes it,
-//! empty, after each discard) → `state` → the store's locks. Handlers
-//! never take `gate`, nor does the SIGBUS handler of in-thread faults
-//! (it takes `dispatch` to map a load, `state`, and the store's locks,
-//! never across a wait). `state` is never held across `MADV_DONTNEED` of
-//! region memory or a read of it (both may need the handler, which needs
-//! `state`), nor across a load from the store; no lock is.
+//! The pager's locks, the order they are taken in and what no lock is held
+//! across are written once, in the [`pager`] module documentation ("Lock
+//! order"), beside the struct that owns them.
 
 mod cache_store;
 pub mod pager;

@@ -77,8 +77,8 @@ impl Region {
     ///
     /// The kernel walks the range one page table at a time, taking each
     /// table's lock in turn: unsynchronised, a page that left behind the
-    /// walk and another that came in ahead of it were both counted (seen:
-    /// 135 for a budget of 128 with faults and evictions going on). So the
+    /// walk and another that came in ahead of it would both be counted (up
+    /// to 135 for a budget of 128 with faults and evictions going on). So the
     /// walk runs under the pager's state lock, under which every page is
     /// mapped into a region: meanwhile pages only leave, and the count is
     /// at most what was resident when the call began.

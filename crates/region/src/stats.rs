@@ -178,7 +178,7 @@ pub struct PagerStats {
     /// (`UFFDIO_MOVE`: no remove event) rather than `MADV_DONTNEED`.
     pub evict_moved_pages: u64,
     /// Of those, dirty pages moved out before they were stored (no write
-    /// protection; see `Shared::move_out`).
+    /// protection; see `PagerCore::move_out`).
     pub evict_moved_first: u64,
     /// Moved-out pages the store refused, copied back in place.
     pub evict_moved_back: u64,

@@ -620,19 +620,19 @@ fn in_thread_faults_across_fork() {
 /// must not wait for a lock whose holder did not come with it. Each child
 /// exits at once; one that has not exited after 10 s hangs in the hook.
 ///
-/// It found two hangs (2026-11-27): the list's lock (it failed at the 4th
-/// fork), then, after that fix, at the 179th, a lock of Rust's standard
-/// library (`stack_overflow::thread_info`) that a parent thread held
-/// while it started or ended a `std::thread`, on which the child's new
-/// handler thread waited for ever; helpers are POSIX threads since.
+/// It guards two hangs: the list's lock (within a few forks), and, within
+/// a few hundred, a lock of Rust's standard library
+/// (`stack_overflow::thread_info`) that a parent thread holds while it
+/// starts or ends a `std::thread`, on which the child's new handler thread
+/// would wait for ever; so the helpers are POSIX threads.
 /// Forks while the evictor looks for pages that map the zero page: a child
 /// never inherits the look's lock taken. A thread keeps mapping zero runs
 /// (the program discards a range, then reads and writes in it, so the
 /// evictor looks at new runs before every batch) while the main thread
 /// forks again and again; each child writes four budgets' worth of pages,
-/// which only its evictor can make room for. Before the fork hooks held
-/// the look, a child's evictor could wait for it for ever (a Python worker
-/// hung so, 2026-11-29).
+/// which only its evictor can make room for. Unless the fork hooks hold
+/// the look, a child's evictor can wait for it for ever (as a Python
+/// worker would).
 #[test]
 fn a_fork_while_the_evictor_looks_at_zero_runs_does_not_hang() {
     const BUDGET: usize = 64;
@@ -784,7 +784,7 @@ fn private_dirty_bytes() -> Option<u64> {
 /// records of a large reservation the program barely used are zero pages
 /// in the parent, and writing each (16-20 bytes a page) in the child would
 /// make it a private copy of them all, 10 MiB for the 2 GiB here (6.3 MiB
-/// in each forked worker of a Python program, seen 2026-11-29).
+/// in each forked worker of the fork test program, `workers.py fork`).
 #[test]
 fn a_managed_child_does_not_copy_the_page_records() {
     const PAGES: usize = 512 << 10; // 2 GiB reserved

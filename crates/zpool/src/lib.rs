@@ -21,8 +21,8 @@
 //!
 //! # Allocators
 //! - [`zsmalloc::ZsPool`]: size classes in 16-byte steps, zspages, per-class
-//!   locks, compaction by class watermark (seeds 000 and 004).
-//! - [`xcf`]: the scatter-gather allocator of seed 003 (objects as chains
+//!   locks, compaction by class watermark, as the kernel's zsmalloc.
+//! - [`xcf`]: a scatter-gather allocator after zcache's xcfmalloc (objects as chains
 //!   of blocks that may span pages).
 //!
 //! Both implement [`Zpool`], so a cache can take either, chosen at creation.
@@ -220,7 +220,7 @@ pub enum AllocatorKind {
     /// The zsmalloc-class allocator.
     #[default]
     Zsmalloc,
-    /// The scatter-gather allocator of seed 003.
+    /// The scatter-gather allocator after zcache's xcfmalloc.
     Xcf,
 }
 

@@ -1,4 +1,5 @@
-//! Pool statistics: the per-class table of seed 004 plus totals.
+//! Pool statistics: the per-class table zsmalloc shows in its debugfs
+//! `classes` file, plus totals.
 
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -6,7 +7,7 @@ use std::fmt::Write as _;
 /// Number of buckets in the fullness histogram: 0 %, 1–10 %, …, 91–100 %.
 pub const FULLNESS_BUCKETS: usize = 11;
 
-/// One row of the class table (the columns of seed 004's `classes` file).
+/// One row of the class table (the columns of zsmalloc's `classes` file).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ClassStats {
     /// Class index (position in the pool's class table).

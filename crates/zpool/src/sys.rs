@@ -397,7 +397,7 @@ unsafe fn release_runs(runs: &mut [(usize, usize)]) {
 /// As for [`release_runs`].
 unsafe fn advise_dontneed(iov: &[libc::iovec]) {
     use std::sync::atomic::{AtomicBool, Ordering};
-    // Cleared when the kernel (before 6.13) or a seccomp filter refuses the
+    // Cleared when the kernel (older than 6.13) or a seccomp filter refuses the
     // call, so that it is not tried for every batch.
     static SUPPORTED: AtomicBool = AtomicBool::new(true);
     if iov.is_empty() {

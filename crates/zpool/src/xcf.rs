@@ -1,4 +1,4 @@
-//! The scatter-gather allocator of seed 003 ("xcf").
+//! A scatter-gather allocator after zcache's xcfmalloc ("xcf").
 //!
 //! # Data layout
 //! - The pool is `shards` independent sub-pools ([`Shard`]), each behind its

@@ -131,11 +131,11 @@ pub struct ZsConfig {
     pub max_pages_per_zspage: usize,
     /// Start background compaction of a class when its freeable pages reach
     /// this share of its pages (and at least two zspages' worth); `None`
-    /// disables automatic compaction. Default 10 %: seed 004 gives 30 % as
-    /// an example, but under random exclusive loads classes then sit just
-    /// below it and the pool holds 15–20 % more than its payload; at 10 %
-    /// a skewed usemem run peaked 4-5 % lower at the same throughput
-    /// (docs/benchmarks/notes/2026-11-24-compaction-and-cpu-handlers.md).
+    /// disables automatic compaction. Default 10 %: at 30 % (the figure
+    /// the zsmalloc discussion gives as an example), under random exclusive
+    /// loads classes sit just below it and the pool holds 15–20 % more than
+    /// its payload; at 10 % a skewed run peaks 4-5 % lower at the same
+    /// throughput (see `uzswap-bench usemem` in docs/BENCHMARKS.md).
     pub compact_watermark_percent: Option<u8>,
     /// Independent copies of the class table, 1..=4; a thread allocates in
     /// the shard of the CPU it runs on, so threads on different CPUs touch

@@ -6,10 +6,10 @@
 //! discard under way could explain is looked at again after it.
 
 use super::state::{lookup, PageState, QEntry, State};
-use super::Shared;
+use super::PagerCore;
 use std::collections::{HashMap, HashSet};
 
-impl Shared {
+impl PagerCore {
     /// Checks the pager's invariants; the first broken one is the error.
     pub(super) fn check_invariants(&self) -> Result<(), String> {
         let suspects = {
@@ -223,7 +223,7 @@ fn mapped_not_resident(s: &State) -> Result<Vec<usize>, String> {
 /// lock released in between (no sleep under it) for up to 200 ms: a
 /// discard's zap ends, and a page a fault maps meanwhile is resident. One
 /// still mapped and not resident at the end is an error.
-fn confirm_unmapped(sh: &Shared, mut pages: Vec<usize>) -> Result<(), String> {
+fn confirm_unmapped(sh: &PagerCore, mut pages: Vec<usize>) -> Result<(), String> {
     for _ in 0..100 {
         if pages.is_empty() {
             return Ok(());

@@ -2,6 +2,7 @@
 //! ([`PagerConfig`], [`VictimPolicy`], [`Charge`]) and the errors of making
 //! a pager or a region.
 
+use super::state::MAX_IN_THREAD_WINDOW;
 use crate::sys::OpenError;
 use std::io;
 use std::sync::Arc;
@@ -139,26 +140,23 @@ pub struct PagerConfig {
     /// process may have it; x86-64 only; not with `cpu_handlers`; both
     /// readahead windows at most 63. Off by default.
     ///
-    /// Hidden from the documentation (experimental). The write that
-    /// `faults_on_a_page_under_eviction` lost under AddressSanitizer
-    /// (about 1 run in 40: a page read back the version before the last
-    /// one written) was a write fault's unprotect racing an eviction, in
-    /// both modes (see `Shared::unprotect_once`; the test
-    /// `unprotect_against_eviction_*` makes that interleaving). The stress
-    /// tests' earlier failures under load were their budget check, not the
-    /// pager: `mincore` counted while pages moved (see
-    /// [`crate::Region::mincore_resident`], which now walks under the
-    /// state lock).
+    /// Hidden from the documentation (experimental). A write fault's
+    /// unprotect races an eviction in both modes (see
+    /// `PagerCore::unprotect_once`; the tests `unprotect_against_eviction_*`
+    /// make that interleaving), and `mincore` counts while pages move
+    /// unless it walks under the state lock (see
+    /// [`crate::Region::mincore_resident`]).
     #[doc(hidden)]
     pub in_thread_faults: bool,
-    /// Test hook: pretend userfaultfd(2) failed with this errno and
-    /// /dev/userfaultfd with EACCES.
-    #[doc(hidden)]
+    /// Test hook (feature `testing`): pretend userfaultfd(2) failed with
+    /// this errno and /dev/userfaultfd with EACCES.
+    #[cfg(feature = "testing")]
     pub inject_open_errno: Option<i32>,
-    /// Test hook: called by a write fault on a write-protected page just
-    /// before it clears the protection (on the thread that resolves the
-    /// fault: in a signal handler with in-thread faults).
-    #[doc(hidden)]
+    /// Test hook (feature `testing`): called by a write fault on a
+    /// write-protected page just before it clears the protection (on the
+    /// thread that resolves the fault: in a signal handler with in-thread
+    /// faults).
+    #[cfg(feature = "testing")]
     pub test_before_unprotect: Option<fn()>,
 }
 
@@ -166,6 +164,39 @@ impl PagerConfig {
     /// The least the limit may fall to (see [`PagerConfig::floor_pages`]).
     pub fn floor(&self) -> usize {
         self.floor_pages.unwrap_or(self.budget_pages / 4)
+    }
+
+    /// Refuses settings a pager cannot run with (each error says which).
+    pub(super) fn check(&self) -> Result<(), PagerError> {
+        if self.budget_pages < 16 {
+            return Err(PagerError::Config("budget_pages must be at least 16"));
+        }
+        if self
+            .floor_pages
+            .is_some_and(|f| f < 16 || f > self.budget_pages)
+        {
+            return Err(PagerError::Config(
+                "floor_pages must be at least 16 and at most budget_pages",
+            ));
+        }
+        if self.evict_batch == 0 {
+            return Err(PagerError::Config("evict_batch must be at least 1"));
+        }
+        if self.in_thread_faults {
+            if self.cpu_handlers {
+                return Err(PagerError::Config(
+                    "in_thread_faults and cpu_handlers exclude each other (no fault reaches a handler thread in that mode)",
+                ));
+            }
+            if self.readahead_max > MAX_IN_THREAD_WINDOW
+                || self.zero_readahead_max > MAX_IN_THREAD_WINDOW
+            {
+                return Err(PagerError::Config(
+                    "with in_thread_faults, readahead_max and zero_readahead_max must be at most 63",
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Defaults for a budget of `budget_pages`.
@@ -181,7 +212,7 @@ impl PagerConfig {
             cpu_handlers: false,
             cpu_spin: Duration::from_millis(2),
             fork: ForkChild::Managed,
-            fork_manage_min_pages: super::fork::MANAGE_MIN_PAGES,
+            fork_manage_min_pages: MANAGE_MIN_PAGES,
             evict_by_move: true,
             uncharged_zero_pages: false,
             keep_clean: true,
@@ -190,7 +221,9 @@ impl PagerConfig {
             fork_room: None,
             floor_pages: None,
             in_thread_faults: false,
+            #[cfg(feature = "testing")]
             inject_open_errno: None,
+            #[cfg(feature = "testing")]
             test_before_unprotect: None,
         }
     }
@@ -204,6 +237,19 @@ pub const FORK_ROOM_WAIT: Duration = Duration::from_millis(50);
 /// child: long enough for the arbiter to see the child (it decides every
 /// 100 ms) and share the budget anew.
 pub const FORK_ROOM_HOLD: Duration = Duration::from_millis(300);
+
+/// The default of `PagerConfig::fork_manage_min_pages`: below this many
+/// pages held (resident and stored), a `Managed` pager brings its stored
+/// pages back for the fork instead (`Prefault`): cheaper than the child's
+/// take-over (its threads, its copy of the backing file), and the child of
+/// a shell or a launcher, which execs at once, then carries no runtime. A
+/// parent with more (a Python program forking its workers) has children
+/// that grow from its size, and they are managed: counted by stored pages
+/// alone, a parent with its data resident would have unmanaged workers,
+/// 4.3 x a 64 MiB budget together (the fork test program,
+/// `crates/cli/tests/programs/workers.py fork`, under `uzswap run`; its
+/// figures are in docs/BENCHMARKS.md).
+pub const MANAGE_MIN_PAGES: u64 = 2048;
 
 /// How often the evictor reads [`PagerConfig::charge`] while the resident
 /// set or the limit moves.

@@ -1,12 +1,12 @@
 //! The program's own changes to region memory, as userfaultfd reports them:
 //! remove (`MADV_DONTNEED`), unmap and remap events.
 
-use super::handler::Wakes;
 use super::state::{lookup, split_out, PageState};
-use super::Shared;
+use super::types::Wakes;
+use super::PagerCore;
 use crate::sys::PAGE_SIZE;
 
-impl Shared {
+impl PagerCore {
     /// The program discarded `[start, end)` (remove or unmap event): what
     /// the store held for it goes, the pages read as zeros afterwards.
     /// With `own_check`, a remove we caused ourselves is recognised and

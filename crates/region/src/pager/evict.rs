@@ -3,7 +3,8 @@
 
 use super::config::{Charge, VictimPolicy, CHARGE_PERIOD, IDLE_CHARGE_PERIOD};
 use super::state::{lookup, OwnSpan, PageState, State, QUEUE_RESERVE};
-use super::Shared;
+use super::types::{Span, Victim, Wakes};
+use super::PagerCore;
 use crate::sys::{self, PAGE_SIZE};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -19,72 +20,24 @@ pub(super) const MOVE_MAX_SPAN: usize = 4;
 /// half margins under what it is allotted. That slack is what absorbs a
 /// process's writes to pages mapped as zeros (no fault; counted only at
 /// the evictor's next look) while the arbiter moves its share to another:
-/// at 64 `make -j8` took 0.94-0.96 x the time, but a `make -j2` tree
-/// peaked at up to 1.07 x its budget (0.97-1.03 x at 256, 1.02 x at 128,
-/// which was no faster; docs/BENCHMARKS.md, "tree").
+/// at 64 `make -j8` takes 0.94-0.96 x the time, but a `make -j2` tree
+/// peaks at up to 1.07 x its budget (0.97-1.03 x at 256, 1.02 x at 128,
+/// which is no faster; see `uzswap-bench tree` in docs/BENCHMARKS.md).
 pub(super) const MARGIN_MAX: usize = 256;
 
-/// Victims of a batch (indexes, by address) that one call serves, and the
-/// range it covers: from the first victim to the end of the last.
-pub(super) struct Span {
-    pub(super) victims: Vec<usize>,
-    pub(super) lo: usize,
-    pub(super) hi: usize,
-}
-
-/// A victim inside an eviction batch.
-pub(super) struct Victim {
-    pub(super) area: u32,
-    pub(super) page: u32,
-    pub(super) addr: usize,
-    /// The page was `Clean`: nothing to store.
-    pub(super) clean: bool,
-    /// Stored successfully (dirty victims).
-    pub(super) stored: bool,
-    /// `MADV_DONTNEED` is to be (or was) issued.
-    pub(super) discard: bool,
-    pub(super) unprotect: bool,
-    /// Never on the active list this residency: stored with
-    /// `PageStore::store_cold`.
-    pub(super) cold: bool,
-    /// A dirty victim that left by a move before it was stored
-    /// ([`Shared::move_out`]): steps 2 to 5 are done for it.
-    pub(super) moved: bool,
-}
-
-impl State {
-    /// The victims (sorted by address) that pass `keep`, in spans:
-    /// neighbours share one when no page between them is resident
-    /// (`gap_is_empty`), so that one call serves the span.
-    fn spans(&self, victims: &[Victim], keep: impl Fn(&Victim) -> bool) -> Vec<Span> {
-        let mut out: Vec<Span> = Vec::new();
-        let mut prev: Option<&Victim> = None;
-        for (i, v) in victims.iter().enumerate() {
-            if !keep(v) {
-                continue;
+impl PagerCore {
+    /// Wakes the evictor when the resident set nears the budget (after the
+    /// faulting thread, with deferred wakes).
+    pub(super) fn kick(&self, s: &State, w: &mut Wakes) {
+        if s.charged() > self.start_threshold(s) {
+            if w.defer {
+                w.kick = true;
+            } else {
+                self.work_cv.notify_one();
             }
-            let join = prev.is_some_and(|u| {
-                u.area == v.area
-                    && self.gap_is_empty(v.area, (u.addr, u.page as u64), (v.addr, v.page as u64))
-            });
-            match out.last_mut() {
-                Some(span) if join => {
-                    span.victims.push(i);
-                    span.hi = v.addr + PAGE_SIZE;
-                }
-                _ => out.push(Span {
-                    victims: vec![i],
-                    lo: v.addr,
-                    hi: v.addr + PAGE_SIZE,
-                }),
-            }
-            prev = Some(v);
         }
-        out
     }
-}
 
-impl Shared {
     /// The margin at the limit now: the configured one (a 32nd of the
     /// budget) scaled down with a limit that a charge has brought far below
     /// the budget. A margin of the budget's size under a limit at the floor
@@ -135,7 +88,7 @@ impl Shared {
         (s.charged(), s.limit)
     }
 
-    /// [`Shared::recharge`], and the time until the next reading:
+    /// [`PagerCore::recharge`], and the time until the next reading:
     /// [`CHARGE_PERIOD`] while the resident set moves or the limit comes
     /// down, twice the last period (up to [`IDLE_CHARGE_PERIOD`])
     /// otherwise. A limit that comes down means the arbiter of a tree is
@@ -171,116 +124,18 @@ impl Shared {
         let mut period = CHARGE_PERIOD;
         let mut seen = (usize::MAX, 0);
         loop {
-            loop {
-                {
-                    let mut s = self.state.lock();
-                    if self.shutdown.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    if self.cfg.in_thread_faults && s.queue_spare() < QUEUE_RESERVE / 2 {
-                        // In-thread faults queue pages into reserved
-                        // capacity only; one deferred for it waits.
-                        s.reserve_queues();
-                        self.notify_settled();
-                    }
-                    if s.charged() > self.start_threshold(&s) {
-                        break;
-                    }
-                    if !charging {
-                        if s.zero_mapped == 0 {
-                            self.work_cv.wait(&mut s);
-                            continue;
-                        }
-                        // Pages mapped as zeros may be written, and take
-                        // memory, without a fault: look again soon.
-                        self.work_cv
-                            .wait_until(&mut s, Instant::now() + IDLE_CHARGE_PERIOD);
-                        // The look takes the state lock itself; the loop
-                        // takes it again and re-checks shutdown and the
-                        // threshold.
-                        drop(s);
-                        self.refresh_zero_mapped();
-                        continue;
-                    }
-                    // A charge can grow while nothing faults: look again
-                    // at the next reading. (A fault that nears the limit
-                    // wakes the evictor whatever the period.)
-                    self.work_cv.wait_until(&mut s, charged_at + period);
-                }
-                if charged_at.elapsed() >= period {
-                    period = self.recharge_paced(period, &mut seen);
-                    charged_at = Instant::now();
-                }
+            if !self.wait_for_work(charging, &mut charged_at, &mut period, &mut seen) {
+                return;
             }
             // Evicting: the process is not idle.
             period = CHARGE_PERIOD;
-            {
-                let mut s = self.state.lock();
-                if s.store_full {
-                    // The store refused the last batch: try again after a
-                    // pause (the program may free memory, the pool shrink).
-                    // Every fault notifies the condition variable; only the
-                    // deadline (or shutdown) ends the pause, or the evictor
-                    // would offer batches to a full store at fault rate.
-                    let until = Instant::now() + Duration::from_millis(20);
-                    loop {
-                        if self.shutdown.load(Ordering::Relaxed)
-                            || self.work_cv.wait_until(&mut s, until).timed_out()
-                        {
-                            break;
-                        }
-                    }
-                }
-            }
+            self.pause_while_store_full();
             loop {
                 if charging && charged_at.elapsed() >= CHARGE_PERIOD {
                     self.recharge();
                     charged_at = Instant::now();
                 }
-                // Runs mapped as zeros since the last look hold no memory:
-                // looked at first, and again if faults noted more before
-                // the count (two looks at most a batch).
-                self.refresh_zero_mapped();
-                let gate = self.gate.lock();
-                let over = || {
-                    let s = self.state.lock();
-                    let n = s
-                        .charged()
-                        .saturating_sub(self.stop_threshold(&s))
-                        .min(self.cfg.evict_batch);
-                    (n, !s.zero_runs.is_empty())
-                };
-                let n = match over() {
-                    (n, true) if n > 0 => {
-                        self.refresh_zero_mapped();
-                        over().0
-                    }
-                    (n, _) => n,
-                };
-                let gone = if n > 0 {
-                    let victims = {
-                        let mut s = self.state.lock();
-                        let v = s.select(n, self.cfg.policy);
-                        if self.cfg.in_thread_faults && s.queue_spare() < QUEUE_RESERVE / 2 {
-                            // As at the top: faults deferred for list
-                            // capacity must not wait for the whole round.
-                            s.reserve_queues();
-                            self.notify_settled();
-                        }
-                        self.claim(&mut s, v)
-                    };
-                    let (gone, refused) = self.evict(victims);
-                    self.note_progress(refused, gone);
-                    gone
-                } else {
-                    0
-                };
-                drop(gate);
-                if self.throttled.swap(false, Ordering::Relaxed) {
-                    self.wake.signal();
-                }
-                // In-thread faults deferred for room wait on the sequence.
-                self.notify_settled();
+                let gone = self.one_batch();
                 if gone == 0 || self.shutdown.load(Ordering::Relaxed) {
                     break;
                 }
@@ -288,12 +143,137 @@ impl Shared {
         }
     }
 
+    /// The evictor between rounds: sleeps until the charged count passes
+    /// the start threshold (true) or the pager shuts down (false), reading
+    /// the charge every `period` (paced by `recharge_paced` from `seen`)
+    /// and looking at zero-mapped runs while idle.
+    fn wait_for_work(
+        &self,
+        charging: bool,
+        charged_at: &mut Instant,
+        period: &mut Duration,
+        seen: &mut (usize, usize),
+    ) -> bool {
+        loop {
+            {
+                let mut s = self.state.lock();
+                if self.shutdown.load(Ordering::Relaxed) {
+                    return false;
+                }
+                if self.cfg.in_thread_faults && s.queue_spare() < QUEUE_RESERVE / 2 {
+                    // In-thread faults queue pages into reserved
+                    // capacity only; one deferred for it waits.
+                    s.reserve_queues();
+                    self.notify_settled();
+                }
+                if s.charged() > self.start_threshold(&s) {
+                    return true;
+                }
+                if !charging {
+                    if s.zero_mapped == 0 {
+                        self.work_cv.wait(&mut s);
+                        continue;
+                    }
+                    // Pages mapped as zeros may be written, and take
+                    // memory, without a fault: look again soon.
+                    self.work_cv
+                        .wait_until(&mut s, Instant::now() + IDLE_CHARGE_PERIOD);
+                    // The look takes the state lock itself; the loop
+                    // takes it again and re-checks shutdown and the
+                    // threshold.
+                    drop(s);
+                    self.refresh_zero_mapped();
+                    continue;
+                }
+                // A charge can grow while nothing faults: look again
+                // at the next reading. (A fault that nears the limit
+                // wakes the evictor whatever the period.)
+                self.work_cv.wait_until(&mut s, *charged_at + *period);
+            }
+            if charged_at.elapsed() >= *period {
+                *period = self.recharge_paced(*period, seen);
+                *charged_at = Instant::now();
+            }
+        }
+    }
+
+    /// Before a round: if the store refused the last batch, a pause.
+    fn pause_while_store_full(&self) {
+        let mut s = self.state.lock();
+        if s.store_full {
+            // The store refused the last batch: try again after a
+            // pause (the program may free memory, the pool shrink).
+            // Every fault notifies the condition variable; only the
+            // deadline (or shutdown) ends the pause, or the evictor
+            // would offer batches to a full store at fault rate.
+            let until = Instant::now() + Duration::from_millis(20);
+            loop {
+                if self.shutdown.load(Ordering::Relaxed)
+                    || self.work_cv.wait_until(&mut s, until).timed_out()
+                {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// One batch of a round: looks at zero-mapped runs, then under the gate
+    /// chooses, claims and evicts up to `evict_batch` pages over the stop
+    /// threshold. Returns how many left memory.
+    fn one_batch(&self) -> usize {
+        // Runs mapped as zeros since the last look hold no memory:
+        // looked at first, and again if faults noted more before
+        // the count (two looks at most a batch).
+        self.refresh_zero_mapped();
+        let gate = self.gate.lock();
+        let over = || {
+            let s = self.state.lock();
+            let n = s
+                .charged()
+                .saturating_sub(self.stop_threshold(&s))
+                .min(self.cfg.evict_batch);
+            (n, !s.zero_runs.is_empty())
+        };
+        let n = match over() {
+            (n, true) if n > 0 => {
+                self.refresh_zero_mapped();
+                over().0
+            }
+            (n, _) => n,
+        };
+        let gone = if n > 0 {
+            let victims = {
+                let mut s = self.state.lock();
+                let v = s.select(n, self.cfg.policy);
+                if self.cfg.in_thread_faults && s.queue_spare() < QUEUE_RESERVE / 2 {
+                    // As in `wait_for_work`: faults deferred for list
+                    // capacity must not wait for the whole round.
+                    s.reserve_queues();
+                    self.notify_settled();
+                }
+                self.claim(&mut s, v)
+            };
+            let (gone, refused) = self.evict(victims);
+            self.note_progress(refused, gone);
+            gone
+        } else {
+            0
+        };
+        drop(gate);
+        if self.throttled.swap(false, Ordering::Relaxed) {
+            self.wake.signal();
+        }
+        // In-thread faults deferred for room wait on the sequence.
+        self.notify_settled();
+        gone
+    }
+
     /// Step 1, *claim*: marks chosen pages as in eviction (under the state
     /// lock): `Dirty` → `Evicting`, `Clean` → `Discarding`.
     pub(super) fn claim(&self, s: &mut State, v: Vec<(u32, u64)>) -> Vec<Victim> {
         let mut out = Vec::with_capacity(v.len());
         for (area, page) in v {
-            let Some(addr) = Shared::page_addr(s, area, page) else {
+            let Some(addr) = PagerCore::page_addr(s, area, page) else {
                 continue;
             };
             let m = s.meta(area, page);
@@ -358,7 +338,6 @@ impl Shared {
     /// except to commit and settle.
     /// Returns how many left memory, and how many the store refused.
     pub(super) fn evict(&self, mut victims: Vec<Victim>) -> (usize, usize) {
-        let mut refused = 0;
         // By address: victims with no resident page between them are
         // protected and discarded with one call per span (see `OwnSpan`).
         // Each `MADV_DONTNEED` is a round trip through the handler (a
@@ -368,8 +347,21 @@ impl Shared {
         victims.sort_unstable_by_key(|v| v.addr);
         self.count_zero_mapped(&victims);
         let (gone_first, refused_first) = self.move_out(&mut victims);
-        refused += refused_first;
-        let wp_spans = self.state.lock().spans(&victims, |v| !v.clean && !v.moved);
+        let refused = refused_first + self.protect_and_store(&mut victims);
+        let (mut discards, moves) = self.commit_batch(&mut victims, refused);
+        self.unprotect_aborted(&victims);
+        let moved = self.drop_by_move(&victims, &moves, &mut discards);
+        self.drop_by_discard(&discards);
+        let gone = gone_first + self.settle_batch(&victims, discards.len() as u64, moved);
+        (gone, refused)
+    }
+
+    /// Steps 2 and 3 of [`PagerCore::evict`] for the dirty victims not moved
+    /// out: write-protect them a span at a time, copy each out and store
+    /// it. Returns how many the store refused.
+    fn protect_and_store(&self, victims: &mut [Victim]) -> usize {
+        let mut refused = 0;
+        let wp_spans = self.state.lock().spans(victims, |v| !v.clean && !v.moved);
         let mut buf = Vec::new();
         let mut addrs = Vec::new();
         // 2. Write-protect dirty victims. After this no CPU can write them:
@@ -409,12 +401,18 @@ impl Shared {
                 }
             }
         }
-        let mut discards;
+        refused
+    }
+
+    /// Step 4 of [`PagerCore::evict`] (state lock): `refused` is the batch's
+    /// count of refused stores. Returns the spans to discard (listed in
+    /// `State::own`) and the victims (indexes) to move to the staging area.
+    fn commit_batch(&self, victims: &mut [Victim], refused: usize) -> (Vec<Span>, Vec<usize>) {
         let mut moves = Vec::new();
         // 4. Commit: a victim still `Evicting` becomes `Discarding`; one a
         //    write reached goes back to `Dirty`; one the program discarded
         //    meanwhile loses what we stored.
-        {
+        let discards = {
             let mut g = self.state.lock();
             let s = &mut *g;
             s.stats.store_rejected += refused as u64;
@@ -455,7 +453,7 @@ impl Shared {
                 }
             }
             debug_assert!(s.own.is_empty(), "one eviction batch at a time");
-            let mut spans = s.spans(&victims, |v| v.discard && !v.moved);
+            let mut spans = s.spans(victims, |v| v.discard && !v.moved);
             // Short spans leave by moves while the staging area has room.
             if let Some(st) = &self.staging {
                 let mut room = st.pages();
@@ -471,8 +469,14 @@ impl Shared {
             }
             s.own
                 .extend(spans.iter().map(|span| OwnSpan::new(span.lo, span.hi)));
-            discards = spans;
-        }
+            spans
+        };
+        (discards, moves)
+    }
+
+    /// After step 4: clears the protection of the victims a write reached or
+    /// the store refused (they are `Dirty` again).
+    fn unprotect_aborted(&self, victims: &[Victim]) {
         for v in victims.iter().filter(|v| v.unprotect) {
             self.unprotect_retry(v.addr);
         }
@@ -481,6 +485,12 @@ impl Shared {
             // the kernel were woken by the unprotect).
             self.notify_settled();
         }
+    }
+
+    /// Step 5a of [`PagerCore::evict`]: the victims `moves` (indexes) leave by
+    /// moves; one the kernel will not move joins `discards`, listed in
+    /// `State::own`. Returns how many pages moved.
+    fn drop_by_move(&self, victims: &[Victim], moves: &[usize], discards: &mut Vec<Span>) -> u64 {
         // 5a. Drop by moving victims of short spans into the staging area,
         //     one page at a time: no remove event, so no handler round trip
         //     and no EAGAIN for the faults meanwhile (see `sys::Staging`). A
@@ -494,7 +504,7 @@ impl Shared {
             let mut refused = Vec::new();
             let mut slot = 0;
             let mut gone = false;
-            for &i in &moves {
+            for &i in moves {
                 match st.take(slot, victims[i].addr) {
                     sys::Taken::Moved => slot += 1,
                     sys::Taken::Gone => gone = true,
@@ -524,6 +534,12 @@ impl Shared {
                 discards.extend(refused);
             }
         }
+        moved
+    }
+
+    /// Step 5b of [`PagerCore::evict`]: one discard call per span of
+    /// `discards`, each span's parked faults woken after its call.
+    fn drop_by_discard(&self, discards: &[Span]) {
         // 5b. Drop by discarding, one call per span. The remove event each
         //     raises is recognised by the handler through `State::own`.
         //
@@ -533,8 +549,7 @@ impl Shared {
         // the dispatch lock, holding up every fault until we sleep again.
         // At the idle policy we wait until it yields. (Where the process
         // may not leave the idle policy again, the discards stay normal.)
-        let calls = discards.len() as u64;
-        for &Span { lo, hi, .. } in &discards {
+        for &Span { lo, hi, .. } in discards {
             let idle = self.idle_discards
                 && self.cpu_handlers.load(Ordering::Relaxed) > 0
                 && uzswap_os::sched::set_idle(0, true).is_ok();
@@ -575,16 +590,22 @@ impl Shared {
                 self.wake.signal();
             }
         }
+    }
+
+    /// Step 6 of [`PagerCore::evict`] (state lock): settles the discarded
+    /// victims and releases every victim not moved out first; `calls` and
+    /// `moved` go to the statistics. Returns how many of them left memory.
+    fn settle_batch(&self, victims: &[Victim], calls: u64, moved: u64) -> usize {
         // 6. Settle: `Discarding` → `Stored`, wake parked faults (those
         //    moved out first were settled then).
         let mut wake = Vec::new();
-        let mut gone = gone_first;
+        let mut gone = 0;
         {
             let mut g = self.state.lock();
             let s = &mut *g;
             s.stats.discard_calls += calls;
             s.stats.evict_moved_pages += moved;
-            for v in &victims {
+            for v in victims {
                 if v.discard && !v.moved {
                     let mut w = None;
                     if settle(s, v, &mut w) {
@@ -601,7 +622,7 @@ impl Shared {
             self.wake_parked(a);
         }
         self.notify_settled();
-        (gone, refused)
+        gone
     }
 
     /// Steps 2 to 6 for the dirty victims of short spans, while the
@@ -623,35 +644,7 @@ impl Shared {
         let Some(st) = &self.staging else {
             return (0, 0);
         };
-        // Choose, and mark `zapping` under the state lock: from here a
-        // missing fault on one of them parks until it is settled.
-        let chosen: Vec<usize> = {
-            let mut g = self.state.lock();
-            let s = &mut *g;
-            let mut room = st.pages();
-            let mut chosen = Vec::new();
-            // The spans step 5 would drop: a long one leaves in one
-            // discard, cheaper than a move per page.
-            for span in s.spans(victims, |_| true) {
-                let n = span.victims.len();
-                if n > MOVE_MAX_SPAN || n > room {
-                    continue;
-                }
-                room -= n;
-                for i in span.victims {
-                    let v = &victims[i];
-                    if v.clean {
-                        continue; // moved in step 5a, nothing to store
-                    }
-                    let m = s.meta(v.area, v.page as u64);
-                    if m.st == PageState::Evicting {
-                        m.zapping = true;
-                        chosen.push(i);
-                    }
-                }
-            }
-            chosen
-        };
+        let chosen = self.choose_moves(st, victims);
         let (mut slots, mut left, mut refused) = (0, 0, 0);
         for i in chosen {
             let v = &mut victims[i];
@@ -681,41 +674,8 @@ impl Shared {
             }
             // Settle it now (a refused move: clear `zapping`, and it goes on
             // through write protection as if never chosen).
-            let mut wake = None;
-            {
-                let mut g = self.state.lock();
-                let s = &mut *g;
-                let (area, page) = (v.area, v.page as u64);
-                if v.moved {
-                    // `EvictAborted`: a write met the page's write-protect
-                    // marker (left from an earlier span) before the move
-                    // took it. The write has not happened (its thread waits,
-                    // parked), so the moved bytes are the page's: it leaves
-                    // as stored, and the write faults it back. Left
-                    // `EvictAborted` it would have no owner, and every later
-                    // fault on it would park for ever.
-                    let st = s.meta(area, page).st;
-                    if v.stored && matches!(st, PageState::Evicting | PageState::EvictAborted) {
-                        s.meta(area, page).st = PageState::Discarding;
-                    } else if v.stored {
-                        // Discarded by the program meanwhile (`Absent`): its
-                        // copy must not stand for it.
-                        self.store.invalidate(area, page);
-                    }
-                    if settle(s, v, &mut wake) {
-                        left += 1;
-                    }
-                    self.release(s, v);
-                } else {
-                    let m = s.meta(area, page);
-                    m.zapping = false;
-                    if std::mem::replace(&mut m.parked, false) {
-                        wake = Some(v.addr);
-                    }
-                }
-            }
-            if let Some(a) = wake {
-                self.wake_parked(a);
+            if self.settle_moved(v) {
+                left += 1;
             }
         }
         st.clear(slots);
@@ -723,6 +683,80 @@ impl Shared {
         s.stats.evict_moved_first += left as u64;
         s.stats.evict_moved_pages += left as u64;
         (left, refused)
+    }
+
+    /// The dirty victims (indexes) of spans short enough to leave by moves
+    /// while the staging area `st` has room, each marked `zapping` (state
+    /// lock): from here a missing fault on one of them parks until it is
+    /// settled.
+    fn choose_moves(&self, st: &sys::Staging, victims: &[Victim]) -> Vec<usize> {
+        let mut g = self.state.lock();
+        let s = &mut *g;
+        let mut room = st.pages();
+        let mut chosen = Vec::new();
+        // The spans step 5 would drop: a long one leaves in one
+        // discard, cheaper than a move per page.
+        for span in s.spans(victims, |_| true) {
+            let n = span.victims.len();
+            if n > MOVE_MAX_SPAN || n > room {
+                continue;
+            }
+            room -= n;
+            for i in span.victims {
+                let v = &victims[i];
+                if v.clean {
+                    continue; // moved in step 5a, nothing to store
+                }
+                let m = s.meta(v.area, v.page as u64);
+                if m.st == PageState::Evicting {
+                    m.zapping = true;
+                    chosen.push(i);
+                }
+            }
+        }
+        chosen
+    }
+
+    /// Settles victim `v` of [`PagerCore::move_out`] once its move was tried:
+    /// a moved one leaves (whether it counts as gone is returned), one the
+    /// kernel would not move is left to the protected path.
+    fn settle_moved(&self, v: &Victim) -> bool {
+        let mut left = false;
+        let mut wake = None;
+        {
+            let mut g = self.state.lock();
+            let s = &mut *g;
+            let (area, page) = (v.area, v.page as u64);
+            if v.moved {
+                // `EvictAborted`: a write met the page's write-protect
+                // marker (left from an earlier span) before the move
+                // took it. The write has not happened (its thread waits,
+                // parked), so the moved bytes are the page's: it leaves
+                // as stored, and the write faults it back. Left
+                // `EvictAborted` it would have no owner, and every later
+                // fault on it would park for ever.
+                let st = s.meta(area, page).st;
+                if v.stored && matches!(st, PageState::Evicting | PageState::EvictAborted) {
+                    s.meta(area, page).st = PageState::Discarding;
+                } else if v.stored {
+                    // Discarded by the program meanwhile (`Absent`): its
+                    // copy must not stand for it.
+                    self.store.invalidate(area, page);
+                }
+                left = settle(s, v, &mut wake);
+                self.release(s, v);
+            } else {
+                let m = s.meta(area, page);
+                m.zapping = false;
+                if std::mem::replace(&mut m.parked, false) {
+                    wake = Some(v.addr);
+                }
+            }
+        }
+        if let Some(a) = wake {
+            self.wake_parked(a);
+        }
+        left
     }
 
     /// Stores a victim's bytes (cold ones with `PageStore::store_cold`);
@@ -762,7 +796,7 @@ impl Shared {
             let d = self.dispatch.lock();
             let mut g = self.state.lock();
             let s = &mut *g;
-            let at = Shared::page_addr(s, area, page);
+            let at = PagerCore::page_addr(s, area, page);
             // `EvictAborted` too: a write that met a write-protect marker
             // before the move waits for the page (see `move_out`).
             let still = matches!(

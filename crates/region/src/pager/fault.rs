@@ -3,44 +3,12 @@
 //! unprotection for a write to a clean page, parking for a page the
 //! evictor or a load is working on.
 
-use super::handler::{PageBuf, Wakes};
-use super::load::{Load, MAX_LOAD};
 use super::state::{lookup, PageState, State, IN_THREAD_SPARE, MAX_IN_THREAD_WINDOW};
-use super::Shared;
+use super::types::{Fault, Outcome, PageBuf, Wakes, MAX_LOAD};
+use super::PagerCore;
 use crate::sys::{self, PAGE_SIZE};
-use std::time::Instant;
 
-/// What handling a fault came to. (A `Load` is large, its tickets a fixed
-/// array; boxing it would allocate in the SIGBUS handler of in-thread
-/// faults.)
-#[allow(clippy::large_enum_variant)]
-pub(super) enum Outcome {
-    Done,
-    /// A load was started: finish it (`Shared::finish_load`) once the
-    /// dispatch lock is released.
-    Load(Load),
-    /// Retry later: the budget is full.
-    Defer,
-    /// Retry later: EAGAIN, an event is being delivered (it must be read,
-    /// and the thread that raised it must go on, before any resolving
-    /// ioctl succeeds).
-    Again,
-    /// With in-thread faults: the address is in no region (the SIGBUS is
-    /// not ours).
-    Foreign,
-}
-
-#[derive(Clone, Copy)]
-pub(super) struct Fault {
-    pub(super) addr: usize,
-    pub(super) write: bool,
-    pub(super) wp: bool,
-    pub(super) t0: Instant,
-    /// Deferred before (counters count a fault once).
-    pub(super) retried: bool,
-}
-
-impl Shared {
+impl PagerCore {
     /// Resolves one fault. Never blocks on the evictor. Wakes the faulting
     /// thread as `w` says.
     pub(super) fn fault(&self, f: Fault, buf: &mut PageBuf, w: &mut Wakes) -> Outcome {
@@ -58,9 +26,9 @@ impl Shared {
             s.stats.faults_foreign += 1;
             drop(g);
             let r = if f.wp {
-                self.unprotect(w, f.addr)
+                w.unprotect(&self.uffd, f.addr)
             } else {
-                self.zeropage(w, f.addr)
+                w.zeropage(&self.uffd, f.addr)
             };
             return match r {
                 Ok(()) => Outcome::Done,
@@ -74,42 +42,7 @@ impl Shared {
             return Outcome::Defer;
         }
         if f.wp {
-            match m.st {
-                PageState::Clean => {
-                    // The store's copy goes stale with this write.
-                    self.store.invalidate(area, page);
-                    let mm = s.meta(area, page);
-                    mm.st = PageState::Dirty;
-                    mm.referenced = true;
-                    s.stats.faults_wp += 1;
-                    // Under the state lock (as every unprotect of a fault):
-                    // see `unprotect_once`.
-                    return self.unprotect_once(w, f.addr);
-                }
-                PageState::Evicting => {
-                    s.meta(area, page).st = PageState::EvictAborted;
-                    park(s, area, page, w);
-                }
-                // Loading: not mapped yet, or the write would not fault;
-                // it goes once the load mapped the page (or gave it up).
-                PageState::EvictAborted | PageState::Discarding | PageState::Loading => {
-                    park(s, area, page, w);
-                }
-                PageState::Dirty => {
-                    return self.unprotect_once(w, f.addr);
-                }
-                PageState::Absent | PageState::Stored => {
-                    // A write-protect marker left on a page that is not
-                    // present (it was discarded or evicted while protected):
-                    // waking alone would fault again forever. Clearing the
-                    // marker turns the retry into a missing-page fault,
-                    // served from the store (or as zeros). Under the lock
-                    // too: a load that maps the page meanwhile maps it
-                    // protected and `Clean`, and must stay so.
-                    return self.unprotect_once(w, f.addr);
-                }
-            }
-            return Outcome::Done;
+            return self.fault_wp(s, f.addr, area, page, m.st, w);
         }
         if m.zapping {
             park(s, area, page, w);
@@ -143,7 +76,7 @@ impl Shared {
                     w.wake(self, f.addr, PAGE_SIZE);
                     return Outcome::Done;
                 }
-                match self.zeropage(w, f.addr) {
+                match w.zeropage(&self.uffd, f.addr) {
                     Ok(()) => {
                         // Mapped again as zeros: no copy may stand for it.
                         s.stats.faults_rezeroed += 1;
@@ -169,43 +102,105 @@ impl Shared {
                 w.wait = true;
                 Outcome::Done
             }
-            PageState::Absent => {
-                if s.charged() >= s.limit && !m.claimed && !s.store_full {
-                    if !f.retried {
-                        s.stats.faults_throttled += 1;
-                    }
-                    return Outcome::Defer;
-                }
-                let n = self.zero_run(s, f.addr, area, page);
-                let mapped = match self.map_zeros(w, f, n, buf) {
-                    Ok(mapped) => mapped,
-                    // ENOENT: the range is gone (an unmap event of the same
-                    // batch was applied first).
-                    Err(e) => return self.failed_map(&e, w, f.addr),
-                };
-                s.areas.get_mut(&area).expect("area").zr.next = page + mapped as u64;
-                s.note_zeros(f.addr, mapped);
-                for i in 0..mapped as u64 {
-                    s.meta(area, page + i).st = PageState::Dirty;
-                    s.enqueue_new(area, page + i, false);
-                }
-                s.resident += mapped;
-                s.stats.faults_zero += 1;
-                s.stats.zero_readahead_pages += mapped as u64 - 1;
-                s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.charged() as u64);
-                s.lat_zero.record(f.t0.elapsed().as_nanos() as u64);
-                self.kick(s, w);
-                Outcome::Done
-            }
+            PageState::Absent => self.fault_absent(s, f, (area, page), m.claimed, buf, w),
             PageState::Stored => self.fault_stored(s, f, area, page),
         }
+    }
+
+    /// A write-protect fault at `addr`, on page `page` of `area` in state
+    /// `st` (state lock held).
+    fn fault_wp(
+        &self,
+        s: &mut State,
+        addr: usize,
+        area: u32,
+        page: u64,
+        st: PageState,
+        w: &mut Wakes,
+    ) -> Outcome {
+        match st {
+            PageState::Clean => {
+                // The store's copy goes stale with this write.
+                self.store.invalidate(area, page);
+                let mm = s.meta(area, page);
+                mm.st = PageState::Dirty;
+                mm.referenced = true;
+                s.stats.faults_wp += 1;
+                // Under the state lock (as every unprotect of a fault):
+                // see `unprotect_once`.
+                return self.unprotect_once(w, addr);
+            }
+            PageState::Evicting => {
+                s.meta(area, page).st = PageState::EvictAborted;
+                park(s, area, page, w);
+            }
+            // Loading: not mapped yet, or the write would not fault;
+            // it goes once the load mapped the page (or gave it up).
+            PageState::EvictAborted | PageState::Discarding | PageState::Loading => {
+                park(s, area, page, w);
+            }
+            PageState::Dirty => {
+                return self.unprotect_once(w, addr);
+            }
+            PageState::Absent | PageState::Stored => {
+                // A write-protect marker left on a page that is not
+                // present (it was discarded or evicted while protected):
+                // waking alone would fault again forever. Clearing the
+                // marker turns the retry into a missing-page fault,
+                // served from the store (or as zeros). Under the lock
+                // too: a load that maps the page meanwhile maps it
+                // protected and `Clean`, and must stay so.
+                return self.unprotect_once(w, addr);
+            }
+        }
+        Outcome::Done
+    }
+
+    /// A missing fault on a page never stored (`Absent`; `claimed`: an
+    /// eviction chose it), state lock held: held back while the budget is
+    /// full, else mapped as zeros with its zero run.
+    fn fault_absent(
+        &self,
+        s: &mut State,
+        f: Fault,
+        (area, page): (u32, u64),
+        claimed: bool,
+        buf: &mut PageBuf,
+        w: &mut Wakes,
+    ) -> Outcome {
+        if s.charged() >= s.limit && !claimed && !s.store_full {
+            if !f.retried {
+                s.stats.faults_throttled += 1;
+            }
+            return Outcome::Defer;
+        }
+        let n = self.zero_run(s, f.addr, area, page);
+        let mapped = match self.map_zeros(w, f, n, buf) {
+            Ok(mapped) => mapped,
+            // ENOENT: the range is gone (an unmap event of the same
+            // batch was applied first).
+            Err(e) => return self.failed_map(&e, w, f.addr),
+        };
+        s.areas.get_mut(&area).expect("area").zr.next = page + mapped as u64;
+        s.note_zeros(f.addr, mapped);
+        for i in 0..mapped as u64 {
+            s.meta(area, page + i).st = PageState::Dirty;
+            s.enqueue_new(area, page + i, false);
+        }
+        s.resident += mapped;
+        s.stats.faults_zero += 1;
+        s.stats.zero_readahead_pages += mapped as u64 - 1;
+        s.stats.peak_resident_pages = s.stats.peak_resident_pages.max(s.charged() as u64);
+        s.lat_zero.record(f.t0.elapsed().as_nanos() as u64);
+        self.kick(s, w);
+        Outcome::Done
     }
 
     /// A missing fault on a dirty victim the evictor has not dropped (not
     /// `zapping`, in no span of its own): the kernel dropped the page
     /// behind the pager's back, which the program's discard does when its
     /// zap comes after a fault mapped the page again (see
-    /// `Shared::handle_batch`). The fault may be the evictor's own read of
+    /// `PagerCore::handle_batch`). The fault may be the evictor's own read of
     /// the page, which would wait for ever parked. Zeros are what a
     /// discarded page reads: mapped write-protected, so that a write still
     /// meets the eviction (and aborts it) and the evictor stores zeros. A
@@ -219,7 +214,7 @@ impl Shared {
     ) -> Outcome {
         buf.page(0).fill(0);
         // SAFETY: buf page 0 is readable memory we own.
-        match unsafe { self.copy(w, f.addr, buf.addr(0), PAGE_SIZE, true) } {
+        match unsafe { w.copy(&self.uffd, f.addr, buf.addr(0), PAGE_SIZE, true) } {
             Ok(()) => {
                 s.stats.faults_rezeroed += 1;
                 Outcome::Done
@@ -303,7 +298,7 @@ impl Shared {
         let (first, rest_at, rest) = if f.write {
             buf.page(0).fill(0);
             // SAFETY: buf page 0 is readable memory we own.
-            match unsafe { self.copy(w, f.addr, buf.addr(0), PAGE_SIZE, false) } {
+            match unsafe { w.copy(&self.uffd, f.addr, buf.addr(0), PAGE_SIZE, false) } {
                 Ok(()) => {}
                 Err(e) if e.errno == libc::EEXIST => return Ok(1),
                 Err(e) => return Err(e),
@@ -336,7 +331,7 @@ impl Shared {
             Err(_) if first == 1 => Ok(1),
             // The run met a page mapped already (EEXIST): the faulting
             // page alone, or its thread would wait for ever.
-            Err(e) if rest > 1 && e.errno != libc::EAGAIN => match self.zeropage(w, f.addr) {
+            Err(e) if rest > 1 && e.errno != libc::EAGAIN => match w.zeropage(&self.uffd, f.addr) {
                 Ok(()) => Ok(1),
                 Err(e) if e.errno == libc::EEXIST => Ok(1),
                 Err(e) => Err(e),
@@ -349,7 +344,7 @@ impl Shared {
     /// A missing fault on a stored page: step 1 of a load (see `load.rs`).
     /// The faulting page and its run of stored followers (readahead)
     /// become `Loading`, counted resident so that the budget is reserved;
-    /// the caller finishes the load with [`Shared::finish_load`] once it
+    /// the caller finishes the load with [`PagerCore::finish_load`] once it
     /// released the dispatch lock.
     pub(super) fn fault_stored(&self, s: &mut State, f: Fault, area: u32, page: u64) -> Outcome {
         if s.forking {
@@ -376,51 +371,6 @@ impl Shared {
         Outcome::Load(s.start_load(f, area, page, n))
     }
 
-    /// Wakes the evictor when the resident set nears the budget (after the
-    /// faulting thread, with deferred wakes).
-    pub(super) fn kick(&self, s: &State, w: &mut Wakes) {
-        if s.charged() > self.start_threshold(s) {
-            if w.defer {
-                w.kick = true;
-            } else {
-                self.work_cv.notify_one();
-            }
-        }
-    }
-
-    /// `UFFDIO_COPY` on the fault path, waking as `w` says.
-    ///
-    /// # Safety
-    /// As [`Uffd::copy`].
-    pub(super) unsafe fn copy(
-        &self,
-        w: &mut Wakes,
-        dst: usize,
-        src: *const u8,
-        len: usize,
-        wp: bool,
-    ) -> Result<(), sys::UffdError> {
-        // SAFETY: the caller's promise, passed on.
-        let r = unsafe { self.uffd.copy(dst, src, len, wp, w.defer) };
-        w.resolved(dst, &r, len);
-        r
-    }
-
-    /// `UFFDIO_ZEROPAGE` of one page on the fault path, waking as `w` says.
-    pub(super) fn zeropage(&self, w: &mut Wakes, addr: usize) -> Result<(), sys::UffdError> {
-        let r = self.uffd.zeropage(addr, PAGE_SIZE, w.defer);
-        w.resolved(addr, &r, PAGE_SIZE);
-        r
-    }
-
-    /// Clears write protection of one page on the fault path, waking as `w`
-    /// says.
-    pub(super) fn unprotect(&self, w: &mut Wakes, addr: usize) -> Result<(), sys::UffdError> {
-        let r = self.uffd.writeprotect(addr, PAGE_SIZE, false, w.defer);
-        w.resolved(addr, &r, PAGE_SIZE);
-        r
-    }
-
     /// Clears write protection from a handler. EAGAIN (an event is
     /// pending, and only a handler can read it) defers the fault: the page
     /// is `Dirty` by then, so the retry unprotects again.
@@ -437,10 +387,11 @@ impl Shared {
     /// alone, as for the `UFFDIO_COPY` of a first-touch fault; it returns
     /// EAGAIN rather than wait for an event to be read.
     pub(super) fn unprotect_once(&self, w: &mut Wakes, addr: usize) -> Outcome {
+        #[cfg(feature = "testing")]
         if let Some(hook) = self.cfg.test_before_unprotect {
             hook();
         }
-        match self.unprotect(w, addr) {
+        match w.unprotect(&self.uffd, addr) {
             Err(e) if e.errno == libc::EAGAIN => Outcome::Again,
             _ => Outcome::Done,
         }

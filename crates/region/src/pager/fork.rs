@@ -36,9 +36,9 @@
 //! `Clean` (mapped, a copy-on-write copy of the parent's).
 
 use super::config::{Charge, ForkChild, FORK_ROOM_HOLD, FORK_ROOM_WAIT};
-use super::handler::PageBuf;
 use super::state::PageState;
-use super::Shared;
+use super::types::PageBuf;
+use super::PagerCore;
 use crate::sys::{self, PAGE_SIZE};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -47,24 +47,13 @@ use uzswap_os::fork::{AfterFork, Side};
 use uzswap_os::lock::Mutex;
 
 /// Every pager of the process (the hooks skip the dropped ones).
-static REGISTRY: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+static REGISTRY: Mutex<Vec<Weak<PagerCore>>> = Mutex::new(Vec::new());
 /// The pagers whose locks `fork_prepare` holds, with what this fork does
 /// for each, for the parent and child hooks to release.
-static FORK_HELD: Mutex<Vec<(Arc<Shared>, ForkChild)>> = Mutex::new(Vec::new());
+static FORK_HELD: Mutex<Vec<(Arc<PagerCore>, ForkChild)>> = Mutex::new(Vec::new());
 /// Whether the child of the last fork took over a pager (see
 /// [`fork_child_managed`]).
 static LAST_MANAGED: AtomicBool = AtomicBool::new(false);
-
-/// The default of `PagerConfig::fork_manage_min_pages`: below this many
-/// pages held (resident and stored), a `Managed` pager brings its stored
-/// pages back for the fork instead (`Prefault`): cheaper than the child's
-/// take-over (its threads, its copy of the backing file), and the child of
-/// a shell or a launcher, which execs at once, then carries no runtime. A
-/// parent with more (a Python program forking its workers) has children
-/// that grow from its size, and they are managed: counted by stored pages
-/// alone, a parent with its data resident had unmanaged workers, 4.3 x the
-/// budget together (64 MiB, 2026-11-25).
-pub const MANAGE_MIN_PAGES: u64 = 2048;
 
 /// In a forked child (from its `pthread_atfork` child hook on): whether it
 /// took over a pager. If not, its regions are plain memory, and the host
@@ -72,13 +61,17 @@ pub const MANAGE_MIN_PAGES: u64 = 2048;
 pub fn fork_child_managed() -> bool {
     LAST_MANAGED.load(Ordering::Acquire)
 }
+/// A segment the child registers again: (address, area, first page,
+/// length in bytes).
+type ChildSeg = (usize, u32, u64, usize);
+
 static ATFORK: std::sync::Once = std::sync::Once::new();
 /// A fork is between its prepare and its parent or child hook.
 static FORKING: AtomicBool = AtomicBool::new(false);
 
 /// Lists a new pager for the fork hooks (installed with the first pager),
 /// and forgets the dropped ones.
-pub(super) fn register(sh: &Arc<Shared>) {
+pub(super) fn register(sh: &Arc<PagerCore>) {
     let mut reg = REGISTRY.lock();
     reg.retain(|w| w.strong_count() > 0);
     reg.push(Arc::downgrade(sh));
@@ -103,7 +96,7 @@ unsafe extern "C" fn fork_prepare() {
     // a pager at the fork would leave it taken in the child, whose next
     // fork or pager would wait for it for ever.
     let reg = REGISTRY.lock();
-    let list: Vec<Arc<Shared>> = reg
+    let list: Vec<Arc<PagerCore>> = reg
         .iter()
         .filter_map(Weak::upgrade)
         .filter(|s| s.cfg.fork != ForkChild::Unmanaged && s.ours())
@@ -238,7 +231,7 @@ fn take_over_failed(e: &str) -> ! {
     ))
 }
 
-impl Shared {
+impl PagerCore {
     /// Before a fork whose child takes over (`PagerConfig::fork_room`;
     /// [`crate::Pager::make_room_for_fork`], which says when to call it):
     /// lowers the limit by the memory the child is expected to make its
@@ -304,13 +297,14 @@ impl Shared {
                 self.done_cv.wait(&mut s);
             }
         }
-        // Lock order: dispatch, the zero look, then state, then the
-        // store's. No load can start in between: `forking` defers them.
+        // Taken in the lock order (the pager module's documentation): the
+        // gate is held already. No load can start in between: `forking`
+        // defers them.
         // The zero look is the evictor's, which takes it outside the gate
         // (before each batch and while idle): held across the fork so that
         // the child never finds it taken by a thread it does not have (its
-        // evictor waited on it for ever, 2026-11-29: a Python worker hung
-        // in its first fault, held back for room nobody made).
+        // evictor would wait on it for ever, and the child's first fault,
+        // held back for room, with it).
         std::mem::forget(self.dispatch.lock());
         if let Some(z) = &self.zero_scan {
             std::mem::forget(z.lock());
@@ -329,10 +323,10 @@ impl Shared {
         // its threads, which may wait for the gate the hook holds), so a
         // thread of the parent may have held it at the fork: a pager
         // starting, or being dropped. Then the list is left unread (its
-        // handles leak, as forgotten ones do). Seen on 2026-11-27 (the CI
-        // run of cd8b65c): a child of `fork_during_heavy_eviction_loses_nothing`
-        // waited on it for ever while another test of the binary dropped
-        // its pager.
+        // handles leak, as forgotten ones do). Waiting for it instead would
+        // hang the child for ever when another thread of the parent was
+        // dropping its pager (`fork_during_heavy_eviction_loses_nothing`
+        // forks while other tests of its binary drop theirs).
         // SAFETY: this is the child of a fork, run by its only thread (the
         // fork hook).
         let parents = unsafe { uzswap_os::fork::take_in_child(&self.threads) }.unwrap_or_default();
@@ -361,47 +355,7 @@ impl Shared {
             d.handoff_at = None;
             d.deferred.clear();
         }
-        let (segs, clean) = {
-            let mut s = self.state.lock();
-            s.forking = false;
-            s.fork_room = None;
-            debug_assert!(s.own.is_empty() && s.loading == 0);
-            let mut clean = Vec::new();
-            let segs: Vec<(usize, u32, u64, usize)> = s
-                .segs
-                .iter()
-                .map(|(&a, seg)| (a, seg.area, seg.first, seg.len))
-                .collect();
-            // Only records with something to clear are written: the
-            // records are the parent's copy-on-write pages (and, where no
-            // page was ever used, the zero page), so a write to each would
-            // give this child a private copy of the whole table, a record
-            // for every page of every reservation (6.3 MiB in each forked
-            // Python worker, 2026-11-29), where the parent holds only the
-            // records of pages it used.
-            for &(addr, area, first, len) in &segs {
-                let a = s.areas.get_mut(&area).expect("a segment's area");
-                for i in 0..len / PAGE_SIZE {
-                    let m = &mut a.meta[first as usize + i];
-                    if m.parked || m.woken {
-                        m.parked = false;
-                        m.woken = false;
-                    }
-                    if m.st == PageState::Clean {
-                        clean.push(addr + i * PAGE_SIZE);
-                    }
-                }
-            }
-            // The counters start again: they are the child's.
-            let (budget, limit) = (s.stats.budget_pages, s.stats.limit_pages);
-            s.stats = crate::stats::PagerStats {
-                budget_pages: budget,
-                limit_pages: limit,
-                ..Default::default()
-            };
-            s.stats.peak_resident_pages = s.charged() as u64;
-            (segs, clean)
-        };
+        let (segs, clean) = self.child_records();
         for (addr, _, _, len) in segs {
             self.uffd
                 .register(addr, len)
@@ -427,6 +381,53 @@ impl Shared {
             c.store(0, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// In the child's take-over (state lock): the pager's state becomes the
+    /// child's (no fork in progress, no parked or woken records, counters
+    /// from zero). Returns the segments `(address, area, first page,
+    /// length)` to register again and the addresses of the `Clean` pages
+    /// to write-protect again.
+    fn child_records(&self) -> (Vec<ChildSeg>, Vec<usize>) {
+        let mut s = self.state.lock();
+        s.forking = false;
+        s.fork_room = None;
+        debug_assert!(s.own.is_empty() && s.loading == 0);
+        let mut clean = Vec::new();
+        let segs: Vec<ChildSeg> = s
+            .segs
+            .iter()
+            .map(|(&a, seg)| (a, seg.area, seg.first, seg.len))
+            .collect();
+        // Only records with something to clear are written: the
+        // records are the parent's copy-on-write pages (and, where no
+        // page was ever used, the zero page), so a write to each would
+        // give this child a private copy of the whole table, a record
+        // for every page of every reservation (6.3 MiB in each forked
+        // Python worker of the fork test program), where the parent
+        // holds only the records of pages it used.
+        for &(addr, area, first, len) in &segs {
+            let a = s.areas.get_mut(&area).expect("a segment's area");
+            for i in 0..len / PAGE_SIZE {
+                let m = &mut a.meta[first as usize + i];
+                if m.parked || m.woken {
+                    m.parked = false;
+                    m.woken = false;
+                }
+                if m.st == PageState::Clean {
+                    clean.push(addr + i * PAGE_SIZE);
+                }
+            }
+        }
+        // The counters start again: they are the child's.
+        let (budget, limit) = (s.stats.budget_pages, s.stats.limit_pages);
+        s.stats = crate::stats::PagerStats {
+            budget_pages: budget,
+            limit_pages: limit,
+            ..Default::default()
+        };
+        s.stats.peak_resident_pages = s.charged() as u64;
+        (segs, clean)
     }
 
     /// Brings every stored page back, write-protected and clean. The gate

@@ -1,13 +1,12 @@
 //! The fault handler threads: the main handler (`uzswap-uffd`) and the
 //! optional CPU handlers (`uzswap-uffd-cpu`), how they read the descriptor
-//! and share messages in order (`Dispatch`), and how they wake faulting
-//! threads (`Wakes`). What a fault or an event does is in `fault.rs` and
-//! `events.rs`.
+//! and share messages in order (`Dispatch`), and when they wake faulting
+//! threads (`Wakes`, in `types.rs`). What a fault or an event does is in
+//! `fault.rs` and `events.rs`.
 
-use super::fault::{Fault, Outcome};
-use super::load::Load;
-use super::Shared;
-use crate::sys::{self, Msg, RawMsg, PAGE_SIZE};
+use super::types::{Fault, Load, Outcome, PageBuf, Wakes};
+use super::PagerCore;
+use crate::sys::{self, Msg, RawMsg};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,7 +34,7 @@ pub(super) const MAIN_BACKSTOP_MS: i32 = 1;
 /// lock held too. So batches are handled in the order they were read, one
 /// at a time, as by a single thread: a fault read after a remove event is
 /// never handled before it; within a batch the events go first (see
-/// `Shared::handle_batch`).
+/// `PagerCore::handle_batch`).
 #[derive(Default)]
 pub(super) struct Dispatch {
     /// Faults read by a CPU handler that had been spinning on an idle CPU,
@@ -49,127 +48,6 @@ pub(super) struct Dispatch {
     pub(super) deferred: Vec<Fault>,
 }
 
-/// One page buffer aligned to a page (UFFDIO_COPY wants an aligned source).
-pub(super) struct PageBuf {
-    pub(super) ptr: *mut u8,
-    pub(super) pages: usize,
-}
-
-impl PageBuf {
-    pub(super) fn new(pages: usize) -> PageBuf {
-        let layout = std::alloc::Layout::from_size_align(pages * PAGE_SIZE, PAGE_SIZE)
-            .expect("page buffer layout");
-        // SAFETY: the layout has a non-zero size (pages >= 1).
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        assert!(!ptr.is_null(), "out of memory for a page buffer");
-        PageBuf { ptr, pages }
-    }
-
-    pub(super) fn page(&mut self, i: usize) -> &mut [u8] {
-        assert!(i < self.pages);
-        // SAFETY: page i lies inside the allocation, and `&mut self` makes
-        // the returned slice the only reference to it.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * PAGE_SIZE), PAGE_SIZE) }
-    }
-
-    pub(super) fn addr(&self, i: usize) -> *const u8 {
-        // SAFETY: in bounds of the allocation (i <= pages).
-        unsafe { self.ptr.add(i * PAGE_SIZE) }
-    }
-}
-
-impl Drop for PageBuf {
-    fn drop(&mut self) {
-        let layout = std::alloc::Layout::from_size_align(self.pages * PAGE_SIZE, PAGE_SIZE)
-            .expect("page buffer layout");
-        // SAFETY: allocated in `new` with this very layout.
-        unsafe { std::alloc::dealloc(self.ptr, layout) };
-    }
-}
-
-/// How the ioctls that resolve a fault wake the faulting thread.
-///
-/// The main handler lets each ioctl wake at once (`now`). A CPU handler
-/// runs under `SCHED_IDLE` on the faulting thread's CPU, so the thread it
-/// wakes preempts it at once: it resolves with `DONTWAKE`, records the
-/// ranges here, releases every lock and only then wakes them (`finish`),
-/// or it would be preempted holding the pager's locks. The evictor's
-/// wake-up (`kick`) is deferred the same way, to after the faulting
-/// thread's: woken first on that CPU it would run before the thread.
-pub(super) struct Wakes {
-    pub(super) defer: bool,
-    pub(super) ranges: Vec<(usize, usize)>,
-    pub(super) kick: bool,
-    /// The fault was parked: with in-thread faults its thread waits on
-    /// the settle sequence from `seen` (see `inthread.rs`).
-    pub(super) wait: bool,
-    /// The settle sequence when the fault took the state lock.
-    pub(super) seen: u32,
-}
-
-impl Wakes {
-    pub(super) fn now() -> Wakes {
-        Wakes {
-            defer: false,
-            ranges: Vec::new(),
-            kick: false,
-            wait: false,
-            seen: 0,
-        }
-    }
-
-    pub(super) fn deferred() -> Wakes {
-        Wakes {
-            defer: true,
-            ..Wakes::now()
-        }
-    }
-
-    /// After a resolving ioctl on `[addr, addr + len)`: with deferred
-    /// wakes, the part it mapped is to be woken.
-    pub(super) fn resolved(&mut self, addr: usize, r: &Result<(), sys::UffdError>, len: usize) {
-        if !self.defer {
-            return;
-        }
-        let done = match r {
-            Ok(()) => len,
-            Err(e) => e.done,
-        };
-        if done > 0 {
-            self.ranges.push((addr, done));
-        }
-    }
-
-    /// Wakes the threads waiting on `[addr, addr + len)`, now or in
-    /// `finish`.
-    pub(super) fn wake(&mut self, sh: &Shared, addr: usize, len: usize) {
-        // Faults parked in the SIGBUS handler or by a pin wait on the settle
-        // sequence; with in-thread faults nobody waits in the kernel.
-        sh.notify_settled();
-        if sh.cfg.in_thread_faults {
-            return;
-        }
-        if self.defer {
-            self.ranges.push((addr, len));
-        } else {
-            let _ = sh.uffd.wake(addr, len);
-        }
-    }
-
-    /// Does the deferred wake-ups. Call with no pager lock held.
-    pub(super) fn finish(&mut self, sh: &Shared) {
-        for (addr, len) in self.ranges.drain(..) {
-            let _ = sh.uffd.wake(addr, len);
-        }
-        if std::mem::take(&mut self.kick) {
-            // No lock needed: an evictor that saw the old resident count
-            // held the state lock from that check until it slept, so it
-            // sleeps already and this reaches it.
-            sh.work_cv.notify_one();
-        }
-    }
-}
-
 /// What a CPU handler's step came to.
 pub(super) enum Step {
     /// Nothing it could do.
@@ -179,7 +57,7 @@ pub(super) enum Step {
     Worked { woke_at: Instant },
 }
 
-impl Shared {
+impl PagerCore {
     pub(super) fn handler_loop(self: Arc<Self>) {
         self.serve(None);
     }

@@ -39,7 +39,7 @@
 //! # Waiting
 //! A fault on a page the evictor or a load is working on, or one deferred
 //! (budget full, a fork preparing, list capacity low), waits on the
-//! pager's *settle sequence* (`Shared::settle_seq`), a futex word: the
+//! pager's *settle sequence* (`PagerCore::settle_seq`), a futex word: the
 //! fault reads it under the state lock before it looks at the page, and
 //! every way a parked fault is woken (and the end of each eviction batch,
 //! of a fork, a change of the store's fullness) bumps it and wakes the
@@ -51,10 +51,9 @@
 //! and retries: the handler thread reads the event, and the thread that
 //! raised it must run.
 
-use super::fault::{Fault, Outcome};
-use super::handler::{PageBuf, Wakes};
 use super::state::{lookup, PageState};
-use super::{PagerError, Shared};
+use super::types::{Fault, Outcome, PageBuf, Wakes};
+use super::{PagerCore, PagerError};
 use crate::sys::{self, PAGE_SIZE};
 use std::cell::Cell;
 use std::mem::ManuallyDrop;
@@ -73,7 +72,7 @@ const WAIT: Duration = Duration::from_millis(2);
 const BUF_SLOTS: usize = 64;
 
 /// The pager whose faults the SIGBUS handler resolves (null: none).
-static PAGER: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+static PAGER: AtomicPtr<PagerCore> = AtomicPtr::new(std::ptr::null_mut());
 /// Handlers between reading `PAGER` and done with it: a pager waits for
 /// none before it goes away.
 static USERS: AtomicUsize = AtomicUsize::new(0);
@@ -155,7 +154,7 @@ impl BufPool {
 
 /// Makes `sh` the pager the SIGBUS handler serves, installing the handler
 /// the first time.
-pub(super) fn claim_handler(sh: &Arc<Shared>) -> Result<(), PagerError> {
+pub(super) fn claim_handler(sh: &Arc<PagerCore>) -> Result<(), PagerError> {
     if !cfg!(target_arch = "x86_64") {
         return Err(PagerError::InThreadUnsupported);
     }
@@ -173,8 +172,8 @@ pub(super) fn claim_handler(sh: &Arc<Shared>) -> Result<(), PagerError> {
 
 /// The pager `sh` goes away: the handler serves it no more, and no handler
 /// still uses it when this returns.
-pub(super) fn release_handler(sh: &Shared) {
-    let me = (sh as *const Shared).cast_mut();
+pub(super) fn release_handler(sh: &PagerCore) {
+    let me = (sh as *const PagerCore).cast_mut();
     if PAGER
         .compare_exchange(me, std::ptr::null_mut(), Ordering::SeqCst, Ordering::SeqCst)
         .is_ok()
@@ -189,7 +188,7 @@ pub(super) fn release_handler(sh: &Shared) {
 
 /// In a forked child: only the forking thread lives on, and it is in no
 /// handler; what the parent's other threads counted or held is void.
-pub(super) fn forget_parent_handlers(sh: &Shared) {
+pub(super) fn forget_parent_handlers(sh: &PagerCore) {
     USERS.store(0, Ordering::SeqCst);
     sh.sleepers.store(0, Ordering::SeqCst);
     if let Some(pool) = &sh.bufs {
@@ -220,7 +219,7 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
         let p = PAGER.load(Ordering::SeqCst);
         // SAFETY: a pager clears PAGER and then waits for USERS to drain
         // before it goes away, and this handler counted itself in USERS
-        // before it read the pointer: the Shared lives until we are done.
+        // before it read the pointer: the core lives until we are done.
         let handled = !p.is_null() && unsafe { &*p }.fault_in_thread(bf);
         USERS.fetch_sub(1, Ordering::SeqCst);
         if handled {
@@ -235,7 +234,7 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
     sys::set_errno(saved);
 }
 
-impl Shared {
+impl PagerCore {
     /// Resolves (or waits for) the fault behind a SIGBUS, on the faulting
     /// thread. False: not ours (not in a region of this pager, or in a
     /// forked child that did not take the pager over); the signal is
@@ -359,7 +358,7 @@ impl Shared {
     }
 
     /// Makes pages `pages` of `area` resident and writable and pins them
-    /// (the evictor leaves them until [`Shared::unpin`]), on this thread.
+    /// (the evictor leaves them until [`PagerCore::unpin`]), on this thread.
     pub(crate) fn pin(&self, area: u32, pages: std::ops::Range<u64>) {
         let mut buf = PageBuf::new(self.cfg.readahead_max.min(63) + 1);
         let mut done = pages.start;
@@ -367,7 +366,7 @@ impl Shared {
             loop {
                 let mut g = self.state.lock();
                 let s = &mut *g;
-                let Some(addr) = Shared::page_addr(s, area, page) else {
+                let Some(addr) = PagerCore::page_addr(s, area, page) else {
                     break; // unmapped by the program: nothing to keep
                 };
                 let m = s.meta(area, page);
@@ -397,7 +396,7 @@ impl Shared {
             let addrs: Vec<usize> = {
                 let s = self.state.lock();
                 pages
-                    .filter_map(|p| Shared::page_addr(&s, area, p))
+                    .filter_map(|p| PagerCore::page_addr(&s, area, p))
                     .collect()
             };
             for a in addrs {

@@ -28,10 +28,10 @@
 //!    against the page as it is now.
 
 use super::config::VictimPolicy;
-use super::fault::{Fault, Outcome};
-use super::handler::{Dispatch, PageBuf, Wakes};
+use super::handler::Dispatch;
 use super::state::{lookup, PageState, State};
-use super::Shared;
+use super::types::{Fault, Load, Outcome, PageBuf, Wakes};
+use super::PagerCore;
 use crate::store::{LoadError, LoadMode, Loaded};
 use crate::sys::{feature, PAGE_SIZE};
 use std::time::{Duration, Instant};
@@ -41,62 +41,7 @@ use uzswap_os::lock::MutexGuard;
 /// of 1 and 4 ms between them).
 const LOAD_ATTEMPTS: usize = 3;
 
-/// A load between its start and its map step: pages `page..page + n` of
-/// `area`, the first the faulting one.
-pub(super) struct Load {
-    pub(super) f: Fault,
-    area: u32,
-    page: u64,
-    /// Pages in the load (at most [`MAX_LOAD`]).
-    n: usize,
-    /// The ticket of each page (its `qgen` when it became `Loading`): a
-    /// fixed array, so that starting a load allocates nothing (in-thread
-    /// faults start loads in a signal handler).
-    tickets: [u32; MAX_LOAD],
-}
-
-/// The most pages one load brings back: the faulting page and at most 63
-/// followers (`PagerConfig::readahead_max` is taken no larger).
-pub(super) const MAX_LOAD: usize = 64;
-
-impl State {
-    /// Step 1: pages `page..page + n` of `area`, all `Stored`, become
-    /// `Loading` for the fault `f`.
-    pub(super) fn start_load(&mut self, f: Fault, area: u32, page: u64, n: usize) -> Load {
-        assert!(n <= MAX_LOAD, "a load of {n} pages");
-        let mut tickets = [0; MAX_LOAD];
-        for i in 0..n as u64 {
-            let m = self.meta(area, page + i);
-            debug_assert_eq!(m.st, PageState::Stored);
-            m.st = PageState::Loading;
-            m.qgen = m.qgen.wrapping_add(1);
-            tickets[i as usize] = m.qgen;
-        }
-        self.resident += n;
-        self.loading += n;
-        Load {
-            f,
-            area,
-            page,
-            n,
-            tickets,
-        }
-    }
-
-    /// Whether page `i` of load `l` is still the load's: `Loading` with its
-    /// ticket (`at`: and still at the address `l` was made for).
-    fn load_owns(&self, l: &Load, i: usize, at: bool) -> bool {
-        let p = l.page + i as u64;
-        let mine = self
-            .areas
-            .get(&l.area)
-            .and_then(|a| a.meta.get(p as usize))
-            .is_some_and(|m| m.st == PageState::Loading && m.qgen == l.tickets[i]);
-        mine && (!at || lookup(&self.segs, l.f.addr + i * PAGE_SIZE) == Some((l.area, p)))
-    }
-}
-
-impl Shared {
+impl PagerCore {
     /// Loads a stored page that must come back (the faulting page, a page
     /// the fork hook brings back), with no lock held. A failed read or
     /// check is tried again a few times with a short pause: the device may
@@ -186,7 +131,7 @@ impl Shared {
         let tc = Instant::now();
         let keep = self.cfg.keep_clean;
         // SAFETY: buf page 0 holds the loaded bytes.
-        match unsafe { self.copy(w, f.addr, buf.addr(0), PAGE_SIZE, keep && !f.write) } {
+        match unsafe { w.copy(&self.uffd, f.addr, buf.addr(0), PAGE_SIZE, keep && !f.write) } {
             Ok(()) => {}
             Err(e) if e.errno == libc::EEXIST => {
                 // Mapped already: nothing was copied, so nobody was woken.
@@ -263,8 +208,8 @@ impl Shared {
         if run > 1 {
             // SAFETY: buf pages 1..run hold loaded bytes.
             match unsafe {
-                self.copy(
-                    w,
+                w.copy(
+                    &self.uffd,
                     l.f.addr + PAGE_SIZE,
                     buf.addr(1),
                     (run - 1) * PAGE_SIZE,
@@ -343,7 +288,7 @@ impl Shared {
             let m = s.meta(l.area, p);
             m.st = PageState::Stored;
             if std::mem::take(&mut m.parked) {
-                if let Some(addr) = Shared::page_addr(s, l.area, p) {
+                if let Some(addr) = PagerCore::page_addr(s, l.area, p) {
                     w.wake(self, addr, PAGE_SIZE);
                 }
             }
@@ -426,7 +371,7 @@ impl Shared {
 /// A load failed: the access must not see made-up data. Map a poison
 /// marker (the access gets SIGBUS, as on a swap read error) if the kernel
 /// has it, else zeros.
-fn fail_access(sh: &Shared, w: &mut Wakes, addr: usize) {
+fn fail_access(sh: &PagerCore, w: &mut Wakes, addr: usize) {
     if sh.uffd.features() & feature::POISON != 0 {
         let r = sh.uffd.poison(addr, PAGE_SIZE, w.defer);
         w.resolved(addr, &r, PAGE_SIZE);
@@ -434,5 +379,5 @@ fn fail_access(sh: &Shared, w: &mut Wakes, addr: usize) {
             return;
         }
     }
-    let _ = sh.zeropage(w, addr);
+    let _ = w.zeropage(&sh.uffd, addr);
 }

@@ -3,15 +3,17 @@
 //!
 //! See the crate documentation for the protocol; this folder implements
 //! it, one job a file:
-//! - `mod.rs`: [`Pager`] and its public API, the shared state (`Shared`)
-//!   and region lifecycle (made, dropped);
+//! - `mod.rs`: [`Pager`] and its public API, the state its threads share
+//!   (`PagerCore`) and region lifecycle (made, dropped);
 //! - `config.rs`: [`PagerConfig`], [`VictimPolicy`], [`Charge`], errors;
+//! - `types.rs`: the vocabulary the other files share (a fault, its
+//!   outcome, a load, page buffers, wakes, eviction victims);
 //! - `state.rs`: [`PageState`], the page records, the segment map, the
-//!   victim lists and victim choice;
+//!   victim lists and victim choice, and every method of `State`;
 //! - `handler.rs`: the handler threads, message dispatch and wake-ups;
 //! - `fault.rs`: resolving one fault (what each page state calls for);
-//! - `load.rs`: a stored page brought back with no lock held (start, load,
-//!   re-check and map), readahead;
+//! - `load.rs`: a stored page brought back with no lock held (load,
+//!   re-check and map; its start is `State::start_load`), readahead;
 //! - `events.rs`: remove, unmap and remap events;
 //! - `evict.rs`: the evictor thread and an eviction batch's steps;
 //! - `zeros.rs`: resident pages that map the zero page, which the budget
@@ -22,20 +24,22 @@
 //! - `check.rs`: `check_invariants`.
 //!
 //! # Lock order
-//! 1. `Shared::gate` (one eviction batch or one fork at a time; a guard
+//! 1. `PagerCore::gate` (one eviction batch or one fork at a time; a guard
 //!    everywhere but in the fork hooks, which hold it from prepare to
 //!    parent/child)
-//! 2. `Shared::dispatch` (the handlers, while they read and handle a batch
+//! 2. `PagerCore::dispatch` (the handlers, while they read and handle a batch
 //!    or retry deferred faults, and while they map a load: re-check and
 //!    `UFFDIO_COPY`, see `load.rs`; an in-thread fault while it resolves;
 //!    every page is mapped under it, see `handler.rs`, `handle_batch`;
 //!    the evictor takes it, holding nothing else but the gate,
 //!    after each discard: a barrier behind which every event of that call
-//!    was handled). Handlers never take the gate.
-//! 3. `Shared::zero_scan` (the evictor's, and the fork hooks', which hold
+//!    was handled). Handlers never take the gate, nor does the SIGBUS
+//!    handler of in-thread faults (it takes `dispatch` to map a load,
+//!    `state` and the store's locks, never across a wait).
+//! 3. `PagerCore::zero_scan` (the evictor's, and the fork hooks', which hold
 //!    it through a fork; it takes `state` inside it briefly, never the
 //!    reverse)
-//! 4. `Shared::state`
+//! 4. `PagerCore::state`
 //! 5. the store's internal locks (taken inside `PageStore` calls)
 //!
 //! No thread holds `state` across a call that may need the handler to make
@@ -59,21 +63,22 @@ mod handler;
 mod inthread;
 mod load;
 mod state;
+mod types;
 mod zeros;
 
+pub use config::MANAGE_MIN_PAGES;
 pub use config::{
     Charge, ForkChild, PagerConfig, PagerError, RegionError, VictimPolicy, CHARGE_PERIOD,
     IDLE_CHARGE_PERIOD, MAX_CPU_HANDLERS,
 };
-pub use fork::{fork_child_managed, MANAGE_MIN_PAGES};
+pub use fork::fork_child_managed;
 pub use state::PageState;
 
-use crate::stats::{Histogram, PagerStats};
+use crate::stats::PagerStats;
 use crate::store::PageStore;
 use crate::sys::{self, feature, Uffd, PAGE_SIZE};
 use handler::Dispatch;
 use state::{zeroed_meta, Area, Readahead, Seg, State};
-use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -81,7 +86,11 @@ use uzswap_os::lock::{Condvar, Mutex};
 use uzswap_os::Helper;
 use zeros::ZeroLook;
 
-pub(crate) struct Shared {
+/// What the pager's threads share (handlers, evictor, SIGBUS handler, fork
+/// hooks, and the program's own calls): the descriptor, the store, the
+/// locks (taken in the order above) and the counters. Its methods are
+/// grouped by job, one file of this folder a job (the list above).
+pub(crate) struct PagerCore {
     uffd: Uffd,
     store: Arc<dyn PageStore>,
     cfg: PagerConfig,
@@ -105,7 +114,7 @@ pub(crate) struct Shared {
     threads: Mutex<Vec<Helper>>,
     /// Eviction starts at `limit - margin` and stops at `limit - 2·margin`,
     /// the margin a 32nd of the budget, at most `evict::MARGIN_MAX`, and
-    /// no larger than a sixteenth of the limit (see `Shared::margin_at`).
+    /// no larger than a sixteenth of the limit (see `PagerCore::margin_at`).
     margin: usize,
     /// Messages read and not yet handled (see [`Dispatch`]).
     dispatch: Mutex<Dispatch>,
@@ -156,7 +165,7 @@ pub(crate) struct Shared {
 
 /// Owns the helper threads; the last `Pager` or `Region` handle stops them.
 pub(crate) struct Owner {
-    pub(crate) sh: Arc<Shared>,
+    pub(crate) sh: Arc<PagerCore>,
 }
 
 impl Drop for Owner {
@@ -205,40 +214,17 @@ pub struct PagerUsage {
 impl Pager {
     /// Opens userfaultfd and starts the handler and evictor threads.
     pub fn new(store: Arc<dyn PageStore>, cfg: PagerConfig) -> Result<Pager, PagerError> {
-        if cfg.budget_pages < 16 {
-            return Err(PagerError::Config("budget_pages must be at least 16"));
-        }
-        if cfg
-            .floor_pages
-            .is_some_and(|f| f < 16 || f > cfg.budget_pages)
-        {
-            return Err(PagerError::Config(
-                "floor_pages must be at least 16 and at most budget_pages",
-            ));
-        }
-        if cfg.evict_batch == 0 {
-            return Err(PagerError::Config("evict_batch must be at least 1"));
-        }
-        if cfg.in_thread_faults {
-            if cfg.cpu_handlers {
-                return Err(PagerError::Config(
-                    "in_thread_faults and cpu_handlers exclude each other (no fault reaches a handler thread in that mode)",
-                ));
-            }
-            if cfg.readahead_max > state::MAX_IN_THREAD_WINDOW
-                || cfg.zero_readahead_max > state::MAX_IN_THREAD_WINDOW
-            {
-                return Err(PagerError::Config(
-                    "with in_thread_faults, readahead_max and zero_readahead_max must be at most 63",
-                ));
-            }
-        }
+        cfg.check()?;
         let sigbus = if cfg.in_thread_faults {
             feature::SIGBUS
         } else {
             0
         };
-        let uffd = Uffd::open(feature::POISON | sigbus, cfg.inject_open_errno)?;
+        #[cfg(feature = "testing")]
+        let inject = cfg.inject_open_errno;
+        #[cfg(not(feature = "testing"))]
+        let inject = None;
+        let uffd = Uffd::open(feature::POISON | sigbus, inject)?;
         if uffd.features() & sigbus != sigbus {
             return Err(PagerError::NoSigbus);
         }
@@ -255,7 +241,7 @@ impl Pager {
         // runs: noting them could not allocate, and its zero pages stay
         // charged.
         let zero_look = cfg.uncharged_zero_pages && !cfg.in_thread_faults;
-        let sh = Arc::new(Shared {
+        let sh = Arc::new(PagerCore {
             uffd,
             staging,
             zero_scan: zero_look
@@ -263,33 +249,7 @@ impl Pager {
                 .flatten(),
             store,
             margin: (cfg.budget_pages / 32).clamp(2, evict::MARGIN_MAX),
-            state: Mutex::new(State {
-                areas: HashMap::new(),
-                segs: BTreeMap::new(),
-                inactive: VecDeque::new(),
-                active: VecDeque::new(),
-                n_active: 0,
-                resident: 0,
-                zero_mapped: 0,
-                zero_runs: Vec::with_capacity(if zero_look { state::ZERO_RUNS_KEPT } else { 0 }),
-                evict_clock: 0,
-                own: Vec::new(),
-                loading: 0,
-                next_area: 1,
-                stats: PagerStats {
-                    budget_pages: cfg.budget_pages as u64,
-                    limit_pages: cfg.budget_pages as u64,
-                    ..PagerStats::default()
-                },
-                lat_store: Histogram::default(),
-                lat_zero: Histogram::default(),
-                lat_copy: Histogram::default(),
-                store_full: false,
-                limit: cfg.budget_pages,
-                forking: false,
-                fork_room: None,
-                reserve_lists: cfg.in_thread_faults,
-            }),
+            state: Mutex::new(State::new(&cfg, zero_look)),
             cfg,
             work_cv: Condvar::new(),
             done_cv: Condvar::new(),
@@ -472,13 +432,13 @@ impl Pager {
         self.owner.sh.uffd.features()
     }
 
-    /// Checks the pager's invariants (see `Shared::check_invariants`).
+    /// Checks the pager's invariants (see `PagerCore::check_invariants`).
     pub fn check_invariants(&self) -> Result<(), String> {
         self.owner.sh.check_invariants()
     }
 }
 
-impl Shared {
+impl PagerCore {
     /// Whether this process runs the pager's threads.
     fn ours(&self) -> bool {
         self.pid.load(Ordering::Relaxed) == sys::getpid()

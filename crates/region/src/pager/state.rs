@@ -2,10 +2,11 @@
 //! ([`PageState`], `PageMeta`), the segment map from addresses to pages,
 //! the evictor's own discards in flight (`OwnSpan`), and the two lists
 //! victims are chosen from (`State::select`). Everything here lives under
-//! `Shared::state`; nothing here makes a system call.
+//! `PagerCore::state`; nothing here makes a system call.
 
-use super::config::VictimPolicy;
+use super::config::{PagerConfig, VictimPolicy};
 use super::inthread::in_handler;
+use super::types::{Fault, Load, Span, Victim, MAX_LOAD};
 use crate::stats::{Histogram, PagerStats};
 use crate::sys::PAGE_SIZE;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -268,7 +269,7 @@ pub(super) struct State {
     /// Pages in a resident state, over all areas.
     pub(super) resident: usize,
     /// Of those, pages that mapped the shared zero page at the evictor's
-    /// last look (`Shared::refresh_zero_mapped`): mapped as zeros by a
+    /// last look (`PagerCore::refresh_zero_mapped`): mapped as zeros by a
     /// first touch or its zero run and not written since, they hold no
     /// memory. The budget counts `resident` less these
     /// ([`State::charged`]).
@@ -320,6 +321,38 @@ pub(super) fn lookup(segs: &BTreeMap<usize, Seg>, addr: usize) -> Option<(u32, u
 }
 
 impl State {
+    /// The state of a new pager with settings `cfg`, nothing mapped yet;
+    /// `zero_look`: it looks at zero runs (capacity reserved for them).
+    pub(super) fn new(cfg: &PagerConfig, zero_look: bool) -> State {
+        State {
+            areas: HashMap::new(),
+            segs: BTreeMap::new(),
+            inactive: VecDeque::new(),
+            active: VecDeque::new(),
+            n_active: 0,
+            resident: 0,
+            zero_mapped: 0,
+            zero_runs: Vec::with_capacity(if zero_look { ZERO_RUNS_KEPT } else { 0 }),
+            evict_clock: 0,
+            own: Vec::new(),
+            loading: 0,
+            next_area: 1,
+            stats: PagerStats {
+                budget_pages: cfg.budget_pages as u64,
+                limit_pages: cfg.budget_pages as u64,
+                ..PagerStats::default()
+            },
+            lat_store: Histogram::default(),
+            lat_zero: Histogram::default(),
+            lat_copy: Histogram::default(),
+            store_full: false,
+            limit: cfg.budget_pages,
+            forking: false,
+            fork_room: None,
+            reserve_lists: cfg.in_thread_faults,
+        }
+    }
+
     /// Resident pages that hold memory: the budget's count.
     pub(super) fn charged(&self) -> usize {
         self.resident.saturating_sub(self.zero_mapped)
@@ -384,9 +417,10 @@ impl State {
     /// entries as there are resident pages, and gives back capacity far
     /// beyond what a list holds (keeping [`LIST_SLACK`], or with in-thread
     /// faults [`QUEUE_RESERVE`], spare). A process whose resident set
-    /// shrank kept the lists it had at its largest: an idle Python parent
-    /// of a tree, 768 KiB of lists for 273 entries (2026-11-29). Never in
-    /// a signal handler (it may allocate).
+    /// shrank would keep the lists it had at its largest (an idle Python
+    /// parent of the `tree` benchmark's program: 768 KiB of lists for 273
+    /// entries; the `list_entries` and `lists_bytes` statistics show them).
+    /// Never in a signal handler (it may allocate).
     pub(super) fn trim_lists(&mut self) {
         if self.inactive.len() + self.active.len() > 2 * self.resident + LIST_SLACK {
             for active in [false, true] {
@@ -613,6 +647,75 @@ impl State {
         self.areas[&area].meta[a.1 as usize + 1..b.1 as usize]
             .iter()
             .all(|m| !m.st.resident() && !m.zapping)
+    }
+}
+
+impl State {
+    /// Step 1: pages `page..page + n` of `area`, all `Stored`, become
+    /// `Loading` for the fault `f`.
+    pub(super) fn start_load(&mut self, f: Fault, area: u32, page: u64, n: usize) -> Load {
+        assert!(n <= MAX_LOAD, "a load of {n} pages");
+        let mut tickets = [0; MAX_LOAD];
+        for i in 0..n as u64 {
+            let m = self.meta(area, page + i);
+            debug_assert_eq!(m.st, PageState::Stored);
+            m.st = PageState::Loading;
+            m.qgen = m.qgen.wrapping_add(1);
+            tickets[i as usize] = m.qgen;
+        }
+        self.resident += n;
+        self.loading += n;
+        Load {
+            f,
+            area,
+            page,
+            n,
+            tickets,
+        }
+    }
+
+    /// Whether page `i` of load `l` is still the load's: `Loading` with its
+    /// ticket (`at`: and still at the address `l` was made for).
+    pub(super) fn load_owns(&self, l: &Load, i: usize, at: bool) -> bool {
+        let p = l.page + i as u64;
+        let mine = self
+            .areas
+            .get(&l.area)
+            .and_then(|a| a.meta.get(p as usize))
+            .is_some_and(|m| m.st == PageState::Loading && m.qgen == l.tickets[i]);
+        mine && (!at || lookup(&self.segs, l.f.addr + i * PAGE_SIZE) == Some((l.area, p)))
+    }
+}
+
+impl State {
+    /// The victims (sorted by address) that pass `keep`, in spans:
+    /// neighbours share one when no page between them is resident
+    /// (`gap_is_empty`), so that one call serves the span.
+    pub(super) fn spans(&self, victims: &[Victim], keep: impl Fn(&Victim) -> bool) -> Vec<Span> {
+        let mut out: Vec<Span> = Vec::new();
+        let mut prev: Option<&Victim> = None;
+        for (i, v) in victims.iter().enumerate() {
+            if !keep(v) {
+                continue;
+            }
+            let join = prev.is_some_and(|u| {
+                u.area == v.area
+                    && self.gap_is_empty(v.area, (u.addr, u.page as u64), (v.addr, v.page as u64))
+            });
+            match out.last_mut() {
+                Some(span) if join => {
+                    span.victims.push(i);
+                    span.hi = v.addr + PAGE_SIZE;
+                }
+                _ => out.push(Span {
+                    victims: vec![i],
+                    lo: v.addr,
+                    hi: v.addr + PAGE_SIZE,
+                }),
+            }
+            prev = Some(v);
+        }
+        out
     }
 }
 

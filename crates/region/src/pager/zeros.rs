@@ -6,8 +6,8 @@
 //! page is resident to the pager (it needs no fault) but holds no memory
 //! until the program writes it, and then the kernel copies it without a
 //! fault of ours. A zero run maps far ahead: in a `cc1` of the `tree`
-//! build, half of the pages its zero runs mapped were never written, and
-//! its resident count was twice the memory it held. So the budget counts
+//! build, half of the pages its zero runs map are never written, and its
+//! resident count would be twice the memory it holds. So the budget counts
 //! `State::resident` less the pages that map the zero page
 //! (`State::charged`); the evictor finds them with `PAGEMAP_SCAN`:
 //! - every fault that maps zeros notes its run (`State::note_zeros`, into
@@ -28,9 +28,9 @@
 //! charged, as before any look).
 
 use super::config::CHARGE_PERIOD;
-use super::evict::Victim;
 use super::state::Seg;
-use super::Shared;
+use super::types::Victim;
+use super::PagerCore;
 use crate::sys::{self, PAGE_SIZE};
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -49,7 +49,7 @@ pub(super) struct ZeroLook {
 }
 
 impl ZeroLook {
-    /// None where the kernel has no `PAGEMAP_SCAN` (before 6.7).
+    /// None where the kernel has no `PAGEMAP_SCAN` (it came in Linux 6.7).
     pub(super) fn new(capacity: usize) -> Option<ZeroLook> {
         Some(ZeroLook {
             scan: sys::ZeroScan::new()?,
@@ -123,7 +123,7 @@ fn clip(segs: &BTreeMap<usize, Seg>, runs: &[(usize, usize)]) -> Vec<(usize, usi
     out
 }
 
-impl Shared {
+impl PagerCore {
     /// Looks at which resident pages map the zero page (see the module
     /// docs): a full look if the last is a [`CHARGE_PERIOD`] old, else an
     /// incremental one if faults noted runs since. Under the state lock
@@ -203,9 +203,9 @@ impl Shared {
     /// Counts the victims (sorted by address) that lie in runs found
     /// mapping the zero page (`PagerStats::evict_zero_mapped`), and takes
     /// them out of the zero-mapped count: they leave. From the tracked runs
-    /// alone, no system call: a scan of the batch's range walked the page
-    /// tables between victims spread over the heap, and cost a Python
-    /// dict read at random 9 % of its wall time. A victim written since the
+    /// alone, no system call: a scan of the batch's range would walk the
+    /// page tables between victims spread over the heap, 9 % of the wall
+    /// time of a Python dict read at random. A victim written since the
     /// last look is taken out all the same, which leaves the count low
     /// (charged more) until the next full look.
     pub(super) fn count_zero_mapped(&self, victims: &[Victim]) {

@@ -216,8 +216,7 @@ fn moved_out_victims_the_store_refuses_come_back_in_place() {
     cfg.readahead_max = 0;
     let pager = uzswap_region::Pager::new(store.clone(), cfg).unwrap();
     if !pager.evicts_by_move() {
-        eprintln!("skipped: this kernel has no UFFDIO_MOVE");
-        return;
+        return skip("UFFDIO_MOVE (evictions by move)");
     }
     let r = pager.region(64 * PAGE).unwrap();
     let base = r.as_ptr();

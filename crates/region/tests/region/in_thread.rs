@@ -74,8 +74,8 @@ fn threads_on_a_region_over_the_cache_with_dedup_in_thread() {
 }
 
 /// `mincore` sampled without a pause never sees more than the budget with
-/// faults resolved in-thread (issue 31: once 129 for 128, before the count
-/// was taken under the state lock).
+/// faults resolved in-thread (a count taken outside the state lock would
+/// let it see 129 for 128).
 #[test]
 fn mincore_never_sees_more_than_the_budget_in_thread() {
     let _one = ONE.lock();
@@ -224,13 +224,12 @@ fn a_fault_on_a_page_being_loaded_waits_for_the_load() {
 /// mid-eviction aborts it or waits for it, a read of one being dropped
 /// waits for the drop and loads the page; no version is ever lost.
 ///
-/// Under AddressSanitizer (`.ci/sanitize`, 2026-11-26, c847de8) page 0
-/// once read back version 20 after version 24 had been written (about 1
-/// run in 40): the write fault on the page (loaded `Clean`, protected)
-/// cleared its protection after releasing the state lock, and an eviction
-/// that had claimed, protected, read and stored the page meanwhile dropped
-/// it with the old copy. `unprotect_against_eviction_*` makes that
-/// interleaving.
+/// A write fault on the page (loaded `Clean`, protected) that cleared its
+/// protection after releasing the state lock would let an eviction that
+/// had claimed, protected, read and stored the page meanwhile drop it with
+/// the old copy: page 0 would read back version 20 after version 24 had
+/// been written (under AddressSanitizer, `.ci/sanitize`, about 1 run in
+/// 40). `unprotect_against_eviction_*` makes that interleaving.
 #[test]
 fn faults_on_a_page_under_eviction() {
     let _one = ONE.lock();

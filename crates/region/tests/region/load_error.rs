@@ -14,8 +14,7 @@ fn failed_load_poisons_the_page() {
     });
     let pager = Pager::new(store, PagerConfig::new(16)).unwrap();
     if pager.features() & uzswap_region::sys::feature::POISON == 0 {
-        eprintln!("kernel without UFFDIO_POISON: skipped");
-        return;
+        return skip("UFFDIO_POISON");
     }
     let r = pager.region(8 * PAGE).unwrap();
     let base = r.as_ptr();

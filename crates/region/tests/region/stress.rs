@@ -276,8 +276,8 @@ pub fn hammer_for(
 /// The budget as the kernel sees it, sampled without a pause while four
 /// threads write random pages of a region 8x the budget: `mincore` never
 /// reports more pages than the budget. (Its walk takes one page table at a
-/// time; unsynchronised with faults it counted a page that left behind it
-/// and one that came in ahead of it, up to 135 for 128: issue 31.)
+/// time; unsynchronised with faults it would count a page that left behind
+/// it and one that came in ahead of it, up to 135 for 128.)
 #[test]
 fn mincore_never_sees_more_than_the_budget() {
     mincore_within_budget(uzswap_region::PagerConfig::new(BUDGET));

@@ -11,8 +11,7 @@ use crate::common::*;
 #[test]
 fn pages_mapped_as_zeros_are_not_charged_until_written() {
     if uzswap_region::sys::ZeroScan::new().is_none() {
-        eprintln!("skipped: no PAGEMAP_SCAN on this kernel (Linux 6.7 and later)");
-        return;
+        return skip("PAGEMAP_SCAN (Linux 6.7 and later)");
     }
     let _w = watchdog("zeros", 120);
     let mut cfg = uzswap_region::PagerConfig::new(64);
