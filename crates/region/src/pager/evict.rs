@@ -10,6 +10,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How often an idle evictor looks whether the program's threads have all
+/// ended ([`PagerCore::end_if_program_ended`]): a read of the leader's
+/// `/proc` state, and of every thread's only once the leader has exited.
+const PROGRAM_LOOK_PERIOD: Duration = Duration::from_millis(200);
+
 /// Spans of at most this many victims leave by moves (one `UFFDIO_MOVE`
 /// and one TLB flush per page) rather than one `MADV_DONTNEED` (one remove
 /// event through a handler and one TLB flush per span).
@@ -154,7 +159,12 @@ impl PagerCore {
         period: &mut Duration,
         seen: &mut (usize, usize),
     ) -> bool {
+        let mut looked = Instant::now();
         loop {
+            if looked.elapsed() >= PROGRAM_LOOK_PERIOD {
+                looked = Instant::now();
+                self.end_if_program_ended();
+            }
             {
                 let mut s = self.state.lock();
                 if self.shutdown.load(Ordering::Relaxed) {
@@ -171,7 +181,8 @@ impl PagerCore {
                 }
                 if !charging {
                     if s.zero_mapped == 0 {
-                        self.work_cv.wait(&mut s);
+                        self.work_cv
+                            .wait_until(&mut s, Instant::now() + PROGRAM_LOOK_PERIOD);
                         continue;
                     }
                     // Pages mapped as zeros may be written, and take
@@ -194,6 +205,16 @@ impl PagerCore {
                 *period = self.recharge_paced(*period, seen);
                 *charged_at = Instant::now();
             }
+        }
+    }
+
+    /// Helper threads never keep a process alive: once every thread of the
+    /// program has ended (`uzswap_os::threads::program_ended`), the process
+    /// ends as the C library ends it when its last thread exits, with
+    /// status 0 and its atexit handlers run. Called with no lock held.
+    fn end_if_program_ended(&self) {
+        if self.ours() && uzswap_os::threads::program_ended() {
+            sys::exit_process(0);
         }
     }
 

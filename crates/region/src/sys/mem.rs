@@ -116,10 +116,12 @@ pub fn read_own_pages(pages: &[usize], dst: &mut [u8]) -> io::Result<()> {
             .collect();
         // SAFETY: `local` describes writable memory we own exclusively; the
         // kernel validates every remote range against our address space
-        // and returns an error for unmapped parts.
+        // and returns an error for unmapped parts. The calling thread's id,
+        // not the process's: the process id names the leader, which may
+        // have exited (a zombie has no memory to read) while we run.
         let r = unsafe {
             libc::process_vm_readv(
-                libc::getpid(),
+                libc::gettid(),
                 &local,
                 1,
                 remote.as_ptr(),

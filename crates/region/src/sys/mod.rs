@@ -47,7 +47,7 @@ pub use mem::{
     dontneed, map_anon, map_anon_at, mincore, mincore_count, no_huge_pages, read_own_pages, unmap,
 };
 pub use pagemap::ZeroScan;
-pub use process::{allowed_cpus, atfork, die, getpid, pin_idle};
+pub use process::{allowed_cpus, atfork, die, exit_process, getpid, pin_idle};
 pub use sigbus::{
     bus_fault, chain_signal, errno_value, install_sigbus, set_errno, touch_for_write, yield_cpu,
     BusFault, OldAction, SigHandler,

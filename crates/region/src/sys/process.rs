@@ -22,6 +22,14 @@ pub fn getpid() -> i32 {
     unsafe { libc::getpid() }
 }
 
+/// Ends the process with `status` as `exit(3)` does: the atexit handlers
+/// run, as the C library runs them when the last thread of a process
+/// exits.
+pub fn exit_process(status: i32) -> ! {
+    // SAFETY: ends the process.
+    unsafe { libc::exit(status) }
+}
+
 /// Says `msg` on stderr and ends the process with status 125 (no
 /// destructors, no atexit handlers: for a forked child that cannot go on).
 pub fn die(msg: &str) -> ! {
