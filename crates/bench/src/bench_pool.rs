@@ -3,7 +3,7 @@
 //! 1. Fill: the lz4-compressed 4 KiB pages of real files (a page that does
 //!    not compress below 4096 bytes is stored raw, as zswap does) are stored
 //!    with `malloc_write`; overhead = pool bytes / payload bytes − 1.
-//! 2. Churn, after seed 004: for j = 2..=10, refill to the original object
+//! 2. Churn: for j = 2..=10, refill to the original object
 //!    count, free a random (1 − 1/j) share, measure the overhead, compact,
 //!    measure again. The worst step is reported.
 //! 3. Throughput: malloc+free pairs on a working set of 32 Ki objects with
@@ -15,7 +15,7 @@
 //! every object afterwards in a seeded random order (the median pass of at
 //! least 7 and at least 0.5 s). With `--allocator both` every step runs for xcf
 //! and then zsmalloc on the same compressed objects, and the result holds
-//! one row per allocator plus xcf/zsmalloc ratios: seed 003's table (pages
+//! one row per allocator plus xcf/zsmalloc ratios: the zsmalloc table (pages
 //! stored, pages the pool uses, descriptors, effective compression) with
 //! `--data zero` or `--data text75`.
 

@@ -1028,15 +1028,15 @@ fn kernel_in(k: &Value) -> u64 {
 }
 
 /// The CPU that moving pages out and in cost beyond the unconstrained
-/// run's, per page moved, for a uzswap side and the kernel's (issue 29's
+/// run's, per page moved, for a uzswap side and the kernel's (the target
 /// "uzswap's CPU per fault and per eviction at most the kernel's"). Pages
 /// moved: uzswap's evictions and faults over the tree (its faults include
 /// each page's first touch, which the kernel serves as an ordinary fault:
 /// their extra cost is uzswap's, their count makes its per-page figure
 /// smaller); the kernel's pages stored into zswap, written to swap or
-/// noted zero-filled, and read back from any of them (since 2026-11-28:
-/// before, the zero-filled ones were left out of the kernel's count but
-/// not of uzswap's). A side killed at the deadline has no CPU time,
+/// noted zero-filled, and read back from any of them (the zero-filled
+/// ones count on both sides, as uzswap's count includes its own). A side
+/// killed at the deadline has no CPU time,
 /// and a side that moved no page no figure.
 fn swap_cpu(side: &Value, kernel: &Value, free: &Value) -> Value {
     let extra = |v: &Value| Some((f(v, "cpu_seconds")? - f(free, "cpu_seconds")?).max(0.0));

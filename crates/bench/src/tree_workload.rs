@@ -24,7 +24,8 @@ use std::process::Command;
 /// Limits the build to its first N translation units (tests, quick looks).
 pub const SOURCES_ENV: &str = "UZSWAP_BENCH_TREE_SOURCES";
 
-/// The date gcc gives `__DATE__` and `__TIME__` (2026-01-01).
+/// The date gcc gives `__DATE__` and `__TIME__` (1 January 2026, 00:00
+/// UTC): fixed, so every build compiles the same text.
 const SOURCE_DATE_EPOCH: u64 = 1_767_225_600;
 
 /// The compiler's flags for every unit.

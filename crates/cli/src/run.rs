@@ -449,7 +449,7 @@ pub fn run(a: &Args) -> Result<Outcome> {
     };
     let path = resolve(prog)?;
     check_program(&path)?;
-    // Held until the program ended: the tree opens it by this process's
+    // Held until the program ends: the tree opens it by this process's
     // descriptor (preload.rs).
     let lib = crate::preload::find(a.preload_lib.as_deref())?;
     uzswap_region::sys::Uffd::open(0, None).context("the program's pages could not be managed")?;
