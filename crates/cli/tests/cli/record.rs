@@ -6,11 +6,9 @@
 //! directory that does not exist; and a recording that cannot be written
 //! (/dev/full) stops, said once, while the program runs on.
 //!
-//! The runs are skipped, with a note, without userfaultfd or python3.
+//! The runs are skipped (`common::skip`) without userfaultfd or python3.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::path::Path;
 use std::process::Command;
 
@@ -246,7 +244,7 @@ fn recording_into_a_missing_directory_is_refused_before_the_program_starts() {
 fn a_recording_that_cannot_be_written_stops_and_the_program_runs_on() {
     require_uffd!();
     if !Path::new("/dev/full").exists() {
-        eprintln!("skipped: no /dev/full");
+        skip("no /dev/full");
         return;
     }
     let out = Command::new(env!("CARGO_BIN_EXE_uzswap"))
