@@ -4,6 +4,7 @@
 
 use crate::kernel::{usemem_in_cgroup, KernelSwap};
 use crate::note;
+use crate::stats::{median, per_s};
 use anyhow::Result;
 use serde_json::json;
 use uzswap_workload::corpus::DataKind;
@@ -51,16 +52,6 @@ pub struct Args {
     pub allocator: uzswap_cache::AllocatorKind,
     pub dedup: bool,
     pub vs_kernel: bool,
-}
-
-/// The middle value (the upper one of an even count). `v` is not empty.
-pub fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-pub fn per_s(n: usize, t: std::time::Duration) -> f64 {
-    n as f64 / t.as_secs_f64().max(1e-9)
 }
 
 /// Pages per chunk of the interleaved timing in [`run`].

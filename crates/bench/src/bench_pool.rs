@@ -237,7 +237,7 @@ fn run_one(args: &Args, kind: AllocatorKind, objs: &[Vec<u8>]) -> Result<serde_j
         }
         passes.push(t.elapsed().as_secs_f64());
     }
-    let load_s = crate::bench_cache::median(passes);
+    let load_s = crate::stats::median(passes);
     note(&format!(
         "load: {:.0} reads/s; pool pages {pool_pages} for {pages_stored} pages stored: effective compression {:.2} %",
         count as f64 / load_s,

@@ -18,7 +18,7 @@ mod bench_seal;
 mod bench_tree;
 mod bench_usemem;
 mod kernel;
-mod tree_workload;
+mod stats;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
