@@ -13,11 +13,11 @@
 //! 5. the fastest zswap configuration again with its pool inside B, as a
 //!    cgroup v2 charges it (`systemd-run -p MemoryMax=B` on a v2 machine):
 //!    the v1 controller leaves the pool outside its limit, so the limit is
-//!    steered every 10 ms to B less the pool's size then ([`sides::steer`]). An
-//!    emulation, not a v2 cgroup: one burst of reclaim can grow the pool
-//!    by tens of MiB between two steps, and the tree then holds more than
-//!    B until the limit has come down (its over-target samples say how
-//!    long).
+//!    steered every 10 ms to B less the pool's size then
+//!    ([`sides::steer`]). An emulation, not a v2 cgroup: one burst of
+//!    reclaim can grow the pool by tens of MiB between two steps, and the
+//!    tree then holds more than B until the limit has come down (its
+//!    over-target samples say how long).
 //!
 //! Memory is each side's own account of the tree: `Pss_Anon` summed over
 //! the processes for the unconstrained and uzswap sides (uzswap's includes
@@ -29,10 +29,16 @@
 //! The first [`STARTUP_SAMPLES`] samples do not count for the peak, as in
 //! `uzswap run`'s own accounting.
 //!
-//! Everything changed on the machine is put back by [`crate::kernel::KernelSwap`]'s drop
-//! on every exit path; Ctrl-C and SIGTERM are caught, the running program's
-//! process group is killed, and the benchmark returns an error through
-//! those drops rather than dying with the machine changed.
+//! Everything changed on the machine is put back by
+//! [`crate::kernel::KernelSwap`]'s drop on every exit path; Ctrl-C and
+//! SIGTERM are caught, the running program's process group is killed, and
+//! the benchmark returns an error through those drops rather than dying
+//! with the machine changed.
+//!
+//! The files: the sides and the kernel's configurations (`sides.rs`), a
+//! sampled run of one program (`sampling.rs`), a case over its rounds
+//! (`case.rs`), the JSON object and the table (`report.rs`), and the
+//! programs every side runs (`workloads.rs`).
 
 mod case;
 mod report;
