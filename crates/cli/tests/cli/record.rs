@@ -57,7 +57,15 @@ fn a_recorded_run_reads_back_and_plots() {
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(r.stdout.contains("ok 96"), "{}", r.stdout);
 
-    let v = lines(&rec);
+    check_recording(&rec);
+    check_plot(&rec, &dir.join("run.svg"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The recording of `bytearrays.py 96` in 32 MiB: its header, then samples
+/// whose totals add up, counters that never go back, the tree measured.
+fn check_recording(rec: &Path) {
+    let v = lines(rec);
     let (header, samples) = v.split_first().expect("a header");
     assert_eq!(header["kind"], "uzswap-recording", "{header}");
     assert_eq!(header["format"], 1);
@@ -110,8 +118,11 @@ fn a_recorded_run_reads_back_and_plots() {
         .collect();
     assert!(evictions.windows(2).all(|w| w[1] >= w[0]), "{evictions:?}");
     assert!(evictions.last() > Some(&0));
+}
 
-    let svg = dir.join("run.svg");
+/// `uzswap plot` of the recording `rec` into `svg`: its legend, axes and
+/// title.
+fn check_plot(rec: &Path, svg: &Path) {
     let out = uzswap()
         .args(["plot", rec.to_str().unwrap(), "-o", svg.to_str().unwrap()])
         .output()
@@ -121,7 +132,7 @@ fn a_recorded_run_reads_back_and_plots() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let texts = svg_texts(&svg);
+    let texts = svg_texts(svg);
     for name in [
         "resident (program memory in RAM)",
         "compressed pool",
@@ -141,7 +152,6 @@ fn a_recorded_run_reads_back_and_plots() {
         .find(|t| t.starts_with("python3 "))
         .expect("a title");
     assert!(title.contains("budget 32.0 MiB, measured peak"), "{title}");
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// `uzswap plot ARGS` failed with status 1 and said `says`.

@@ -274,29 +274,7 @@ fn check_exposition(prom: &str, t: &Tree) {
             Some(name),
             "sample out of its family: {l}"
         );
-        assert!(name.starts_with("uzswap_"), "{l}");
-        assert!(
-            name.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
-            "{l}"
-        );
-        if name.starts_with("uzswap_process_") {
-            // ^uzswap_[a-z_]+(_bytes|_total)?$, and the process named.
-            assert!(
-                name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
-                "{l}"
-            );
-            assert!(labels.starts_with("pid=\""), "{l}");
-            assert!(labels.contains("comm=\""), "{l}");
-        } else if !name.starts_with("uzswap_tree_") {
-            assert!(labels.starts_with("pid=\""), "{l}");
-        }
-        // Counters, and only they, end in _total.
-        assert_eq!(
-            name.ends_with("_total"),
-            kinds.last() == Some(&"counter"),
-            "{l}"
-        );
+        check_name(l, name, labels, kinds.last().copied());
         samples += 1;
     }
     assert!(samples > 50, "{prom}");
@@ -332,6 +310,30 @@ fn check_exposition(prom: &str, t: &Tree) {
             "{prom}"
         );
     }
+}
+
+/// The name and labels of one sample `l` of a family of type `kind`: as
+/// the conventions have them, a process's sample labelled with its pid.
+fn check_name(l: &str, name: &str, labels: &str, kind: Option<&str>) {
+    assert!(name.starts_with("uzswap_"), "{l}");
+    assert!(
+        name.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+        "{l}"
+    );
+    if name.starts_with("uzswap_process_") {
+        // ^uzswap_[a-z_]+(_bytes|_total)?$, and the process named.
+        assert!(
+            name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+            "{l}"
+        );
+        assert!(labels.starts_with("pid=\""), "{l}");
+        assert!(labels.contains("comm=\""), "{l}");
+    } else if !name.starts_with("uzswap_tree_") {
+        assert!(labels.starts_with("pid=\""), "{l}");
+    }
+    // Counters, and only they, end in _total.
+    assert_eq!(name.ends_with("_total"), kind == Some("counter"), "{l}");
 }
 
 /// The URL a `--serve` or `--metrics` process says it serves, from its
