@@ -56,15 +56,52 @@ fn main() {
     let release = env("PROFILE") == "release";
     let target_dir = nested_target_dir(&out_dir);
 
+    let mut cmd = nested_build(&ws, &target, release, &target_dir);
+    let status = cmd.status().unwrap_or_else(|e| {
+        fail(&format!(
+            "cannot run cargo for the nested build of the preload runtime: {e}; \
+             build with cargo (it sets CARGO for build scripts)"
+        ))
+    });
+    if !status.success() {
+        fail(&format!(
+            "the nested build of the preload runtime (`cargo rustc -p uzswap-preload --lib \
+             --locked`, target directory {}) failed ({status}); its output is above. If it \
+             could not download a crate, check the network or run `cargo fetch --locked` \
+             in {} first",
+            target_dir.display(),
+            ws.display()
+        ));
+    }
+
+    let built = target_dir
+        .join(&target)
+        .join(if release { "release" } else { "debug" });
+    let lib = built.join(LIB);
+    if !lib.is_file() {
+        fail(&format!(
+            "the nested build of the preload runtime succeeded but left no {}: \
+             report it (cargo's output layout may have changed)",
+            lib.display()
+        ));
+    }
+    declare_reruns(&ws, &built);
+    println!("cargo:rustc-env=UZSWAP_PRELOAD_EMBED={}", lib.display());
+}
+
+/// The nested build of the runtime: `cargo rustc` of the preload crate
+/// into `target_dir`, in the environment of a build of its own, both its
+/// output streams to this script's stderr.
+fn nested_build(ws: &Path, target: &str, release: bool, target_dir: &Path) -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(&ws)
+    cmd.current_dir(ws)
         .args(["rustc", "-p", "uzswap-preload", "--lib", "--locked"])
         .arg("--manifest-path")
         .arg(ws.join("Cargo.toml"))
         .arg("--target-dir")
-        .arg(&target_dir)
-        .args(["--target", &target]);
+        .arg(target_dir)
+        .args(["--target", target]);
     if release {
         cmd.arg("--release");
     }
@@ -117,34 +154,13 @@ fn main() {
         )
     };
     cmd.stdout(to_stderr()).stderr(to_stderr());
-    let status = cmd.status().unwrap_or_else(|e| {
-        fail(&format!(
-            "cannot run cargo for the nested build of the preload runtime: {e}; \
-             build with cargo (it sets CARGO for build scripts)"
-        ))
-    });
-    if !status.success() {
-        fail(&format!(
-            "the nested build of the preload runtime (`cargo rustc -p uzswap-preload --lib \
-             --locked`, target directory {}) failed ({status}); its output is above. If it \
-             could not download a crate, check the network or run `cargo fetch --locked` \
-             in {} first",
-            target_dir.display(),
-            ws.display()
-        ));
-    }
+    cmd
+}
 
-    let built = target_dir
-        .join(&target)
-        .join(if release { "release" } else { "debug" });
-    let lib = built.join(LIB);
-    if !lib.is_file() {
-        fail(&format!(
-            "the nested build of the preload runtime succeeded but left no {}: \
-             report it (cargo's output layout may have changed)",
-            lib.display()
-        ));
-    }
+/// Tells cargo when to run this script again: a file the runtime in
+/// `built` was built from changes (from its dep-info), or a manifest,
+/// Cargo.lock or this script does.
+fn declare_reruns(ws: &Path, built: &Path) {
     // Registry sources do not change under a version (Cargo.lock names it).
     let deps: Vec<PathBuf> = dep_info(&built.join("libuzswap_preload.d"))
         .into_iter()
@@ -168,7 +184,6 @@ fn main() {
         }
     }
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rustc-env=UZSWAP_PRELOAD_EMBED={}", lib.display());
 }
 
 /// Where the nested build keeps its work between builds:

@@ -1,12 +1,12 @@
 //! The two policies that decide when pages go to the backing tier, each
 //! against the default in one run: `uzswap-bench admission` (IO-aware
-//! admission, seed 002, on a fast and on a slow tier) and `uzswap-bench
+//! admission, on a fast and on a slow tier) and `uzswap-bench
 //! proactive` (proactive writeback on a pool the workload overflows).
 //!
 //! Several threads store their share of real pages and then load them back
 //! (exclusive, checking every byte). The tier is a backing file in
-//! `$TMPDIR`: *fast* as it is (the page cache absorbs the writes: seed
-//! 002's VM case), *slow* with a fixed delay added to every read and write
+//! `$TMPDIR`: *fast* as it is (the page cache absorbs the writes, as on a
+//! VM whose disk is cached by the host), *slow* with a fixed delay added to every read and write
 //! (a disk). With admission on, a page goes straight to the tier while the
 //! tier is idle and into the pool while it is busy.
 

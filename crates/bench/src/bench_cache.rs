@@ -4,6 +4,7 @@
 
 use crate::kernel::{usemem_in_cgroup, KernelSwap};
 use crate::note;
+use crate::stats::{median, per_s};
 use anyhow::Result;
 use serde_json::json;
 use uzswap_workload::corpus::DataKind;
@@ -51,16 +52,6 @@ pub struct Args {
     pub allocator: uzswap_cache::AllocatorKind,
     pub dedup: bool,
     pub vs_kernel: bool,
-}
-
-/// The middle value (the upper one of an even count). `v` is not empty.
-pub fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-pub fn per_s(n: usize, t: std::time::Duration) -> f64 {
-    n as f64 / t.as_secs_f64().max(1e-9)
 }
 
 /// Pages per chunk of the interleaved timing in [`run`].
@@ -157,8 +148,7 @@ pub fn run_allocators(
 /// every page back (kept, then exclusively), one thread, side by side with
 /// the raw codec on the same pages.
 pub fn run(a: &Args) -> Result<serde_json::Value> {
-    use uzswap_cache::codec::COMPRESS_BOUND;
-    use uzswap_cache::{Cache, CacheConfig, LoadMode, PoolLimit, PAGE_SIZE};
+    use uzswap_cache::{Cache, CacheConfig, PoolLimit, PAGE_SIZE};
     let count = a.mib << 8;
     let pages = uzswap_workload::corpus::load(a.data, count)?;
     let comp = pages.composition();
@@ -176,77 +166,16 @@ pub fn run(a: &Args) -> Result<serde_json::Value> {
         ..CacheConfig::default()
     })?;
     cache.open_area(0)?;
-    // The raw codec's output, one slot of COMPRESS_BOUND bytes per page.
-    let c = a.compressor;
-    let mut out = vec![0u8; n * COMPRESS_BOUND];
-    let mut sizes = vec![0usize; n];
-    let store = SideBySide::run(
-        n,
-        |r| {
-            for i in r {
-                let dst = &mut out[i * COMPRESS_BOUND..(i + 1) * COMPRESS_BOUND];
-                sizes[i] = c
-                    .compress(pages.page(i), dst)
-                    .ok_or_else(|| anyhow::anyhow!("{c} failed on page {i}"))?;
-            }
-            Ok(())
-        },
-        |r| {
-            for i in r {
-                cache.store(0, i as u64, pages.page(i))?;
-            }
-            Ok(())
-        },
-    )?;
-    let raw_sum: u64 = sizes.iter().map(|&s| s as u64).sum();
-    let st = cache.stats();
+    let t = side_by_side(&cache, &pages, a.compressor)?;
+    let (st, corrupt, raw_sum) = (t.st, t.corrupt, t.raw_sum);
     let pool_bytes = st.pool_total_size;
-    let mut page = vec![0u8; PAGE_SIZE];
-    let mut buf = vec![0u8; PAGE_SIZE];
-    let mut decompress = |r: std::ops::Range<usize>| -> Result<()> {
-        for i in r {
-            let src = &out[i * COMPRESS_BOUND..i * COMPRESS_BOUND + sizes[i]];
-            c.codec()
-                .decompress(src, &mut page)
-                .map_err(|_| anyhow::anyhow!("{c} did not round-trip page {i}"))?;
-        }
-        Ok(())
-    };
-    let load_keep = SideBySide::run(n, &mut decompress, |r| {
-        for i in r {
-            cache.load(0, i as u64, &mut buf, LoadMode::Keep)?;
-        }
-        Ok(())
-    })?;
-    // Untimed: every page comes back exactly.
-    let mut corrupt = 0u64;
-    for i in 0..n {
-        cache.load(0, i as u64, &mut buf, LoadMode::Keep)?;
-        corrupt += u64::from(buf != pages.page(i));
-    }
-    let load = SideBySide::run(n, &mut decompress, |r| {
-        for i in r {
-            cache.load(0, i as u64, &mut buf, LoadMode::Exclusive)?;
-        }
-        Ok(())
-    })?;
-    // What the allocator did behind the loads: background compactions and
-    // batches of emptied pages given back to the kernel.
-    let ps = cache.pool_stats();
-    let pool_after_loads = json!({
-        "compactions": ps.compactions,
-        "objects_moved": ps.objects_moved,
-        "release_batches": ps.extra("release_batches"),
-        "releasing_pages": ps.extra("releasing_pages"),
-        "pool_bytes": ps.pool_bytes,
-    });
-    let codec_c = per_s(n, store.codec);
-    let codec_d = per_s(2 * n, load_keep.codec + load.codec);
-    let (store_r, load_r, load_keep_r) = (store.ratio(), load.ratio(), load_keep.ratio());
+    let codec_c = per_s(n, t.store.codec);
+    let codec_d = per_s(2 * n, t.load_keep.codec + t.load.codec);
+    let (store_r, load_r, load_keep_r) = (t.store.ratio(), t.load.ratio(), t.load_keep.ratio());
     let (store, load, load_keep) = (
-        per_s(n, store.cache),
-        per_s(n, load.cache),
-        per_s(n, load_keep.cache),
+        per_s(n, t.store.cache),
+        per_s(n, t.load.cache),
+        per_s(n, t.load_keep.cache),
     );
     anyhow::ensure!(corrupt == 0, "{corrupt} pages came back wrong");
     let stored = st.stored_pages.max(1) as f64 * PAGE_SIZE as f64;
@@ -287,7 +216,7 @@ pub fn run(a: &Args) -> Result<serde_json::Value> {
         "load_keep_vs_codec": load_keep_r,
         "ratio_chunk_pages": CHUNK_PAGES,
         "corrupt_pages": corrupt,
-        "pool_after_loads": pool_after_loads,
+        "pool_after_loads": t.pool_after_loads,
     });
     note(&format!(
         "cache {}: store {:.0} pages/s ({:.2}x codec), load {:.0} pages/s ({:.2}x codec), effective_ratio {:.3} (non-zero pages {:.3})",
@@ -300,19 +229,125 @@ pub fn run(a: &Args) -> Result<serde_json::Value> {
         pool_bytes as f64 / nonzero
     ));
     if a.vs_kernel {
-        // The kernel has no lz4 or zstd for zswap here: its default lzo is
-        // the reference for them, deflate for deflate.
-        let kc = match a.compressor {
-            uzswap_cache::Compressor::Deflate { .. } => "deflate",
-            _ => "lzo",
-        };
-        let k = kernel_zswap(a.data, a.mib, kc)?;
-        let kr = k["effective_ratio"].as_f64().unwrap_or(f64::NAN);
-        v["kernel"] = k;
-        v["kernel_effective_ratio"] = json!(kr);
-        v["effective_ratio_vs_kernel"] = json!((pool_bytes as f64 / nonzero) / kr);
+        beside_kernel(a, pool_bytes as f64 / nonzero, &mut v)?;
     }
     Ok(v)
+}
+
+/// Adds the kernel's zswap on the same data to `v`, and the cache's
+/// effective ratio on the non-zero pages (`ours`) against it.
+fn beside_kernel(a: &Args, ours: f64, v: &mut serde_json::Value) -> Result<()> {
+    // The kernel has no lz4 or zstd for zswap here: its default lzo is
+    // the reference for them, deflate for deflate.
+    let kc = match a.compressor {
+        uzswap_cache::Compressor::Deflate { .. } => "deflate",
+        _ => "lzo",
+    };
+    let k = kernel_zswap(a.data, a.mib, kc)?;
+    let kr = k["effective_ratio"].as_f64().unwrap_or(f64::NAN);
+    v["kernel"] = k;
+    v["kernel_effective_ratio"] = json!(kr);
+    v["effective_ratio_vs_kernel"] = json!(ours / kr);
+    Ok(())
+}
+
+/// The cache and the raw codec `c` side by side on `pages`: stores, then
+/// loads that keep the copy, an untimed check that every page comes back
+/// exactly, and loads that free it.
+fn side_by_side(
+    cache: &uzswap_cache::Cache,
+    pages: &uzswap_workload::corpus::Pages,
+    c: uzswap_cache::Compressor,
+) -> Result<Timed> {
+    use uzswap_cache::codec::COMPRESS_BOUND;
+    use uzswap_cache::{LoadMode, PAGE_SIZE};
+    let n = pages.count();
+    // The raw codec's output, one slot of COMPRESS_BOUND bytes per page.
+    let mut out = vec![0u8; n * COMPRESS_BOUND];
+    let mut sizes = vec![0usize; n];
+    let store = SideBySide::run(
+        n,
+        |r| {
+            for i in r {
+                let dst = &mut out[i * COMPRESS_BOUND..(i + 1) * COMPRESS_BOUND];
+                sizes[i] = c
+                    .compress(pages.page(i), dst)
+                    .ok_or_else(|| anyhow::anyhow!("{c} failed on page {i}"))?;
+            }
+            Ok(())
+        },
+        |r| {
+            for i in r {
+                cache.store(0, i as u64, pages.page(i))?;
+            }
+            Ok(())
+        },
+    )?;
+    let raw_sum: u64 = sizes.iter().map(|&s| s as u64).sum();
+    let st = cache.stats();
+    let mut page = vec![0u8; PAGE_SIZE];
+    let mut buf = vec![0u8; PAGE_SIZE];
+    let mut decompress = |r: std::ops::Range<usize>| -> Result<()> {
+        for i in r {
+            let src = &out[i * COMPRESS_BOUND..i * COMPRESS_BOUND + sizes[i]];
+            c.codec()
+                .decompress(src, &mut page)
+                .map_err(|_| anyhow::anyhow!("{c} did not round-trip page {i}"))?;
+        }
+        Ok(())
+    };
+    let load_keep = SideBySide::run(n, &mut decompress, |r| {
+        for i in r {
+            cache.load(0, i as u64, &mut buf, LoadMode::Keep)?;
+        }
+        Ok(())
+    })?;
+    // Untimed: every page comes back exactly.
+    let mut corrupt = 0u64;
+    for i in 0..n {
+        cache.load(0, i as u64, &mut buf, LoadMode::Keep)?;
+        corrupt += u64::from(buf != pages.page(i));
+    }
+    let load = SideBySide::run(n, &mut decompress, |r| {
+        for i in r {
+            cache.load(0, i as u64, &mut buf, LoadMode::Exclusive)?;
+        }
+        Ok(())
+    })?;
+    // What the allocator did behind the loads: background compactions and
+    // batches of emptied pages given back to the kernel.
+    let ps = cache.pool_stats();
+    let pool_after_loads = json!({
+        "compactions": ps.compactions,
+        "objects_moved": ps.objects_moved,
+        "release_batches": ps.extra("release_batches"),
+        "releasing_pages": ps.extra("releasing_pages"),
+        "pool_bytes": ps.pool_bytes,
+    });
+    Ok(Timed {
+        store,
+        load_keep,
+        load,
+        corrupt,
+        raw_sum,
+        st,
+        pool_after_loads,
+    })
+}
+
+/// What [`side_by_side`] timed and found.
+struct Timed {
+    store: SideBySide,
+    load_keep: SideBySide,
+    load: SideBySide,
+    /// Pages that came back wrong.
+    corrupt: u64,
+    /// The raw codec's output, in bytes.
+    raw_sum: u64,
+    /// The cache's statistics after the stores.
+    st: uzswap_cache::CacheStats,
+    /// What the allocator did behind the loads.
+    pool_after_loads: serde_json::Value,
 }
 
 /// `uzswap-bench dedup-cost`: what looking for duplicates costs the store

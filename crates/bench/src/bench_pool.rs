@@ -3,7 +3,7 @@
 //! 1. Fill: the lz4-compressed 4 KiB pages of real files (a page that does
 //!    not compress below 4096 bytes is stored raw, as zswap does) are stored
 //!    with `malloc_write`; overhead = pool bytes / payload bytes − 1.
-//! 2. Churn, after seed 004: for j = 2..=10, refill to the original object
+//! 2. Churn: for j = 2..=10, refill to the original object
 //!    count, free a random (1 − 1/j) share, measure the overhead, compact,
 //!    measure again. The worst step is reported.
 //! 3. Throughput: malloc+free pairs on a working set of 32 Ki objects with
@@ -15,7 +15,7 @@
 //! every object afterwards in a seeded random order (the median pass of at
 //! least 7 and at least 0.5 s). With `--allocator both` every step runs for xcf
 //! and then zsmalloc on the same compressed objects, and the result holds
-//! one row per allocator plus xcf/zsmalloc ratios: seed 003's table (pages
+//! one row per allocator plus xcf/zsmalloc ratios: the zsmalloc table (pages
 //! stored, pages the pool uses, descriptors, effective compression) with
 //! `--data zero` or `--data text75`.
 
@@ -223,21 +223,7 @@ fn run_one(args: &Args, kind: AllocatorKind, objs: &[Vec<u8>]) -> Result<serde_j
     let pool_pages = st.pages_held;
     let descriptors = st.extra("descriptors");
 
-    // Load: every object read once, in an order fixed by a seed (the same
-    // for every allocator), as a cache's loads come.
-    let mut order: Vec<usize> = (0..count).collect();
-    order.shuffle(&mut rand::rngs::SmallRng::seed_from_u64(3));
-    let mut buf = vec![0u8; PAGE];
-    let mut passes = Vec::with_capacity(LOAD_PASSES);
-    let t_all = Instant::now();
-    while passes.len() < LOAD_PASSES || t_all.elapsed().as_secs_f64() < LOAD_SECONDS {
-        let t = Instant::now();
-        for &i in &order {
-            pool.read(live[i].0, &mut buf)?;
-        }
-        passes.push(t.elapsed().as_secs_f64());
-    }
-    let load_s = crate::bench_cache::median(passes);
+    let load_s = load_passes(pool.as_ref(), &live)?;
     note(&format!(
         "load: {:.0} reads/s; pool pages {pool_pages} for {pages_stored} pages stored: effective compression {:.2} %",
         count as f64 / load_s,
@@ -245,52 +231,13 @@ fn run_one(args: &Args, kind: AllocatorKind, objs: &[Vec<u8>]) -> Result<serde_j
     ));
 
     // 2. Churn.
-    let mut r = rand::rngs::SmallRng::seed_from_u64(42);
-    let mut worst_before: f64 = 0.0;
-    let mut worst_after: f64 = 0.0;
-    let mut steps = Vec::new();
-    let (mut freed, mut free_s) = (0u64, 0f64);
-    let mut next = 0usize;
-    for j in 2..=10usize {
-        while live.len() < count {
-            let i = next % count;
-            next += 1;
-            live.push((pool.malloc_write(&objs[i])?, i));
-        }
-        live.shuffle(&mut r);
-        let keep = live.len() / j;
-        let t = Instant::now();
-        for (h, _) in live.drain(keep..) {
-            pool.free(h)?;
-            freed += 1;
-        }
-        free_s += t.elapsed().as_secs_f64();
-        let before = pool.stats().overhead();
-        let t = Instant::now();
-        let rep = pool.compact();
-        let compact_s = t.elapsed().as_secs_f64();
-        let after = pool.stats().overhead();
-        note(&format!(
-            "churn 1/{j}: kept {keep}, overhead {:.2} % -> compact (moved {}, freed {} pages, {:.1} ms) -> {:.2} %",
-            before * 100.0,
-            rep.objects_moved,
-            rep.pages_freed,
-            compact_s * 1e3,
-            after * 100.0
-        ));
-        worst_before = worst_before.max(before);
-        worst_after = worst_after.max(after);
-        steps.push(json!({"keep_fraction": format!("1/{j}"), "overhead_before_compact": before,
-            "overhead_after_compact": after, "objects_moved": rep.objects_moved, "pages_freed": rep.pages_freed}));
-    }
-    // Verify every survivor before letting go.
-    for &(h, i) in &live {
-        let n = pool.read(h, &mut buf)?;
-        anyhow::ensure!(buf[..n] == objs[i][..], "object {i} changed in the pool");
-    }
-    for (h, _) in live.drain(..) {
-        pool.free(h)?;
-    }
+    let Churn {
+        worst_before,
+        worst_after,
+        steps,
+        freed,
+        free_s,
+    } = churn(pool.as_ref(), objs, live)?;
 
     // 3. Pairs.
     let sizes: Vec<usize> = objs.iter().map(Vec::len).collect();
@@ -338,6 +285,99 @@ fn run_one(args: &Args, kind: AllocatorKind, objs: &[Vec<u8>]) -> Result<serde_j
             .map_or(f64::NAN, |b| b as f64 / count as f64));
     }
     Ok(row)
+}
+
+/// The load phase: every object read once a pass, in an order fixed by a
+/// seed (the same for every allocator), as a cache's loads come; returns
+/// the median pass's seconds.
+fn load_passes(pool: &dyn Zpool, live: &[(Handle, usize)]) -> Result<f64> {
+    let count = live.len();
+    let mut order: Vec<usize> = (0..count).collect();
+    order.shuffle(&mut rand::rngs::SmallRng::seed_from_u64(3));
+    let mut buf = vec![0u8; PAGE];
+    let mut passes = Vec::with_capacity(LOAD_PASSES);
+    let t_all = Instant::now();
+    while passes.len() < LOAD_PASSES || t_all.elapsed().as_secs_f64() < LOAD_SECONDS {
+        let t = Instant::now();
+        for &i in &order {
+            pool.read(live[i].0, &mut buf)?;
+        }
+        passes.push(t.elapsed().as_secs_f64());
+    }
+    Ok(crate::stats::median(passes))
+}
+
+/// What [`churn`] measured.
+struct Churn {
+    /// The worst overhead before and after a compaction.
+    worst_before: f64,
+    worst_after: f64,
+    /// Each step's figures.
+    steps: Vec<serde_json::Value>,
+    /// Objects freed, and the seconds the frees took.
+    freed: u64,
+    free_s: f64,
+}
+
+/// The churn: for j = 2..=10, refill to the original object count, free a
+/// random (1 − 1/j) share, compact; every survivor verified at the end,
+/// then freed.
+fn churn(pool: &dyn Zpool, objs: &[Vec<u8>], mut live: Vec<(Handle, usize)>) -> Result<Churn> {
+    let count = objs.len();
+    let mut buf = vec![0u8; PAGE];
+    let mut r = rand::rngs::SmallRng::seed_from_u64(42);
+    let mut worst_before: f64 = 0.0;
+    let mut worst_after: f64 = 0.0;
+    let mut steps = Vec::new();
+    let (mut freed, mut free_s) = (0u64, 0f64);
+    let mut next = 0usize;
+    for j in 2..=10usize {
+        while live.len() < count {
+            let i = next % count;
+            next += 1;
+            live.push((pool.malloc_write(&objs[i])?, i));
+        }
+        live.shuffle(&mut r);
+        let keep = live.len() / j;
+        let t = Instant::now();
+        for (h, _) in live.drain(keep..) {
+            pool.free(h)?;
+            freed += 1;
+        }
+        free_s += t.elapsed().as_secs_f64();
+        let before = pool.stats().overhead();
+        let t = Instant::now();
+        let rep = pool.compact();
+        let compact_s = t.elapsed().as_secs_f64();
+        let after = pool.stats().overhead();
+        note(&format!(
+            "churn 1/{j}: kept {keep}, overhead {:.2} % -> compact (moved {}, freed {} pages, {:.1} ms) -> {:.2} %",
+            before * 100.0,
+            rep.objects_moved,
+            rep.pages_freed,
+            compact_s * 1e3,
+            after * 100.0
+        ));
+        worst_before = worst_before.max(before);
+        worst_after = worst_after.max(after);
+        steps.push(json!({"keep_fraction": format!("1/{j}"), "overhead_before_compact": before,
+            "overhead_after_compact": after, "objects_moved": rep.objects_moved, "pages_freed": rep.pages_freed}));
+    }
+    // Verify every survivor before letting go.
+    for &(h, i) in &live {
+        let n = pool.read(h, &mut buf)?;
+        anyhow::ensure!(buf[..n] == objs[i][..], "object {i} changed in the pool");
+    }
+    for (h, _) in live.drain(..) {
+        pool.free(h)?;
+    }
+    Ok(Churn {
+        worst_before,
+        worst_after,
+        steps,
+        freed,
+        free_s,
+    })
 }
 
 /// malloc+free pairs per second over a working set, on `threads` threads.

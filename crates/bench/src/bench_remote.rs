@@ -10,9 +10,9 @@
 //! (`uzswap_remote::testing`); without `redis-server` the Redis rows are
 //! left out, with a note.
 
-use crate::bench_cache::median;
 use crate::bench_seal::fill_and_write_back;
 use crate::note;
+use crate::stats::median;
 use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
 use std::time::Instant;

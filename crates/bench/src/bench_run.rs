@@ -9,9 +9,9 @@
 //! charged to the cgroup). The corpus the program checks against is a
 //! read-only file mapping on both sides, charged to neither.
 
-use crate::bench_cache::median;
 use crate::kernel::{measure_in_cgroup, KernelSwap};
 use crate::note;
+use crate::stats::median;
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::{json, Value};
 use std::io::BufRead;

@@ -5,8 +5,8 @@
 //! xxh3-128 checksum, in alternating rounds; the medians and their ratios
 //! are reported.
 
-use crate::bench_cache::{median, per_s};
 use crate::note;
+use crate::stats::{median, per_s};
 use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
 use std::time::Instant;

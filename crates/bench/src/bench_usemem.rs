@@ -8,6 +8,7 @@ use crate::kernel::{usemem_in_cgroup, KernelRun, KernelSwap};
 use crate::note;
 use anyhow::{Context, Result};
 use serde_json::json;
+use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -152,25 +153,18 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
     Ok(out)
 }
 
-/// The workload in a uzswap region with a resident budget, over the cache
-/// (pool limit the default 20 % of RAM, as the kernel's zswap; an encrypted
-/// backing file in $TMPDIR). Memory is sampled every 10 ms: the process's
-/// RSS above what it held before the region existed, and uzswap's own
-/// account (resident region pages + pool + index).
-fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Arc;
-    // Checked before the corpus is read (seconds).
-    let compressor: uzswap_cache::Compressor = args.w.compressor.parse()?;
-    let cold_compressor = args
-        .cold_compressor
-        .as_deref()
-        .map(str::parse::<uzswap_cache::Compressor>)
-        .transpose()
-        .context("--cold-compressor")?;
-    let pages = uzswap_workload::corpus::load_for_workload(args.w.data, args.w.mib())?;
-    note(&format!("data: {}", pages.source));
-    // Kept until the run ends: the server of `--tier redis`.
+/// The cache (over the file or Redis tier `args` names) and the pager
+/// over it that the usemem run under uzswap uses, and the Redis server
+/// started for `--tier redis`, to be kept until the run ends.
+fn make_pager(
+    args: &Args,
+    compressor: uzswap_cache::Compressor,
+    cold_compressor: Option<uzswap_cache::Compressor>,
+) -> Result<(
+    Arc<uzswap_cache::Cache>,
+    Arc<uzswap_region::Pager>,
+    Option<uzswap_remote::testing::Server>,
+)> {
     let mut server = None;
     let backing = match args.tier {
         Tier::File => uzswap_cache::Backing::File(std::env::temp_dir()),
@@ -210,6 +204,28 @@ fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
         cfg.readahead_max = n;
     }
     let pager = Arc::new(uzswap_region::Pager::new(cache.clone(), cfg)?);
+    Ok((cache, pager, server))
+}
+
+/// The workload in a uzswap region with a resident budget, over the cache
+/// (pool limit the default 20 % of RAM, as the kernel's zswap; an encrypted
+/// backing file in $TMPDIR). Memory is sampled every 10 ms: the process's
+/// RSS above what it held before the region existed, and uzswap's own
+/// account (resident region pages + pool + index).
+fn uzswap_run(args: &Args) -> Result<serde_json::Value> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    // Checked before the corpus is read (seconds).
+    let compressor: uzswap_cache::Compressor = args.w.compressor.parse()?;
+    let cold_compressor = args
+        .cold_compressor
+        .as_deref()
+        .map(str::parse::<uzswap_cache::Compressor>)
+        .transpose()
+        .context("--cold-compressor")?;
+    let pages = uzswap_workload::corpus::load_for_workload(args.w.data, args.w.mib())?;
+    note(&format!("data: {}", pages.source));
+    // The server of `--tier redis`, kept until the run ends.
+    let (cache, pager, server) = make_pager(args, compressor, cold_compressor)?;
     let base_rss = uzswap_os::rss_bytes().unwrap_or(0);
     let mut region = pager.region(args.w.mib() << 20)?;
     let stop = Arc::new(AtomicBool::new(false));

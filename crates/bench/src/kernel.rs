@@ -184,7 +184,7 @@ pub struct ZswapSample {
     pub pswpout: u64,
     /// Pages read back from swap.
     pub pswpin: u64,
-    /// Zero-filled pages swapped out and in (since Linux 6.12 these go
+    /// Zero-filled pages swapped out and in (from Linux 6.12 on these go
     /// to neither zswap nor the disk: the swap map notes them, and their
     /// pages count in neither `zswpout` nor `pswpout`).
     pub swpout_zero: u64,
@@ -275,8 +275,8 @@ impl KernelSwap {
             Some(c) => {
                 let param = format!("{ZSWAP_PARAMS}/compressor");
                 if std::fs::write(&param, c).is_err() {
-                    // As the issue asks: the same compressor where the
-                    // kernel has it, else its default, lzo.
+                    // The same compressor as uzswap's where the kernel
+                    // has it, else its default, lzo.
                     note(&format!(
                         "the kernel has no {c} compressor for zswap: using lzo"
                     ));

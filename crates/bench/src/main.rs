@@ -18,7 +18,7 @@ mod bench_seal;
 mod bench_tree;
 mod bench_usemem;
 mod kernel;
-mod tree_workload;
+mod stats;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -274,9 +274,49 @@ fn emit(json: bool, v: &serde_json::Value) -> Result<()> {
     Ok(())
 }
 
+/// Runs the benchmark `cli` names: those of programs under a budget (and
+/// the kernel's helpers) here, those of the cache and its tiers through
+/// [`run_cache`].
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Usemem(args) => emit(args.json, &bench_usemem::run(&args)?),
+        Cmd::Tree(args) => {
+            let v = bench_tree::run(&args)?;
+            eprint!("{}", bench_tree::table(&v));
+            emit(args.sides.json, &v)
+        }
+        Cmd::Programs(args) => {
+            let v = bench_tree::run_programs(&args)?;
+            eprint!("{}", bench_tree::table(&v));
+            emit(args.sides.json, &v)
+        }
+        Cmd::Run(args) => {
+            let v = bench_run::run(&args)?;
+            if !args.json {
+                eprint!("{}", bench_run::table(&v));
+            }
+            emit(args.json, &v)
+        }
+        Cmd::InternalKernelZswap {
+            data,
+            mib,
+            compressor,
+        } => emit(true, &bench_cache::kernel_zswap(data, mib, &compressor)?),
+        Cmd::InternalUsemem {
+            cgroup,
+            data,
+            mib,
+            pattern,
+            passes,
+        } => kernel::usemem_child(&cgroup, data, mib, pattern, passes),
+        cmd => run_cache(cmd),
+    }
+}
+
+/// Runs a benchmark of the cache or its pool, in this process, or one of
+/// the backing tiers through [`run_tier`].
+fn run_cache(cmd: Cmd) -> Result<()> {
+    match cmd {
         Cmd::DedupCost {
             data,
             mib,
@@ -287,6 +327,60 @@ fn run(cli: Cli) -> Result<()> {
             let v = bench_cache::dedup_cost(data, mib as usize, compressor, rounds as usize)?;
             emit(json, &v)
         }
+        Cmd::Cache {
+            data,
+            compressor,
+            mib,
+            allocator,
+            dedup,
+            vs_kernel,
+            json,
+        } => {
+            let v = bench_cache::run_allocators(
+                &bench_cache::Args {
+                    data,
+                    mib: mib as usize,
+                    compressor,
+                    allocator: allocator.0[0],
+                    dedup,
+                    vs_kernel,
+                },
+                &allocator.0,
+            )?;
+            emit(json, &v)
+        }
+        Cmd::Pool {
+            data,
+            mib,
+            allocator,
+            vs_kernel,
+            pair_seconds,
+            max_pages,
+            distinct_mib,
+            json,
+        } => {
+            if let Some(d) = distinct_mib.filter(|&d| d > mib) {
+                anyhow::bail!("--distinct-mib {d} is larger than --mib {mib}: give at most {mib}");
+            }
+            let v = bench_pool::run(&bench_pool::Args {
+                data,
+                mib: mib as usize,
+                distinct_mib: distinct_mib.map(|d| d as usize),
+                allocators: allocator.0,
+                vs_kernel,
+                pair_seconds,
+                max_pages,
+            })?;
+            emit(json, &v)
+        }
+        cmd => run_tier(cmd),
+    }
+}
+
+/// Runs a benchmark of the backing tiers and the policies that fill them,
+/// in this process.
+fn run_tier(cmd: Cmd) -> Result<()> {
+    match cmd {
         Cmd::Proactive {
             mib,
             limit_mib,
@@ -335,81 +429,7 @@ fn run(cli: Cli) -> Result<()> {
             a.json,
             &bench_remote::run(a.data, a.mib as usize, a.rounds as usize)?,
         ),
-        Cmd::Tree(args) => {
-            let v = bench_tree::run(&args)?;
-            eprint!("{}", bench_tree::table(&v));
-            emit(args.sides.json, &v)
-        }
-        Cmd::Programs(args) => {
-            let v = bench_tree::run_programs(&args)?;
-            eprint!("{}", bench_tree::table(&v));
-            emit(args.sides.json, &v)
-        }
-        Cmd::Run(args) => {
-            let v = bench_run::run(&args)?;
-            if !args.json {
-                eprint!("{}", bench_run::table(&v));
-            }
-            emit(args.json, &v)
-        }
-        Cmd::Cache {
-            data,
-            compressor,
-            mib,
-            allocator,
-            dedup,
-            vs_kernel,
-            json,
-        } => {
-            let v = bench_cache::run_allocators(
-                &bench_cache::Args {
-                    data,
-                    mib: mib as usize,
-                    compressor,
-                    allocator: allocator.0[0],
-                    dedup,
-                    vs_kernel,
-                },
-                &allocator.0,
-            )?;
-            emit(json, &v)
-        }
-        Cmd::InternalKernelZswap {
-            data,
-            mib,
-            compressor,
-        } => emit(true, &bench_cache::kernel_zswap(data, mib, &compressor)?),
-        Cmd::InternalUsemem {
-            cgroup,
-            data,
-            mib,
-            pattern,
-            passes,
-        } => kernel::usemem_child(&cgroup, data, mib, pattern, passes),
-        Cmd::Pool {
-            data,
-            mib,
-            allocator,
-            vs_kernel,
-            pair_seconds,
-            max_pages,
-            distinct_mib,
-            json,
-        } => {
-            if let Some(d) = distinct_mib.filter(|&d| d > mib) {
-                anyhow::bail!("--distinct-mib {d} is larger than --mib {mib}: give at most {mib}");
-            }
-            let v = bench_pool::run(&bench_pool::Args {
-                data,
-                mib: mib as usize,
-                distinct_mib: distinct_mib.map(|d| d as usize),
-                allocators: allocator.0,
-                vs_kernel,
-                pair_seconds,
-                max_pages,
-            })?;
-            emit(json, &v)
-        }
+        _ => unreachable!("`run` and `run_cache` run the others"),
     }
 }
 

@@ -40,7 +40,7 @@ struct Ran {
 #[derive(Default)]
 struct Seen {
     /// The sample with the most memory (resident + pool + runtime).
-    at_peak: crate::stats::Totals,
+    at_peak: crate::view::Totals,
     /// The most written to the backing file at once.
     backing_peak: u64,
     faults: u64,
@@ -192,7 +192,7 @@ impl Live {
     /// Looks at the run `pid` and redraws when it is time.
     fn look(&mut self, pid: u32) {
         // Not there yet (the program is starting) or gone: nothing to show.
-        let Ok(v) = crate::stats::tree(pid, true) else {
+        let Ok(v) = crate::view::tree(pid, true) else {
             return;
         };
         let t = v.totals;
@@ -239,12 +239,7 @@ impl Live {
 }
 
 /// One line of the live view.
-fn live_line(
-    secs: f64,
-    t: &crate::stats::Totals,
-    budget: u64,
-    rates: Option<(f64, f64)>,
-) -> String {
+fn live_line(secs: f64, t: &crate::view::Totals, budget: u64, rates: Option<(f64, f64)>) -> String {
     const WIDTH: usize = 20;
     let mem = t.memory_bytes();
     let filled = ((mem as f64 / budget.max(1) as f64) * WIDTH as f64).round() as usize;
@@ -359,7 +354,7 @@ mod tests {
 
     #[test]
     fn the_live_line_fills_its_bar_by_the_budget() {
-        let t = crate::stats::Totals {
+        let t = crate::view::Totals {
             resident_bytes: 30 << 20,
             pool_bytes: 2 << 20,
             ..Default::default()
@@ -371,7 +366,7 @@ mod tests {
         );
         assert!(l.contains("12.3k faults/s, 10 evictions/s"), "{l}");
         // Over the budget: the bar is full, not longer.
-        let t = crate::stats::Totals {
+        let t = crate::view::Totals {
             resident_bytes: 100 << 20,
             ..Default::default()
         };

@@ -3,6 +3,7 @@
 //! the real configuration; `main` only maps errors to exit codes. The
 //! benchmarks are a separate binary, `uzswap-bench` (crates/bench).
 
+mod arbiter;
 mod demo;
 mod metrics;
 mod plot;
@@ -12,7 +13,7 @@ mod remote;
 mod run;
 mod serve;
 mod stats;
-mod tree;
+mod view;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

@@ -8,7 +8,7 @@
 //! statistics is placed by [`LEAVES`]: a field added to the snapshot and
 //! not placed there fails a test, so none is exposed with a wrong type.
 
-use crate::stats::TreeView;
+use crate::view::TreeView;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::fmt::Write as _;

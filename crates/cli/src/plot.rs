@@ -356,7 +356,7 @@ fn dashes<'a, DB: DrawingBackend + 'a>(
 /// first samples are the dynamic loader and the runtimes starting), and
 /// when it was reached.
 fn peak(s: &[Sample]) -> (f64, u64) {
-    let startup = crate::tree::SAMPLE.as_secs_f64() * f64::from(crate::tree::STARTUP_SAMPLES);
+    let startup = crate::arbiter::SAMPLE.as_secs_f64() * f64::from(crate::arbiter::STARTUP_SAMPLES);
     let after: Vec<&Sample> = s.iter().filter(|p| p.t > startup).collect();
     let pool: Vec<&Sample> = if after.is_empty() {
         s.iter().collect()

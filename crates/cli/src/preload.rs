@@ -45,7 +45,7 @@ use uzswap_contract::names;
 static EMBEDDED: &[u8] = include_bytes!(env!("UZSWAP_PRELOAD_EMBED"));
 
 /// The preload library for one run, open as long as this value lives
-/// (keep it until the program ended).
+/// (keep it until the program ends).
 pub struct Library {
     path: PathBuf,
     /// The carried copy's memory file; None for a file.

@@ -14,7 +14,7 @@
 //!
 //! # Who writes
 //!
-//! The arbiter thread (`tree.rs`) builds a sample every recording interval
+//! The arbiter thread (`arbiter.rs`) builds a sample every recording interval
 //! and hands it over a bounded queue to a thread of its own, which writes
 //! it: a slow or stalled disk never delays the sharing of the budget, and
 //! nothing is written under a lock. If the queue is full (the disk is that

@@ -6,7 +6,7 @@
 //! prints (`crate::metrics`), read afresh at each scrape: the ledger, then
 //! every process's own statistics over its socket. Requests are served one
 //! at a time on one thread; a scrape asks the tree's processes in parallel
-//! (`stats::ask_all`). Nothing is cached, so nothing can be stale.
+//! (`view::ask_all`). Nothing is cached, so nothing can be stale.
 
 use anyhow::{Context, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -122,8 +122,8 @@ fn answer(req: Request, run_pid: u32) {
 
 /// The exposition of the tree now.
 fn scrape(run_pid: u32) -> Result<String> {
-    let v = crate::stats::tree(run_pid, false)?;
-    let details = crate::stats::ask_all(&v)?;
+    let v = crate::view::tree(run_pid, false)?;
+    let details = crate::view::ask_all(&v)?;
     Ok(crate::metrics::tree_prometheus(&v, &details))
 }
 
@@ -131,7 +131,7 @@ fn scrape(run_pid: u32) -> Result<String> {
 /// until its `uzswap run` exits.
 pub fn serve_tree(pid: u32, addr: &str) -> Result<()> {
     // Checked first: a pid of no tree is an error now, not at a scrape.
-    let run_pid = crate::stats::tree(pid, true)?.run_pid;
+    let run_pid = crate::view::tree(pid, true)?.run_pid;
     let server = bind(addr)?;
     crate::note(&format!(
         "uzswap: serving the metrics of `uzswap run` {run_pid} at {}; stops when it exits",

@@ -42,6 +42,9 @@ idle = "idle-thread" in sys.argv[3:]
 # wait-pin=N: after the reads, go on reading for up to N more seconds
 # until this thread is pinned (a loaded machine may pin it late).
 wait_pin = max([float(a[9:]) for a in sys.argv[3:] if a.startswith("wait-pin=")] or [0])
+# until=PATH: after the reads, go on reading (90 s at most) until PATH
+# exists (the test makes it once it saw this thread pinned and let go).
+until = ([a[6:] for a in sys.argv[3:] if a.startswith("until=")] or [None])[0]
 if idle:
     wake = threading.Event()
     waiter = threading.Thread(target=wake.wait)
@@ -55,16 +58,26 @@ for k in range(mib):
     b = bytearray((line * (1 + (1 << 20) // len(line)))[: 1 << 20])
     blocks.append(b)
     digests.append(hashlib.sha256(b).digest())
-end = time.monotonic() + seconds
 step = 0
-end_wait = end + wait_pin
-while time.monotonic() < end or (
-    time.monotonic() < end_wait and not real().isdigit()
-):
+
+
+def read_some():
+    global step
     for b in blocks[step % 7 :: 7]:
         for off in range(0, len(b), 4096):
             b[off] ^= 0  # read, and write the same byte back
     step += 1
+
+
+end = time.monotonic() + seconds
+end_wait = end + wait_pin
+while time.monotonic() < end or (
+    time.monotonic() < end_wait and not real().isdigit()
+):
+    read_some()
+end_until = time.monotonic() + 90
+while until and time.monotonic() < end_until and not os.path.exists(until):
+    read_some()
 print("real-pinned", real(), flush=True)
 print("seen", ",".join(map(str, sorted(os.sched_getaffinity(0)))), flush=True)
 if idle:

@@ -199,6 +199,8 @@ fn note_report(rep: &mut TreeReport, v: &uzswap_ledger::SlotView, allot: Option<
     p.runtime_cpu_seconds = p.runtime_cpu_seconds.max(u.runtime_cpu_ms as f64 / 1000.0);
 }
 
+/// The arbiter thread's loop: every [`TICK`] (or at a ring) the budget
+/// shared, every [`SAMPLE`] the tree measured, until `stop`.
 fn arbitrate(
     ledger: Arc<Ledger>,
     root: u32,
@@ -216,9 +218,7 @@ fn arbitrate(
     };
     let started = Instant::now();
     let mut next_sample = started;
-    let mut over_run = 0u32;
-    let mut said_over = false;
-    let mut said_excess = SaidExcess::default();
+    let mut over = OverWatch::default();
     let mut last_flags: BTreeMap<u32, (String, u64)> = BTreeMap::new();
     let mut sampler = proc_sample::Sampler::new();
     loop {
@@ -227,21 +227,7 @@ fn arbitrate(
         let rings = ledger.rings();
         let now = Instant::now();
         let tick = arb.tick(now);
-        let floors_over = tick.floors_over;
-        rep.max_processes = rep.max_processes.max(tick.members.len());
-        let mut reported = 0u64;
-        for m in &tick.members {
-            let u = &m.slot.usage;
-            reported += u.charged();
-            note_report(&mut rep, &m.slot, Some(m.allot));
-            last_flags.insert(m.slot.pid, (m.slot.comm.clone(), u.flags));
-        }
-        // A process's last report, also of one that started and ended
-        // between two ticks.
-        for v in &tick.reaped {
-            note_report(&mut rep, v, None);
-            last_flags.remove(&v.pid);
-        }
+        let reported = note_tick(&mut rep, &tick, &mut last_flags);
         if now >= next_sample {
             next_sample = now + SAMPLE;
             let members: Vec<u32> = tick.members.iter().map(|m| m.slot.pid).collect();
@@ -264,54 +250,113 @@ fn arbitrate(
                 rep.peak_bytes = total;
                 rep.peak_at_seconds = started.elapsed().as_secs_f64();
             }
-            if total > budget && rep.samples > u64::from(STARTUP_SAMPLES) {
-                over_run += 1;
-            } else {
-                over_run = 0;
-                said_over = false;
-            }
-            if over_run >= OVER_SAMPLES && !said_over {
-                said_over = true;
-                let news = said_excess.worth_saying(total - budget, budget);
-                rep.over_budget = true;
-                let why = reasons(
+            over.judge(&mut rep, total, quiet, || {
+                reasons(
                     budget,
                     total,
-                    floors_over,
+                    tick.floors_over,
                     unmanaged,
                     &last_flags,
                     tick.members.len(),
                     tier.as_ref(),
-                );
-                for r in &why {
-                    if !rep.over_budget_reasons.contains(r) {
-                        rep.over_budget_reasons.push(r.clone());
-                    }
-                }
-                if !quiet && news {
-                    crate::note(&format!(
-                        "uzswap: WARNING: the program holds {} of memory, over its budget of {}: {}",
-                        crate::human(total),
-                        crate::human(budget),
-                        why.join("; ")
-                    ));
-                }
-            }
+                )
+            });
         }
         if stop.load(Ordering::Relaxed) {
-            rep.cpu_seconds = rep.processes.values().map(|p| p.cpu_seconds).sum();
-            rep.runtime_cpu_seconds = rep.processes.values().map(|p| p.runtime_cpu_seconds).sum();
-            rep.run_cpu_seconds = uzswap_os::cpu::process_cpu_seconds();
-            let (waits, waited) = ledger.start_waits();
-            rep.start_waits = waits;
-            rep.start_wait_seconds = waited.as_secs_f64();
-            if let Some(r) = recording {
-                r.recorder.finish();
-            }
-            return rep;
+            return finish(rep, &ledger, recording);
         }
         ledger.wait_for_ring(rings, TICK);
     }
+}
+
+/// Notes one tick's reports in `rep` (the live processes', and the last of
+/// those reaped, also of one that started and ended between two ticks) and
+/// their flags in `last_flags`; returns what the live ones charge.
+fn note_tick(
+    rep: &mut TreeReport,
+    tick: &uzswap_ledger::Tick,
+    last_flags: &mut BTreeMap<u32, (String, u64)>,
+) -> u64 {
+    rep.max_processes = rep.max_processes.max(tick.members.len());
+    let mut reported = 0u64;
+    for m in &tick.members {
+        let u = &m.slot.usage;
+        reported += u.charged();
+        note_report(rep, &m.slot, Some(m.allot));
+        last_flags.insert(m.slot.pid, (m.slot.comm.clone(), u.flags));
+    }
+    for v in &tick.reaped {
+        note_report(rep, v, None);
+        last_flags.remove(&v.pid);
+    }
+    reported
+}
+
+/// Whether the tree is over its budget, and what of it was said.
+#[derive(Default)]
+struct OverWatch {
+    /// Samples in a row over the budget.
+    run: u32,
+    /// This episode over the budget was judged.
+    said: bool,
+    excess: SaidExcess,
+}
+
+impl OverWatch {
+    /// Counts a sample of `total` (past start-up) against the budget; at
+    /// [`OVER_SAMPLES`] in a row over it, notes the episode and its
+    /// reasons (`why`) in `rep` and, unless `quiet` or like one said
+    /// before, says them on stderr.
+    fn judge(
+        &mut self,
+        rep: &mut TreeReport,
+        total: u64,
+        quiet: bool,
+        why: impl FnOnce() -> Vec<String>,
+    ) {
+        let budget = rep.budget_bytes;
+        if total > budget && rep.samples > u64::from(STARTUP_SAMPLES) {
+            self.run += 1;
+        } else {
+            self.run = 0;
+            self.said = false;
+        }
+        if self.run < OVER_SAMPLES || self.said {
+            return;
+        }
+        self.said = true;
+        let news = self.excess.worth_saying(total - budget, budget);
+        rep.over_budget = true;
+        let why = why();
+        for r in &why {
+            if !rep.over_budget_reasons.contains(r) {
+                rep.over_budget_reasons.push(r.clone());
+            }
+        }
+        if !quiet && news {
+            crate::note(&format!(
+                "uzswap: WARNING: the program holds {} of memory, over its budget of {}: {}",
+                crate::human(total),
+                crate::human(budget),
+                why.join("; ")
+            ));
+        }
+    }
+}
+
+/// The report at the end of the run: the CPU times and the starts that
+/// waited added, the recording finished.
+fn finish(mut rep: TreeReport, ledger: &Ledger, recording: Option<Recording>) -> TreeReport {
+    rep.cpu_seconds = rep.processes.values().map(|p| p.cpu_seconds).sum();
+    rep.runtime_cpu_seconds = rep.processes.values().map(|p| p.runtime_cpu_seconds).sum();
+    rep.run_cpu_seconds = uzswap_os::cpu::process_cpu_seconds();
+    let (waits, waited) = ledger.start_waits();
+    rep.start_waits = waits;
+    rep.start_wait_seconds = waited.as_secs_f64();
+    if let Some(r) = recording {
+        r.recorder.finish();
+    }
+    rep
 }
 
 /// The recording's sample of this instant: the live processes' reports

@@ -6,11 +6,9 @@
 //! directory that does not exist; and a recording that cannot be written
 //! (/dev/full) stops, said once, while the program runs on.
 //!
-//! The runs are skipped, with a note, without userfaultfd or python3.
+//! The runs are skipped (`common::skip`) without userfaultfd or python3.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::path::Path;
 use std::process::Command;
 
@@ -59,7 +57,15 @@ fn a_recorded_run_reads_back_and_plots() {
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(r.stdout.contains("ok 96"), "{}", r.stdout);
 
-    let v = lines(&rec);
+    check_recording(&rec);
+    check_plot(&rec, &dir.join("run.svg"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The recording of `bytearrays.py 96` in 32 MiB: its header, then samples
+/// whose totals add up, counters that never go back, the tree measured.
+fn check_recording(rec: &Path) {
+    let v = lines(rec);
     let (header, samples) = v.split_first().expect("a header");
     assert_eq!(header["kind"], "uzswap-recording", "{header}");
     assert_eq!(header["format"], 1);
@@ -112,8 +118,11 @@ fn a_recorded_run_reads_back_and_plots() {
         .collect();
     assert!(evictions.windows(2).all(|w| w[1] >= w[0]), "{evictions:?}");
     assert!(evictions.last() > Some(&0));
+}
 
-    let svg = dir.join("run.svg");
+/// `uzswap plot` of the recording `rec` into `svg`: its legend, axes and
+/// title.
+fn check_plot(rec: &Path, svg: &Path) {
     let out = uzswap()
         .args(["plot", rec.to_str().unwrap(), "-o", svg.to_str().unwrap()])
         .output()
@@ -123,7 +132,7 @@ fn a_recorded_run_reads_back_and_plots() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let texts = svg_texts(&svg);
+    let texts = svg_texts(svg);
     for name in [
         "resident (program memory in RAM)",
         "compressed pool",
@@ -143,7 +152,6 @@ fn a_recorded_run_reads_back_and_plots() {
         .find(|t| t.starts_with("python3 "))
         .expect("a title");
     assert!(title.contains("budget 32.0 MiB, measured peak"), "{title}");
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// `uzswap plot ARGS` failed with status 1 and said `says`.
@@ -246,7 +254,7 @@ fn recording_into_a_missing_directory_is_refused_before_the_program_starts() {
 fn a_recording_that_cannot_be_written_stops_and_the_program_runs_on() {
     require_uffd!();
     if !Path::new("/dev/full").exists() {
-        eprintln!("skipped: no /dev/full");
+        skip("no /dev/full");
         return;
     }
     let out = Command::new(env!("CARGO_BIN_EXE_uzswap"))

@@ -7,12 +7,10 @@
 //! with SIGKILL gives its share back, a budget the runtimes alone exceed
 //! and a full backing disk are said at once, with the remedy.
 //!
-//! Skipped, with a note, where the machine cannot run them (no
+//! Skipped (`common::skip`) where the machine cannot run them (no
 //! userfaultfd, no python3, no make or cc, no sources).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -105,13 +103,14 @@ fn workers_by_fork(budget_mib: u64) {
     );
     // The parent makes room for each worker before it forks (the worker's
     // copy of its runtime turns private at once, by writes no fault of
-    // ours sees): the tree held 0.99-1.03 x B at 32 MiB and 0.98-1.03 x at
-    // 64 MiB (2026-11-29). Without the room, 1.37-1.52 x at 32 MiB, the
-    // peak in the 0.4 s after the forks; 2.26 x when each worker copied
-    // the pager's page records (6 MiB apiece). The bound leaves room for
-    // a loaded machine, where the parent's wait for the evictor is cut
-    // short; it fails as before, and if the workers ran unmanaged or the
-    // parent brought its evicted pages back for the forks.
+    // ours sees): the tree holds 0.99-1.03 x B at 32 MiB and 0.98-1.03 x
+    // at 64 MiB (this test's runs, on two CPUs).
+    // Without the room, 1.37-1.52 x at 32 MiB, the peak in the 0.4 s after
+    // the forks; 2.26 x if each worker copied the pager's page records
+    // (6 MiB apiece). The bound leaves room for a loaded machine, where the
+    // parent's wait for the evictor is cut short; it fails without the
+    // room, and if the workers ran unmanaged or the parent brought its
+    // evicted pages back for the forks.
     let bound = budget_mib * MIB * 5 / 4;
     assert!(
         r.peak <= bound,
@@ -237,7 +236,7 @@ fn a_parallel_make_builds_identical_objects_within_the_budget() {
         return;
     }
     let Some(lib) = zstd_sources() else {
-        eprintln!("skipped: no zstd sources in the cargo registry (cargo fetch)");
+        skip("zstd sources in the cargo registry ($CARGO_HOME/registry/src: cargo fetch)");
         return;
     };
     // The reference: the same Makefile, unmanaged.
@@ -399,8 +398,11 @@ fn a_budget_the_runtimes_alone_exceed_is_said_with_the_remedy() {
 fn a_full_backing_disk_is_said_and_nothing_is_lost() {
     require_uffd!();
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || missing("unshare", &["unshare", "--version"]) {
-        eprintln!("skipped: needs root and unshare for a private small tmpfs");
+    if unsafe { libc::geteuid() } != 0 {
+        skip("root, for a private small tmpfs");
+        return;
+    }
+    if missing("unshare", &["unshare", "--version"]) {
         return;
     }
     if missing("python3", &["python3", "-c", "pass"]) {

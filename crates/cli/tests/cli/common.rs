@@ -2,13 +2,12 @@
 //! machine can run them, a process tree's pids and memory from /proc,
 //! running `uzswap run` while a sampler watches its tree, and holding the
 //! tree's sampled memory to its budget.
-#![allow(dead_code)] // each test binary uses a part
 
 use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 pub const MIB: u64 = 1 << 20;
@@ -27,12 +26,28 @@ pub fn unavailable() -> Option<String> {
     .clone()
 }
 
-/// Returns from the test, with a note, where userfaultfd is unavailable.
-#[macro_export]
+/// Whether a missing requirement fails the test instead of skipping it:
+/// `UZSWAP_TEST_STRICT=1` (CI sets it).
+pub fn strict() -> bool {
+    std::env::var_os("UZSWAP_TEST_STRICT").is_some_and(|v| v == "1")
+}
+
+/// A test that cannot run here, for `why`: says so on stderr (the caller
+/// then returns), or, under [`strict`], fails it.
+pub fn skip(why: &str) {
+    assert!(
+        !strict(),
+        "required for this test: {why} (UZSWAP_TEST_STRICT=1)"
+    );
+    eprintln!("skipped: {why}");
+}
+
+/// Returns from the test through [`skip`] where userfaultfd is
+/// unavailable.
 macro_rules! require_uffd {
     () => {
-        if let Some(why) = common::unavailable() {
-            eprintln!("skipped: {why}");
+        if let Some(why) = $crate::common::unavailable() {
+            $crate::common::skip(&why);
             return;
         }
     };
@@ -157,20 +172,26 @@ pub fn run_sampling(
     }
 }
 
-/// Runs one sampled `uzswap run` at a time in a test binary (the harness
+/// Runs one sampled `uzswap run` at a time in the test binary (the harness
 /// runs its tests on as many threads as there are CPUs). These runs hold a
 /// tree's memory to its budget, which its evictors keep it to only as fast
 /// as they get a CPU: with the seven trees of `tree.rs` started together on
 /// two CPUs, Python workers spawned at once held 1.2 x their budget for a
-/// sample (CI, 2026-11-28), which no single run here did. How a tree holds
-/// its budget on a busy machine is measured by the benchmarks, not assumed
-/// by a test.
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// sample, which no single run here does. How a tree holds its budget on
+/// a busy machine is measured by the benchmarks, not assumed by a test.
+fn one_at_a_time() -> RwLockWriteGuard<'static, ()> {
     // A test that failed while running still let go: the next may run.
-    ONE.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    RUNS.write().unwrap_or_else(PoisonError::into_inner)
 }
+
+/// Lets a test's trees run beside other such tests but not beside a
+/// sampled run ([`run_sampling`]); held for the whole test, taken once.
+pub fn beside_others() -> RwLockReadGuard<'static, ()> {
+    RUNS.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Sampled runs take it alone, other trees together.
+static RUNS: RwLock<()> = RwLock::new(());
 
 /// How long one `uzswap run` of a test may take before it is killed.
 pub const RUN_LIMIT: Duration = Duration::from_secs(300);
@@ -189,6 +210,7 @@ pub const SLACK: u64 = 8 * MIB;
 /// start before any allotment.
 pub const STARTUP: Duration = Duration::from_millis(500);
 
+/// Whether `cmd` fails to run here (then [`skip`]ped: "no `what`").
 pub fn missing(what: &str, cmd: &[&str]) -> bool {
     let ok = Command::new(cmd[0])
         .args(&cmd[1..])
@@ -197,7 +219,7 @@ pub fn missing(what: &str, cmd: &[&str]) -> bool {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("skipped: no {what}");
+        skip(&format!("no {what}"));
     }
     !ok
 }

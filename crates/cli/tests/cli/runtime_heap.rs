@@ -1,14 +1,12 @@
-//! The runtime's own memory inside a managed program (issue 28): its
+//! The runtime's own memory inside a managed program: its
 //! threads allocate from one glibc arena, not one each. Read from
 //! `/proc/PID/smaps` of a live program whose runtime has evicted, while it
 //! holds its data.
 //!
-//! Skipped, with a note, where the machine cannot run it (no userfaultfd,
+//! Skipped (`common::skip`) where the machine cannot run it (no userfaultfd,
 //! no python3).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::Duration;
 
 /// glibc's `HEAP_MAX_SIZE` on 64-bit: every arena but the main one lives

@@ -5,18 +5,16 @@
 //! managed (pages stored, memory near the budget), not left to the kernel
 //! with nothing said.
 //!
-//! Skipped, with a note, where the machine lacks userfaultfd or the
+//! Skipped (`common::skip`) where the machine lacks userfaultfd or the
 //! toolchain.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 /// A JVM's heap of 300 k records (135 MiB resident unmanaged, with the
 /// JVM's own memory) in 80 MiB: HotSpot reserves the heap, commits it with
 /// `MAP_FIXED` and uncommits it the same way; every record is checked
-/// twice. Before the commits were served in place the heap ran unmanaged,
-/// 282 MiB in a budget of 96 MiB with nothing managed (2026-11-25).
+/// twice. A heap whose commits were not served in place would run
+/// unmanaged: 282 MiB in a budget of 96 MiB with nothing managed.
 #[test]
 fn a_jvm_heap_is_managed() {
     require_uffd!();

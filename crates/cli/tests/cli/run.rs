@@ -4,12 +4,11 @@
 //! test checks the exit status that comes through, and samples the
 //! program's resident memory from /proc while it runs.
 //!
-//! Skipped, with a note, where the machine cannot run them: no userfaultfd
+//! Skipped (`common::skip`) where the machine cannot run them: no userfaultfd
 //! for this user, no C compiler, no python3.
 
-mod common;
-
-use common::{descendants, final_stats, run_sampling, uzswap, vm_rss, MIB};
+use crate::common;
+use crate::common::{descendants, final_stats, run_sampling, uzswap, vm_rss, MIB};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -58,14 +57,14 @@ fn build(name: &str, extra: &[&str]) -> Option<PathBuf> {
     let result = match r {
         Ok(o) if o.status.success() => Some(out),
         Ok(o) => {
-            eprintln!(
-                "skipped: cc {name}.c {extra:?} failed: {}",
+            common::skip(&format!(
+                "cc {name}.c {extra:?} failed: {}",
                 String::from_utf8_lossy(&o.stderr)
-            );
+            ));
             None
         }
         Err(e) => {
-            eprintln!("skipped: no C compiler (cc): {e}");
+            common::skip(&format!("no C compiler (cc): {e}"));
             None
         }
     };
@@ -329,8 +328,8 @@ fn mappings_the_program_discards_read_as_zeros() {
 /// `calloc` under a tight budget: blocks of 4 KiB to 2 MiB, most reusing
 /// memory the program wrote and uzswap evicted, each checked all zeros,
 /// filled and checked again; then 64 blocks of 1 MiB that reuse written
-/// memory, one byte written in each, hold only the pages written (mimalloc
-/// had written zeros over all of them: 15 MiB resident, 2026-11-28).
+/// memory, one byte written in each, hold only the pages written (zeros
+/// written over all of them would make 15 MiB resident).
 #[test]
 fn calloc_reads_zeros_and_holds_only_what_is_touched() {
     require_uffd!();
@@ -490,7 +489,7 @@ fn a_bad_cold_compressor_is_a_usage_error() {
     assert!(err.contains("zstd level out of range"), "{err}");
 }
 
-/// Issue 30: a `--preload-lib` (or `UZSWAP_PRELOAD_LIB`) naming no file is
+/// A `--preload-lib` (or `UZSWAP_PRELOAD_LIB`) naming no file is
 /// refused before anything runs, naming the file and the remedy.
 #[test]
 fn a_missing_preload_library_is_refused_with_the_remedy() {
@@ -517,7 +516,7 @@ fn a_missing_preload_library_is_refused_with_the_remedy() {
     }
 }
 
-/// Issue 30, one binary: the `uzswap` file alone in an empty directory (no
+/// One binary: the `uzswap` file alone in an empty directory (no
 /// library beside it, none named) runs a program managed, the runtime it
 /// carries preloaded from `uzswap run`'s memory file. The program checks
 /// its 96 MiB of distinct pages in a 32 MiB budget; the statistics show

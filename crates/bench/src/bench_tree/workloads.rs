@@ -24,7 +24,8 @@ use std::process::Command;
 /// Limits the build to its first N translation units (tests, quick looks).
 pub const SOURCES_ENV: &str = "UZSWAP_BENCH_TREE_SOURCES";
 
-/// The date gcc gives `__DATE__` and `__TIME__` (2026-01-01).
+/// The date gcc gives `__DATE__` and `__TIME__` (1 January 2026, 00:00
+/// UTC): fixed, so every build compiles the same text.
 const SOURCE_DATE_EPOCH: u64 = 1_767_225_600;
 
 /// The compiler's flags for every unit.
@@ -657,26 +658,26 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
 
 // The real programs: the cli tests' own (one copy of each), and the
 // pydict program of this benchmark.
-const PYDICT: &str = include_str!("../programs/pydict.py");
-const NODE: &str = include_str!("../../cli/tests/programs/mapcheck.js");
-const JAVA: &str = include_str!("../../cli/tests/programs/HashMapCheck.java");
+const PYDICT: &str = include_str!("../../programs/pydict.py");
+const NODE: &str = include_str!("../../../cli/tests/programs/mapcheck.js");
+const JAVA: &str = include_str!("../../../cli/tests/programs/HashMapCheck.java");
 /// gomap's files (crates/cli/tests/programs/gomap), by name.
 const GO_FILES: [(&str, &str); 4] = [
     (
         "main.go",
-        include_str!("../../cli/tests/programs/gomap/main.go"),
+        include_str!("../../../cli/tests/programs/gomap/main.go"),
     ),
     (
         "cgo.go",
-        include_str!("../../cli/tests/programs/gomap/cgo.go"),
+        include_str!("../../../cli/tests/programs/gomap/cgo.go"),
     ),
     (
         "purego.go",
-        include_str!("../../cli/tests/programs/gomap/purego.go"),
+        include_str!("../../../cli/tests/programs/gomap/purego.go"),
     ),
     (
         "go.mod",
-        include_str!("../../cli/tests/programs/gomap/go.mod"),
+        include_str!("../../../cli/tests/programs/gomap/go.mod"),
     ),
 ];
 

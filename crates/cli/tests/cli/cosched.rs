@@ -5,26 +5,24 @@
 //! tree's CPUs; once it starts a thread of its own it is let go. The same
 //! with a second thread that waits all the while (as a runtime's JIT, GC
 //! and I/O threads do): the busy thread is pinned, the waiting one is not.
-//! With `--no-cosched` it is never pinned. With a busy loop on every CPU
-//! the pin is let go for crowding, and the program ends as it would
-//! unpinned (the helpers at idle priority once got no CPU at all there,
-//! and the program never ended). Every record is checked.
+//! With `--no-cosched` it is never pinned. Once it is pinned, a busy loop
+//! on every CPU makes the pin be let go for crowding, and the program ends
+//! as it would unpinned (with the helpers at idle priority on a crowded
+//! CPU, they would get no CPU at all, and the program would never end).
+//! Every record is checked.
 //!
-//! Skipped, with a note, where the machine cannot run it (no userfaultfd,
-//! no python3, one CPU). Where the runtime may not leave idle priority
-//! (not root, no CAP_SYS_NICE or RLIMIT_NICE) co-scheduling is off, and
-//! the test checks that nothing is pinned.
+//! Skipped (`common::skip`) where the machine cannot run it (no
+//! userfaultfd, no python3, one CPU). Where the runtime may not leave idle
+//! priority (not root, no CAP_SYS_NICE or RLIMIT_NICE) co-scheduling is
+//! off: the first three tests check that nothing is pinned, and the one of
+//! the crowded CPU, which needs a pin, is skipped.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-
-/// One run at a time: two programs on two CPUs would crowd each other's,
-/// and a crowded thread is let go (as it should be).
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The program's report: its `name value` lines.
 fn report(r: &Ran) -> HashMap<String, String> {
@@ -68,30 +66,77 @@ impl Drop for BusyCpus {
     }
 }
 
+/// Whether the main thread of `pid` runs on one CPU alone.
+fn pinned(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            let l = s.lines().find(|l| l.starts_with("Cpus_allowed_list:"))?;
+            Some(one_cpu(l.split_once(':')?.1.trim()))
+        })
+        .unwrap_or(false)
+}
+
+/// What the test saw of a pin while every CPU was kept busy.
+#[derive(Default)]
+struct Crowding {
+    /// The program was seen pinned (and every CPU was then made busy).
+    pinned: bool,
+    /// Then seen let go, the CPUs still busy.
+    let_go: bool,
+}
+
+/// Waits (60 s at most) until the program of the `uzswap run` `run` (its
+/// child) is pinned, then keeps every CPU busy and waits (30 s at most)
+/// until it is let go; then makes `done`, which ends the program's reads,
+/// and returns with every CPU still busy until the returned loops are
+/// dropped.
+fn crowd_a_pin(run: u32, done: &Path) -> (Crowding, Option<BusyCpus>) {
+    let program_pinned = || descendants(run).first().is_some_and(|&p| pinned(p));
+    let wait = |limit: Duration, until: &dyn Fn() -> bool| {
+        let t0 = Instant::now();
+        while t0.elapsed() < limit {
+            if until() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    };
+    let mut seen = Crowding::default();
+    let mut busy = None;
+    if wait(Duration::from_secs(60), &program_pinned) {
+        seen.pinned = true;
+        busy = Some(BusyCpus::start());
+        seen.let_go = wait(Duration::from_secs(30), &|| !program_pinned());
+    }
+    std::fs::write(done, "").unwrap();
+    (seen, busy)
+}
+
 /// The program's report and its final statistics (`--stats-json`); with
-/// `busy`, run beside a busy loop on every CPU.
+/// `crowd`, a busy loop on every CPU from the moment it is pinned.
 fn run_program(
     name: &str,
     extra: &[&str],
     mode: Option<&str>,
 ) -> Option<(HashMap<String, String>, serde_json::Value)> {
-    run_program_beside(name, extra, mode, false)
+    run_program_crowded(name, extra, mode, false)
 }
 
-fn run_program_beside(
+fn run_program_crowded(
     name: &str,
     extra: &[&str],
     mode: Option<&str>,
-    busy: bool,
+    crowd: bool,
 ) -> Option<(HashMap<String, String>, serde_json::Value)> {
     if missing("python3", &["python3", "-c", "pass"]) {
         return None;
     }
     if uzswap_os::sched::affinity(0).unwrap().count() < 2 {
-        eprintln!("SKIP: one CPU: nothing to pin to");
+        skip("two CPUs or more: one CPU leaves nothing to pin to");
         return None;
     }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let script = programs().join("cosched.py");
     let dir = scratch(name);
     let stats = dir.join("stats.json");
@@ -106,13 +151,29 @@ fn run_program_beside(
     args.extend(mode);
     // Where a pin is expected, the program reads on (30 s at most) until
     // it comes: on a loaded machine it may come late, or after a back-off.
-    if !busy && !extra.contains(&"--no-cosched") && uzswap_os::sched::may_leave_idle() {
+    if !crowd && !extra.contains(&"--no-cosched") && uzswap_os::sched::may_leave_idle() {
         args.push("wait-pin=30");
     }
-    let busy = busy.then(BusyCpus::start);
-    let ran = run(&dir, &args);
+    // Crowded, it reads on until the test has seen the pin let go.
+    let done = dir.join("crowded");
+    let until = format!("until={}", done.display());
+    if crowd {
+        args.push(&until);
+    }
+    // The busy loops start once the program is pinned, inside the run
+    // (which runs alone: `run_with`), and end after it.
+    let (mut seen, mut busy) = (Crowding::default(), None);
+    let ran = run_with(&dir, &args, |pid, _| {
+        if crowd {
+            (seen, busy) = crowd_a_pin(pid, &done);
+        }
+    });
     drop(busy);
-    let r = report(&ran);
+    let mut r = report(&ran);
+    if crowd {
+        r.insert("test-saw-pinned".into(), seen.pinned.to_string());
+        r.insert("test-saw-let-go".into(), seen.let_go.to_string());
+    }
     Some((r, final_stats(&stats)))
 }
 
@@ -197,7 +258,11 @@ fn with_no_cosched_nothing_is_pinned() {
 #[test]
 fn a_pin_on_a_cpu_something_else_keeps_busy_is_let_go() {
     require_uffd!();
-    let Some((r, v)) = run_program_beside("cosched-crowded", &[], None, true) else {
+    if !uzswap_os::sched::may_leave_idle() {
+        skip("the right to leave idle priority (root, CAP_SYS_NICE or RLIMIT_NICE): no pin here");
+        return;
+    }
+    let Some((r, v)) = run_program_crowded("cosched-crowded", &[], None, true) else {
         return;
     };
     // The program ended, every record right (`report`), with its CPUs.
@@ -207,14 +272,14 @@ fn a_pin_on_a_cpu_something_else_keeps_busy_is_let_go() {
         number(&v, "/pager/evictions") > 0,
         "nothing was evicted: {v}"
     );
+    // Pinned (and then every CPU made busy), then let go.
+    assert_eq!(r["test-saw-pinned"], "true", "never pinned: {r:?}");
+    assert_eq!(r["test-saw-let-go"], "true", "not let go: {r:?}");
+    let cosched = &v["cosched"];
     let pins = number(&v, "/cosched/pins");
-    if pins > 0 {
-        // Every pin was let go, for crowding.
-        assert_eq!(number(&v, "/cosched/releases"), pins, "{}", v["cosched"]);
-        assert!(number(&v, "/cosched/crowded") >= 1, "{}", v["cosched"]);
-    }
-    eprintln!(
-        "pinned {pins} times beside the busy loops: {}",
-        v["cosched"]
-    );
+    assert!(pins >= 1, "{cosched}");
+    // Every pin was let go, at least once for crowding.
+    assert_eq!(number(&v, "/cosched/releases"), pins, "{cosched}");
+    assert!(number(&v, "/cosched/crowded") >= 1, "{cosched}");
+    assert!(cosched["pinned_cpu"].is_null(), "{cosched}");
 }

@@ -1,16 +1,14 @@
-//! `uzswap stats` on a whole process tree (issue 28): a `uzswap run`
+//! `uzswap stats` on a whole process tree: a `uzswap run`
 //! whose program (`sh`) starts two managed children that each hold 40 MiB
 //! (`tests/programs/hold.c`) in a budget of 64 MiB for the three of them,
 //! asked about by the run's pid and by a child's, as text, JSON and
 //! Prometheus; two trees told apart; and the pids that are refused.
 //!
-//! Skipped, with a note, where the machine cannot run them: no
+//! Skipped (`common::skip`) where the machine cannot run them: no
 //! userfaultfd for this user, no C compiler. Every process a test starts
 //! is killed when it ends, passed or failed.
 
-mod common;
-
-use common::{end_run, uzswap, MIB};
+use crate::common::{end_run, uzswap, MIB};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -47,15 +45,19 @@ fn hold() -> Result<&'static Path, String> {
     .map_err(Clone::clone)
 }
 
+/// `let $hold` = the built `hold`, with the test's place beside other
+/// trees (`common::beside_others`) held to its end; or returns from the
+/// test through `common::skip`.
 macro_rules! require_hold {
-    () => {
-        match hold() {
+    ($hold:ident) => {
+        let _beside = $crate::common::beside_others();
+        let $hold = match hold() {
             Ok(h) => h,
             Err(why) => {
-                eprintln!("skipped: {why}");
+                $crate::common::skip(&why);
                 return;
             }
-        }
+        };
     };
 }
 
@@ -145,7 +147,7 @@ fn rows(v: &Value) -> Vec<Value> {
 
 #[test]
 fn a_tree_is_shown_from_its_run_pid_and_from_a_child() {
-    let hold = require_hold!();
+    require_hold!(hold);
     let t = Tree::start(hold);
     let run = t.pid().to_string();
     let child = t.children[0].to_string();
@@ -272,29 +274,7 @@ fn check_exposition(prom: &str, t: &Tree) {
             Some(name),
             "sample out of its family: {l}"
         );
-        assert!(name.starts_with("uzswap_"), "{l}");
-        assert!(
-            name.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
-            "{l}"
-        );
-        if name.starts_with("uzswap_process_") {
-            // ^uzswap_[a-z_]+(_bytes|_total)?$, and the process named.
-            assert!(
-                name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
-                "{l}"
-            );
-            assert!(labels.starts_with("pid=\""), "{l}");
-            assert!(labels.contains("comm=\""), "{l}");
-        } else if !name.starts_with("uzswap_tree_") {
-            assert!(labels.starts_with("pid=\""), "{l}");
-        }
-        // Counters, and only they, end in _total.
-        assert_eq!(
-            name.ends_with("_total"),
-            kinds.last() == Some(&"counter"),
-            "{l}"
-        );
+        check_name(l, name, labels, kinds.last().copied());
         samples += 1;
     }
     assert!(samples > 50, "{prom}");
@@ -330,6 +310,30 @@ fn check_exposition(prom: &str, t: &Tree) {
             "{prom}"
         );
     }
+}
+
+/// The name and labels of one sample `l` of a family of type `kind`: as
+/// the conventions have them, a process's sample labelled with its pid.
+fn check_name(l: &str, name: &str, labels: &str, kind: Option<&str>) {
+    assert!(name.starts_with("uzswap_"), "{l}");
+    assert!(
+        name.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+        "{l}"
+    );
+    if name.starts_with("uzswap_process_") {
+        // ^uzswap_[a-z_]+(_bytes|_total)?$, and the process named.
+        assert!(
+            name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+            "{l}"
+        );
+        assert!(labels.starts_with("pid=\""), "{l}");
+        assert!(labels.contains("comm=\""), "{l}");
+    } else if !name.starts_with("uzswap_tree_") {
+        assert!(labels.starts_with("pid=\""), "{l}");
+    }
+    // Counters, and only they, end in _total.
+    assert_eq!(name.ends_with("_total"), kind == Some("counter"), "{l}");
 }
 
 /// The URL a `--serve` or `--metrics` process says it serves, from its
@@ -372,7 +376,7 @@ fn get(url: &str) -> (u16, String, String) {
 
 #[test]
 fn the_metrics_are_served_over_http_until_the_run_exits() {
-    let hold = require_hold!();
+    require_hold!(hold);
     let t = Tree::start(hold);
     let mut serve = uzswap()
         .args([
@@ -419,7 +423,7 @@ fn the_metrics_are_served_over_http_until_the_run_exits() {
 
 #[test]
 fn uzswap_run_serves_its_own_metrics() {
-    let hold = require_hold!();
+    require_hold!(hold);
     let mut run = uzswap()
         .args([
             "run",
@@ -463,7 +467,7 @@ fn uzswap_run_serves_its_own_metrics() {
 
 #[test]
 fn a_bad_serve_address_is_refused_with_the_form_to_give() {
-    let hold = require_hold!();
+    require_hold!(hold);
     let t = Tree::start(hold);
     let o = stats(&[&t.pid().to_string(), "--serve", "no-port-here"]);
     let err = String::from_utf8_lossy(&o.stderr);
@@ -481,7 +485,7 @@ fn a_bad_serve_address_is_refused_with_the_form_to_give() {
 
 #[test]
 fn a_child_of_one_tree_is_shown_in_its_tree_and_not_another() {
-    let hold = require_hold!();
+    require_hold!(hold);
     let a = Tree::start(hold);
     let b = Tree::start(hold);
     for (t, other) in [(&a, &b), (&b, &a)] {
