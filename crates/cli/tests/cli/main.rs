@@ -11,6 +11,7 @@
 mod common;
 
 mod cosched;
+mod life;
 mod record;
 mod run;
 mod runtime_heap;

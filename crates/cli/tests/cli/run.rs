@@ -35,7 +35,7 @@ fn scratch() -> &'static Path {
 /// that run at once share the build: one compiling while another ran the
 /// half-written file failed with "not executable"); None (and a note) if
 /// there is no C compiler.
-fn build(name: &str, extra: &[&str]) -> Option<PathBuf> {
+pub(crate) fn build(name: &str, extra: &[&str]) -> Option<PathBuf> {
     static BUILT: Mutex<Option<HashMap<String, Option<PathBuf>>>> = Mutex::new(None);
     let suffix = extra.join("").replace('-', "");
     let key = format!("{name}{suffix}");
