@@ -40,6 +40,15 @@ pub struct Args {
     /// every fault.
     #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub in_thread_faults: bool,
+    /// Hold the CPU latency request while faults arrive
+    /// (`PagerConfig::latency_hold`; root only): idle CPUs poll instead of
+    /// halting.
+    #[arg(long, default_value = "on", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
+    pub latency_hold: bool,
+    /// Hold the same request (0 µs) through the kernel's runs, so that both
+    /// sides run with the same idle states (root only).
+    #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
+    pub kernel_latency_hold: bool,
     /// Most stored pages brought back with a faulting one
     /// (`PagerConfig::readahead_max`; default the pager's).
     #[arg(long)]
@@ -96,6 +105,8 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         "charge_index": args.charge_index,
         "cpu_handlers": args.cpu_handlers,
         "in_thread_faults": args.in_thread_faults,
+        "latency_hold": args.latency_hold,
+        "kernel_latency_hold": args.kernel_latency_hold,
         "readahead_max": args.readahead_max,
         "dedup": args.dedup,
         "cold_compressor": args.cold_compressor,
@@ -106,6 +117,11 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         out[k] = v.clone();
     }
     if args.vs_kernel {
+        // Released when this process ends, whatever the path out.
+        if args.kernel_latency_hold {
+            uzswap_os::latency::hold();
+            out["kernel_latency_hold_state"] = json!(uzswap_os::latency::stats().state);
+        }
         let comp = kernel_compressor(&args.w.compressor);
         note(&format!(
             "kernel: zswap ({comp}) in a memory cgroup of {} MiB ...",
@@ -197,6 +213,7 @@ fn make_pager(
         keep_clean: args.keep_clean,
         cpu_handlers: args.cpu_handlers,
         in_thread_faults: args.in_thread_faults,
+        latency_hold: args.latency_hold,
         charge,
         ..uzswap_region::PagerConfig::new(args.w.budget_mib() << 8)
     };

@@ -59,6 +59,10 @@ pub struct RunConfig {
     /// runtime's threads, which run there only while it waits (see the
     /// preload crate's `cosched` module).
     pub cosched: bool,
+    /// Hold a CPU latency request of 0 µs while faults arrive (on unless
+    /// `--no-latency-hold`; root only): idle CPUs poll instead of halting,
+    /// so a fault's hand-off wakes no halted CPU (`uzswap_os::latency`).
+    pub latency_hold: bool,
     /// Store identical pages once (`--dedup`).
     pub dedup: bool,
     /// The base path of the final statistics file (the runtime appends
@@ -226,6 +230,7 @@ impl RunConfig {
             keep_clean: false,
             cpu_handlers: false,
             cosched: true,
+            latency_hold: true,
             dedup: false,
             final_stats: None,
             reserve: DEFAULT_RESERVE,
@@ -279,6 +284,7 @@ impl RunConfig {
             (names::KEEP_CLEAN, switch(self.keep_clean)),
             (names::CPU_HANDLERS, switch(self.cpu_handlers)),
             (names::COSCHED, switch(self.cosched)),
+            (names::LATENCY_HOLD, switch(self.latency_hold)),
             (names::RESERVE, self.reserve.to_string().into()),
         ];
         if let Some(p) = self.pool_max {
@@ -352,6 +358,7 @@ impl RunConfig {
             keep_clean: switch(names::KEEP_CLEAN)?,
             cpu_handlers: switch(names::CPU_HANDLERS)?,
             cosched: switch_or(names::COSCHED, true)?,
+            latency_hold: switch_or(names::LATENCY_HOLD, true)?,
             dedup: switch(names::DEDUP)?,
             final_stats: nonempty(names::FINAL_STATS).map(PathBuf::from),
             ledger: nonempty(names::LEDGER).map(PathBuf::from),
@@ -469,6 +476,7 @@ mod tests {
             keep_clean: true,
             cpu_handlers: true,
             cosched: false,
+            latency_hold: false,
             dedup: true,
             final_stats: Some("/tmp/uzswap-run.1.0/stats.json".into()),
             reserve: 1 << 36,

@@ -30,6 +30,9 @@ pub const CPU_HANDLERS: &str = "UZSWAP_CPU_HANDLERS";
 /// `1` or `0` (unset: `1`): co-scheduling
 /// ([`crate::RunConfig::cosched`]).
 pub const COSCHED: &str = "UZSWAP_COSCHED";
+/// `1` or `0` (unset: `1`): the CPU latency request while faults arrive
+/// ([`crate::RunConfig::latency_hold`]).
+pub const LATENCY_HOLD: &str = "UZSWAP_LATENCY_HOLD";
 /// Where the final statistics go, before the pid is appended
 /// ([`crate::RunConfig::final_stats`], [`final_stats_path`]; unset or
 /// empty: nowhere).

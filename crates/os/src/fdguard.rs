@@ -57,6 +57,21 @@ pub fn guarded_in(first: u32, last: u32) -> impl Iterator<Item = u32> {
 /// The guard on a descriptor number that another value holds (a `File`):
 /// a field declared *before* that value's, so that it is dropped, and the
 /// number unmarked, before the descriptor is closed.
+/// Marks `fd` without a [`Mark`] to drop: for a descriptor held in a
+/// static (`crate::latency`), unmarked with [`unmark`] before it is closed.
+pub(crate) fn mark(fd: RawFd) {
+    if let Some((w, b)) = bit(fd) {
+        MARKS[w].fetch_or(b, Ordering::AcqRel);
+    }
+}
+
+/// Takes the mark of `fd` away.
+pub(crate) fn unmark(fd: RawFd) {
+    if let Some((w, b)) = bit(fd) {
+        MARKS[w].fetch_and(!b, Ordering::AcqRel);
+    }
+}
+
 #[derive(Debug)]
 pub struct Mark(RawFd);
 
@@ -64,18 +79,14 @@ impl Mark {
     /// Guards `fd`'s number until this is dropped.
     pub fn new(fd: &impl AsRawFd) -> Mark {
         let fd = fd.as_raw_fd();
-        if let Some((w, b)) = bit(fd) {
-            MARKS[w].fetch_or(b, Ordering::AcqRel);
-        }
+        mark(fd);
         Mark(fd)
     }
 }
 
 impl Drop for Mark {
     fn drop(&mut self) {
-        if let Some((w, b)) = bit(self.0) {
-            MARKS[w].fetch_and(!b, Ordering::AcqRel);
-        }
+        unmark(self.0);
     }
 }
 

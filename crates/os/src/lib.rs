@@ -32,6 +32,7 @@ pub mod cpu;
 pub mod fdguard;
 pub mod fork;
 pub mod helper;
+pub mod latency;
 pub mod lock;
 pub mod sched;
 pub mod statm;

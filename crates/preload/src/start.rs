@@ -171,6 +171,7 @@ fn pager_config(
         })));
     }
     pcfg.keep_clean = config.keep_clean;
+    pcfg.latency_hold = config.latency_hold;
     // The budget is the program's memory: pages that map the zero page
     // hold none.
     pcfg.uncharged_zero_pages = true;

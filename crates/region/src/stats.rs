@@ -136,6 +136,16 @@ pub struct PagerStats {
     /// Of those, waits that ran to their bound (2 ms) with no settle
     /// meanwhile: the access then simply ran again.
     pub waits_timed_out: u64,
+    /// The process's CPU latency request (`PagerConfig::latency_hold`):
+    /// "held", "released", "unavailable" (the device needs root), "off",
+    /// or "unused" (no message read yet).
+    pub latency_hold: String,
+    /// Bursts of messages the request was held for.
+    pub latency_holds: u64,
+    /// Time it was held, in all.
+    pub latency_held_s: f64,
+    /// Messages (faults and events) the handlers read while it was held.
+    pub latency_read_held: u64,
     /// Pages the pager believed mapped that a fault found unmapped (the
     /// program's MADV_DONTNEED racing with its own access): mapped again
     /// as zeros, as a discarded page reads.

@@ -75,6 +75,14 @@ pub struct Args {
     /// CAP_SYS_NICE or RLIMIT_NICE); without it, off.
     #[arg(long)]
     pub no_cosched: bool,
+    /// Do not hold a CPU latency request while faults arrive. By default
+    /// (as root) each process holds one of 0 µs on /dev/cpu_dma_latency
+    /// from the first fault of a burst until its handlers have seen none
+    /// for 5 ms: idle CPUs poll instead of halting, so handing a fault to
+    /// the handler thread and back wakes no halted CPU (10-30 µs each on
+    /// a VM whose idle CPUs halt). Costs CPU time on idle CPUs while held.
+    #[arg(long)]
+    pub no_latency_hold: bool,
     /// Serve the whole program's metrics for Prometheus over HTTP at
     /// HOST:PORT/metrics while it runs (as `uzswap stats --serve`).
     #[arg(long, value_name = "HOST:PORT")]
@@ -172,6 +180,7 @@ pub(super) fn run_config(a: &Args) -> Result<RunConfig> {
         keep_clean: a.keep_clean,
         cpu_handlers: a.cpu_handlers,
         cosched: !a.no_cosched,
+        latency_hold: !a.no_latency_hold,
         dedup: a.dedup,
         final_stats: None, // set once its directory exists
         reserve: RunConfig::reserve_from_lookup(|n: &str| std::env::var_os(n))?,

@@ -125,6 +125,12 @@ pub struct PagerConfig {
     /// [`FORK_ROOM_HOLD`] (until the tree's arbiter has seen the child).
     /// `None`: no room is made.
     pub fork_room: Option<Charge>,
+    /// Hold the process's CPU latency request (`uzswap_os::latency`) from
+    /// the first message of a burst until the handler has read none for
+    /// `uzswap_os::latency::RELEASE_AFTER`: idle CPUs poll meanwhile, so
+    /// the hand-off to the handler and the wake of the faulting thread
+    /// reach no halted CPU. Needs root; without it nothing is held.
+    pub latency_hold: bool,
     /// The least the charge may lower the limit to, in pages (at least 16,
     /// at most the budget). `None`: a quarter of the budget. A host that
     /// shares one budget among processes (`uzswap run`'s ledger) charges
@@ -219,6 +225,7 @@ impl PagerConfig {
             thread_start: None,
             charge: None,
             fork_room: None,
+            latency_hold: true,
             floor_pages: None,
             in_thread_faults: false,
             #[cfg(feature = "testing")]

@@ -157,6 +157,8 @@ unsafe extern "C" fn fork_parent() {
 unsafe extern "C" fn fork_child() {
     // The parent's helper threads are not here (new ones list themselves).
     uzswap_os::fork::forget_helpers();
+    // The inherited descriptor of the CPU latency request is the parent's.
+    uzswap_os::latency::forget_after_fork();
     // SAFETY: fork_prepare took it on this thread and forgot the guard;
     // this is the child's only thread.
     unsafe { REGISTRY.after_fork(Side::Child) };

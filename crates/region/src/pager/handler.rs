@@ -78,6 +78,9 @@ impl PagerCore {
         let mut spin = AdaptiveSpin::new(self.cfg.spin);
         // When the handler last blocked in poll on the descriptor.
         let mut polled_at: Option<Instant> = None;
+        // When the handler last read a message, while it holds the CPU
+        // latency request (`PagerConfig::latency_hold`).
+        let mut holding: Option<Instant> = None;
         while !self.shutdown.load(Ordering::Relaxed)
             && !until.is_some_and(|f| f.load(Ordering::Acquire))
         {
@@ -97,6 +100,10 @@ impl PagerCore {
                     };
                     if n > 0 {
                         self.note_read();
+                        if self.cfg.latency_hold {
+                            uzswap_os::latency::read(n);
+                            holding = Some(Instant::now());
+                        }
                         match polled_at.take() {
                             Some(t) => spin.woke_after(t.elapsed()),
                             None if spins > 0 => spin.caught(),
@@ -149,11 +156,24 @@ impl PagerCore {
                 // faults handed off to a CPU handler are taken after
                 // HANDOFF_WAIT (their messages are read already: the
                 // descriptor will not wake anyone for them).
-                let timeout = if deferred.is_empty() && until.is_none() && !self.handoff_pending() {
-                    -1
-                } else {
-                    1
-                };
+                let mut timeout =
+                    if deferred.is_empty() && until.is_none() && !self.handoff_pending() {
+                        -1
+                    } else {
+                        1
+                    };
+                // The request goes once no message came for RELEASE_AFTER;
+                // until then the poll wakes in time to let it go.
+                if let Some(t) = holding {
+                    let left = uzswap_os::latency::RELEASE_AFTER.saturating_sub(t.elapsed());
+                    if left.is_zero() {
+                        uzswap_os::latency::release();
+                        holding = None;
+                    } else {
+                        let ms = left.as_millis().max(1) as i32;
+                        timeout = if timeout < 0 { ms } else { timeout.min(ms) };
+                    }
+                }
                 polled_at.get_or_insert_with(Instant::now);
                 sys::poll2(self.uffd.raw_fd(), self.wake.raw_fd(), timeout);
                 self.wake.drain();
@@ -168,6 +188,9 @@ impl PagerCore {
         }
         if !deferred.is_empty() {
             self.dispatch.lock().deferred.append(&mut deferred);
+        }
+        if holding.is_some() {
+            uzswap_os::latency::release();
         }
     }
 

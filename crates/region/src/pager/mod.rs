@@ -534,6 +534,11 @@ impl PagerCore {
         st.faults_again = self.faults_again.load(Ordering::Relaxed);
         st.faults_waited = self.faults_waited.load(Ordering::Relaxed);
         st.waits_timed_out = self.waits_timed_out.load(Ordering::Relaxed);
+        let lat = uzswap_os::latency::stats();
+        st.latency_hold = lat.state.to_string();
+        st.latency_holds = lat.holds;
+        st.latency_held_s = lat.held_ns as f64 / 1e9;
+        st.latency_read_held = lat.read_held;
         st.store = self.store.stats();
         st.stored_pages = st.store.pages;
         st
