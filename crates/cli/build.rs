@@ -164,7 +164,7 @@ fn declare_reruns(ws: &Path, built: &Path) {
     // Registry sources do not change under a version (Cargo.lock names it).
     let deps: Vec<PathBuf> = dep_info(&built.join("libuzswap_preload.d"))
         .into_iter()
-        .filter(|d| d.starts_with(&ws))
+        .filter(|d| d.starts_with(ws))
         .collect();
     if deps.is_empty() {
         // No dep-info to read, or one written where the workspace was
