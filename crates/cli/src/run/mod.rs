@@ -129,7 +129,8 @@ pub fn run(a: &Args) -> Result<Outcome> {
 
 /// The checks of the machine before the program starts: userfaultfd is
 /// usable, the Redis server answers (and the run's key prefix is made),
-/// the backing file's directory and the recording's path exist.
+/// a backing file can be made and written where it is asked for (each
+/// runtime makes its own there), and the recording's path exists.
 fn check_machine(a: &Args, config: &mut RunConfig) -> Result<()> {
     uzswap_region::sys::Uffd::open(0, None).context("the program's pages could not be managed")?;
     if let Some(BackingTier::Redis(url)) = &config.backing {
@@ -153,11 +154,30 @@ fn check_machine(a: &Args, config: &mut RunConfig) -> Result<()> {
                 dir.display()
             );
         }
+        try_backing_file(b)?;
     }
     if let Some(r) = &a.record {
         crate::record::check_path(r)?;
     }
     Ok(())
+}
+
+/// Makes a backing file at `b` as a runtime will (unlinked at once) and
+/// writes one slot to it: a directory where no file can be made or
+/// written (`/proc`, a read-only or full filesystem) is refused here,
+/// before the program starts, rather than by every runtime of the tree.
+fn try_backing_file(b: &Path) -> Result<()> {
+    use uzswap_cache::backing::{BackingStore, FileBacking};
+    let page = vec![0u8; uzswap_os::PAGE_SIZE];
+    FileBacking::create(b)
+        .and_then(|f| f.write_slots(0, &[&page]))
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "--backing-file {}: cannot make and write a backing file there ({e}): name a \
+                 directory on a writable filesystem with room, or run with --no-backing-file",
+                b.display()
+            )
+        })
 }
 
 /// The program's command: `lib` first in `LD_PRELOAD`, the runtime's

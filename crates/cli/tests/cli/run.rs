@@ -840,3 +840,23 @@ fn help_lists_run_stats_plot_and_demo_and_no_benchmarks() {
     let out = uzswap().args(["bench", "pool"]).output().unwrap();
     assert!(!out.status.success(), "`uzswap bench` is not a command");
 }
+
+/// A backing file that cannot be made where it is asked for (`/proc`) is
+/// refused before the program starts, with its own remedy.
+#[test]
+fn a_backing_file_that_cannot_be_made_is_refused_before_the_program_starts() {
+    require_uffd!();
+    let out = uzswap()
+        .args(["run", "--memory-max", "32M", "--backing-file", "/proc"])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("--backing-file /proc: cannot make and write a backing file there"),
+        "{err}"
+    );
+    assert!(err.contains("--no-backing-file"), "{err}");
+    assert!(!err.contains("running"), "the program started: {err}");
+}
