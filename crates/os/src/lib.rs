@@ -19,7 +19,9 @@
 //!   that a forked child can release what the parent's prepare hook held;
 //! - [`fork`]: releasing after `fork()` the locks a prepare hook kept;
 //! - [`threads`]: what each thread of a process is doing, for the reports
-//!   of tests that hang;
+//!   of tests that hang, and whether any of the program's own is left;
+//! - [`latency`]: the CPU latency request the fault handlers hold while
+//!   faults arrive;
 //! - [`sched`]: CPU affinity and the `SCHED_IDLE` policy of a thread (the
 //!   pager's CPU handlers, the runtime's co-scheduling).
 //!
