@@ -225,14 +225,14 @@ impl std::ops::Deref for ShardLock {
 }
 
 /// Pool-wide counters shared by the shards.
-struct Shared {
+struct PoolWide {
     arena: PageArena,
     pages_held: AtomicU64,
     /// Limit in bytes; u64::MAX means none.
     limit: AtomicU64,
 }
 
-impl Shared {
+impl PoolWide {
     fn take_page(&self) -> Result<NonNull<u8>, Error> {
         let limit = self.limit.load(Ordering::Relaxed);
         // Relaxed: the counter orders nothing else; two racing takers may
@@ -356,7 +356,7 @@ impl Shard {
         }
     }
 
-    fn add_page(&mut self, shared: &Shared) -> Result<(), Error> {
+    fn add_page(&mut self, shared: &PoolWide) -> Result<(), Error> {
         let addr = shared.take_page()?.as_ptr() as usize;
         let pid = match self.free_page_ids.pop() {
             Some(p) => p,
@@ -471,7 +471,7 @@ impl Shard {
     /// Frees a used block: wipes it if its object was written, merges it
     /// with free neighbours, and gives its page back when the whole page is
     /// free.
-    fn release_block(&mut self, shared: &Shared, b: u32, wipe: bool) {
+    fn release_block(&mut self, shared: &PoolWide, b: u32, wipe: bool) {
         let (p, len) = self.ptr(b);
         if wipe {
             // SAFETY: the block lies inside a page this shard holds (blocks
@@ -503,7 +503,7 @@ impl Shard {
     }
 
     /// Gives a page back whose blocks are all free and unlisted.
-    fn drop_page(&mut self, shared: &Shared, page: usize) {
+    fn drop_page(&mut self, shared: &PoolWide, page: usize) {
         let mut b = self.pages[page].first;
         while b != NIL {
             let next = self.descs[b as usize].pnext;
@@ -518,7 +518,7 @@ impl Shard {
         unsafe { shared.give_page(addr) };
     }
 
-    fn malloc(&mut self, shared: &Shared, size: usize) -> Result<u32, Error> {
+    fn malloc(&mut self, shared: &PoolWide, size: usize) -> Result<u32, Error> {
         let r = round_up(size);
         // The chain to start with: none, or the largest free block when a
         // fresh page must be added (it then holds the rest, so the chain has
@@ -562,7 +562,7 @@ impl Shard {
         Ok(slot)
     }
 
-    fn free(&mut self, shared: &Shared, slot: u32) -> usize {
+    fn free(&mut self, shared: &PoolWide, slot: u32) -> usize {
         let o = self.objs[slot as usize];
         let mut b = o.first;
         while b != NIL {
@@ -647,7 +647,7 @@ impl Shard {
 
     /// Moves every used block out of the sparsest pages whose data fits in
     /// the free space of the others; returns (objects moved, pages freed).
-    fn compact(&mut self, shared: &Shared) -> (u64, u64) {
+    fn compact(&mut self, shared: &PoolWide) -> (u64, u64) {
         let mut ids: Vec<usize> = (0..self.pages.len())
             .filter(|&p| self.pages[p].addr != 0 && (self.pages[p].used as usize) < PAGE_SIZE)
             .collect();
@@ -928,7 +928,7 @@ static NEXT_HINT: AtomicUsize = AtomicUsize::new(0);
 /// The scatter-gather pool; see the module documentation.
 pub struct XcfPool {
     shards: Box<[ShardLock]>,
-    shared: Shared,
+    shared: PoolWide,
     /// Per-pool handle tag (1..=65535).
     tag: u64,
     compactions: AtomicU64,
@@ -956,7 +956,7 @@ impl XcfPool {
             shards: (0..config.shards)
                 .map(|_| ShardLock(Mutex::new(Shard::new())))
                 .collect(),
-            shared: Shared {
+            shared: PoolWide {
                 arena: PageArena::new(),
                 pages_held: AtomicU64::new(0),
                 limit: AtomicU64::new(config.limit_bytes.unwrap_or(u64::MAX)),

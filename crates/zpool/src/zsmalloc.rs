@@ -265,7 +265,7 @@ unsafe impl Send for ClassInner {}
 unsafe impl Sync for ClassInner {}
 
 struct Class {
-    /// Index in `Shared::classes` (shard × classes per shard + class).
+    /// Index in `PoolState::classes` (shard × classes per shard + class).
     index: u16,
     /// Slot size.
     size: usize,
@@ -301,7 +301,9 @@ struct Located {
     size: usize,
 }
 
-struct Shared {
+/// The pool's state, shared by its handles and its compaction thread: the
+/// classes, the shards' page sources, the limit and the counters.
+struct PoolState {
     tag: u32,
     classes: Vec<Class>,
     /// Class index (within a shard) for each rounded size (index
@@ -363,7 +365,7 @@ const MAX_QUEUED_RELEASES: usize = 4;
 
 /// The zsmalloc-class pool. See the module documentation.
 pub struct ZsPool {
-    shared: Arc<Shared>,
+    shared: Arc<PoolState>,
     /// The compactor thread, if the pool has one. Behind a lock because a
     /// forked child replaces it (`fork_child`, through `&self`); nothing
     /// else takes that lock but `Drop`.
@@ -484,7 +486,7 @@ impl ZsPool {
             c.index = i as u16;
         }
         let tag = NEXT_TAG.fetch_add(1, Ordering::Relaxed) % ((1 << TAG_BITS) - 1) + 1;
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(PoolState {
             tag,
             classes,
             per_shard: n,
@@ -586,7 +588,7 @@ impl Class {
     }
 }
 
-impl Shared {
+impl PoolState {
     /// The class for a new object of `size` bytes, in the shard of the CPU
     /// this thread runs on.
     fn class_for(&self, size: usize) -> &Class {
@@ -635,7 +637,7 @@ type CompactorThread = sync::thread::JoinHandle<()>;
 
 /// Starts the background compactor of `shared` (named "zs-compact").
 fn start_compactor(
-    shared: &Arc<Shared>,
+    shared: &Arc<PoolState>,
     thread_start: Option<fn()>,
 ) -> Result<CompactorThread, Error> {
     let weak = Arc::downgrade(shared);
@@ -653,7 +655,7 @@ fn start_compactor(
     started.map_err(|e| Error::Config(format!("cannot start the compaction thread: {e}")))
 }
 
-fn compactor_main(weak: Weak<Shared>) {
+fn compactor_main(weak: Weak<PoolState>) {
     enum Job {
         Release(usize, ReleaseBatch),
         Compact(u16),
@@ -697,7 +699,7 @@ fn compactor_main(weak: Weak<Shared>) {
     }
 }
 
-impl Shared {
+impl PoolState {
     /// Resolves a handle to its class, generation and slot index.
     fn class_of(&self, h: Handle) -> Result<(&Class, u32, u32), Error> {
         let (tag, class, gen, slot) = decode(h);
@@ -1304,7 +1306,7 @@ impl Zpool for ZsPool {
         let sh = &*self.shared;
         let (class, gen, slot) = sh.class_of(handle)?;
         let inner = class.inner.write();
-        let loc = Shared::locate(&inner, handle, gen, slot)?;
+        let loc = PoolState::locate(&inner, handle, gen, slot)?;
         sh.free_and_unlock(class, inner, &loc);
         Ok(loc.size)
     }
@@ -1321,9 +1323,9 @@ impl Zpool for ZsPool {
         let sh = &*self.shared;
         let (class, gen, slot) = sh.class_of(handle)?;
         let inner = class.inner.write();
-        let loc = Shared::locate(&inner, handle, gen, slot)?;
-        Shared::prefetch_free(class, &inner, &loc);
-        if !f(Shared::obj_bytes(class, &inner, &loc)) {
+        let loc = PoolState::locate(&inner, handle, gen, slot)?;
+        PoolState::prefetch_free(class, &inner, &loc);
+        if !f(PoolState::obj_bytes(class, &inner, &loc)) {
             return Ok(false);
         }
         sh.free_and_unlock(class, inner, &loc);
@@ -1333,13 +1335,13 @@ impl Zpool for ZsPool {
     fn object_size(&self, handle: Handle) -> Result<usize, Error> {
         let (class, gen, slot) = self.shared.class_of(handle)?;
         let inner = class.inner.read();
-        Ok(Shared::locate(&inner, handle, gen, slot)?.size)
+        Ok(PoolState::locate(&inner, handle, gen, slot)?.size)
     }
 
     fn write(&self, handle: Handle, data: &[u8]) -> Result<(), Error> {
         let (class, gen, slot) = self.shared.class_of(handle)?;
         let mut inner = class.inner.write();
-        let loc = Shared::locate(&inner, handle, gen, slot)?;
+        let loc = PoolState::locate(&inner, handle, gen, slot)?;
         if data.len() != loc.size {
             return Err(Error::BadBuffer {
                 got: data.len(),
@@ -1347,7 +1349,7 @@ impl Zpool for ZsPool {
                 what: "write() takes exactly the object's size",
             });
         }
-        let ptr = Shared::obj_ptr(class, &inner, loc.zspage, loc.obj);
+        let ptr = PoolState::obj_ptr(class, &inner, loc.zspage, loc.obj);
         // SAFETY: ptr is this object's slot (>= loc.size bytes) in a live
         // zspage, and the exclusive class lock keeps readers out.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, loc.size) };
@@ -1362,7 +1364,7 @@ impl Zpool for ZsPool {
     fn read(&self, handle: Handle, buf: &mut [u8]) -> Result<usize, Error> {
         let (class, gen, slot) = self.shared.class_of(handle)?;
         let inner = class.inner.read();
-        let loc = Shared::locate(&inner, handle, gen, slot)?;
+        let loc = PoolState::locate(&inner, handle, gen, slot)?;
         if buf.len() < loc.size {
             return Err(Error::BadBuffer {
                 got: buf.len(),
@@ -1370,15 +1372,15 @@ impl Zpool for ZsPool {
                 what: "read() needs a buffer at least the object's size",
             });
         }
-        buf[..loc.size].copy_from_slice(Shared::obj_bytes(class, &inner, &loc));
+        buf[..loc.size].copy_from_slice(PoolState::obj_bytes(class, &inner, &loc));
         Ok(loc.size)
     }
 
     fn map_read(&self, handle: Handle, f: &mut dyn FnMut(&[u8])) -> Result<(), Error> {
         let (class, gen, slot) = self.shared.class_of(handle)?;
         let inner = class.inner.read();
-        let loc = Shared::locate(&inner, handle, gen, slot)?;
-        f(Shared::obj_bytes(class, &inner, &loc));
+        let loc = PoolState::locate(&inner, handle, gen, slot)?;
+        f(PoolState::obj_bytes(class, &inner, &loc));
         Ok(())
     }
 
@@ -1431,7 +1433,7 @@ impl Zpool for ZsPool {
             row.obj_allocated += inner.live_zspages * objs;
             row.obj_used += inner.obj_used;
             row.pages_used += inner.pages_committed;
-            row.freeable += Shared::freeable(c, &inner);
+            row.freeable += PoolState::freeable(c, &inner);
             for (g, list) in inner.groups.iter().enumerate() {
                 row.fullness[(g + 1).min(FULLNESS_BUCKETS - 1)] += list.len() as u64;
                 if g != FULL_GROUP {
