@@ -7,7 +7,7 @@
 //! Each program checks its own data. A hang is a failure with every
 //! thread's state and kernel stack printed (`common::run_sampling`).
 
-use crate::common::{self, final_stats, programs, run, scratch};
+use crate::common::{self, final_stats, programs, run, scratch, Ran};
 
 /// Python 3 with its regression-test package (`python3 -m test`).
 fn python_tests_missing() -> bool {
@@ -17,6 +17,42 @@ fn python_tests_missing() -> bool {
     )
 }
 
+/// Runs `tests/programs/SCRIPT` with python3 under `--memory-max BUDGET`
+/// with `args`, in a scratch directory of the test's `name`: None (and a
+/// skip) where there is no python3.
+fn python_program(name: &str, budget: &str, script: &str, args: &[&str]) -> Option<Ran> {
+    if common::missing("python3", &["python3", "-c", "pass"]) {
+        return None;
+    }
+    let script = programs().join(script);
+    let mut all = vec![
+        "--memory-max",
+        budget,
+        "--",
+        "python3",
+        script.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    Some(run(&scratch(name), &all))
+}
+
+/// Runs the C program `lastthread` in `mode` under `--memory-max 32M`.
+fn lastthread(mode: &str) -> Option<Ran> {
+    let prog = crate::run::build("lastthread", &[])?;
+    let dir = scratch(&format!("lastthread-{mode}"));
+    Some(run(
+        &dir,
+        &[
+            "--memory-max",
+            "32M",
+            "--",
+            prog.to_str().unwrap(),
+            mode,
+            "64",
+        ],
+    ))
+}
+
 /// glibc's `fork()` reads its name-service state, a heap block of its own,
 /// after every prepare hook has run (in a process with threads), when the
 /// pager's locks are held by the forking thread; evicted, it hung the fork
@@ -24,23 +60,9 @@ fn python_tests_missing() -> bool {
 #[test]
 fn a_fork_finds_the_c_library_s_own_data_resident() {
     require_uffd!();
-    if common::missing("python3", &["python3", "-c", "pass"]) {
+    let Some(r) = python_program("forknss", "32M", "forknss.py", &["64", "40"]) else {
         return;
-    }
-    let script = programs().join("forknss.py");
-    let dir = scratch("forknss");
-    let r = run(
-        &dir,
-        &[
-            "--memory-max",
-            "32M",
-            "--",
-            "python3",
-            script.to_str().unwrap(),
-            "64",
-            "40",
-        ],
-    );
+    };
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(
         r.stdout.contains("ok: 40 forks, 64 MiB checked"),
@@ -55,21 +77,9 @@ fn a_fork_finds_the_c_library_s_own_data_resident() {
 #[test]
 fn a_process_ends_when_its_last_program_thread_exits() {
     require_uffd!();
-    let Some(prog) = crate::run::build("lastthread", &[]) else {
+    let Some(r) = lastthread("main-exits") else {
         return;
     };
-    let dir = scratch("lastthread-main");
-    let r = run(
-        &dir,
-        &[
-            "--memory-max",
-            "32M",
-            "--",
-            prog.to_str().unwrap(),
-            "main-exits",
-            "64",
-        ],
-    );
     assert_eq!(r.code, Some(0), "{}", r.stderr);
 }
 
@@ -79,21 +89,9 @@ fn a_process_ends_when_its_last_program_thread_exits() {
 #[test]
 fn a_forked_child_ends_when_its_only_thread_exits() {
     require_uffd!();
-    let Some(prog) = crate::run::build("lastthread", &[]) else {
+    let Some(r) = lastthread("fork-thread") else {
         return;
     };
-    let dir = scratch("lastthread-fork");
-    let r = run(
-        &dir,
-        &[
-            "--memory-max",
-            "32M",
-            "--",
-            prog.to_str().unwrap(),
-            "fork-thread",
-            "64",
-        ],
-    );
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(r.stdout.contains("ok: the child ended"), "{}", r.stdout);
 }
@@ -105,23 +103,9 @@ fn a_forked_child_ends_when_its_only_thread_exits() {
 #[test]
 fn a_signal_the_program_blocks_stays_pending_for_it() {
     require_uffd!();
-    if common::missing("python3", &["python3", "-c", "pass"]) {
+    let Some(r) = python_program("sigpending", "16M", "sigpending.py", &["32", "20"]) else {
         return;
-    }
-    let script = programs().join("sigpending.py");
-    let dir = scratch("sigpending");
-    let r = run(
-        &dir,
-        &[
-            "--memory-max",
-            "16M",
-            "--",
-            "python3",
-            script.to_str().unwrap(),
-            "32",
-            "20",
-        ],
-    );
+    };
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(r.stdout.contains("sigpending: ok 20"), "{}", r.stdout);
 }
