@@ -140,18 +140,26 @@ pub fn stats() -> LatencyStats {
     }
 }
 
+/// Opens the device now (where it can be): call where the host makes its
+/// other descriptors (at start-up, in a fork's child hook), so that the
+/// descriptor's number is not taken later among the program's own.
+pub fn open() {
+    fd();
+}
+
 /// In a forked child (its only thread): the inherited descriptor names the
 /// parent's request. The child's copy is closed (the parent's request
-/// stays) and the child opens its own at its first hold.
+/// stays) and the child opens its own.
 pub fn forget_after_fork() {
     let fd = FD.load(Ordering::Relaxed);
+    HELD.store(false, Ordering::Relaxed);
     if fd >= 0 {
         crate::fdguard::unmark(fd);
         // SAFETY: the child's copy of our descriptor.
         unsafe { libc::close(fd) };
         FD.store(NOT_OPENED, Ordering::Relaxed);
+        open();
     }
-    HELD.store(false, Ordering::Relaxed);
 }
 
 /// The device's descriptor, opened at the first call (negative if none).
@@ -167,7 +175,7 @@ fn fd() -> i32 {
             libc::O_WRONLY | libc::O_CLOEXEC,
         )
     };
-    let new = if new < 0 { UNAVAILABLE } else { new };
+    let new = if new < 0 { UNAVAILABLE } else { high(new) };
     match FD.compare_exchange(NOT_OPENED, new, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {
             if new >= 0 {
@@ -183,6 +191,31 @@ fn fd() -> i32 {
             }
             other
         }
+    }
+}
+
+/// Moves `fd` to a number high in the table (64 below the soft limit on
+/// descriptors), where a program that looks for descriptors it opened
+/// does not meet it; `fd` itself if that fails.
+fn high(fd: i32) -> i32 {
+    // SAFETY: getrlimit fills a struct of our own.
+    let soft = unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return fd;
+        }
+        r.rlim_cur
+    };
+    let at = soft.saturating_sub(64).clamp(3, i32::MAX as u64) as i32;
+    // SAFETY: duplicates our own descriptor; the old one is closed only if
+    // the duplicate was made.
+    unsafe {
+        let hi = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, at);
+        if hi < 0 {
+            return fd;
+        }
+        libc::close(fd);
+        hi
     }
 }
 

@@ -303,6 +303,12 @@ mod tests {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         busy.join().unwrap();
         assert!(after >= before + 1_000_000, "{before} -> {after}");
+        // `join` returns once the thread cleared its id, a moment before
+        // the kernel takes it off the list.
+        let gone = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while cpu(tid).is_some() && std::time::Instant::now() < gone {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         assert!(cpu(tid).is_none(), "an ended thread is not listed");
         // SAFETY: gettid has no preconditions.
         assert_eq!(runnable(unsafe { libc::gettid() }), Some(true));

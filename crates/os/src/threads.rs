@@ -44,30 +44,105 @@ pub fn describe(pid: Option<u32>) -> String {
 /// but it counts helper threads too: a host whose helpers run on must end
 /// the process itself once this is true, or it stays for ever, a zombie
 /// leader with live helpers. False while any other thread is alive,
-/// including a helper that has not listed itself yet.
+/// including a helper that has not listed itself yet, and whenever /proc
+/// cannot be read: an error never reads as "ended".
+///
+/// The program may close descriptors it did not open at any moment
+/// (`close_range` before an `exec`): the leader's `stat` is read through
+/// one descriptor kept open and guarded ([`crate::fdguard`]), so the
+/// look that runs every few hundred milliseconds opens nothing. Only once
+/// the leader has exited are the other threads listed and read.
 pub fn program_ended() -> bool {
     // The leader is never a helper: while it runs, the program does.
-    if !ended(&format!("/proc/self/task/{}/stat", std::process::id())) {
+    if !leader_ended() {
         return false;
     }
     let helpers: Vec<i32> = crate::fork::helper_tids().collect();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+    let Some(tids) = task_ids() else {
         return false;
     };
-    tasks.flatten().all(|t| {
-        let name = t.file_name();
-        let tid = name.to_str().and_then(|n| n.parse::<i32>().ok());
-        tid.is_some_and(|t| helpers.contains(&t))
-            || ended(&format!("/proc/self/task/{}/stat", name.to_string_lossy()))
+    tids.iter().all(|&t| {
+        helpers.contains(&t)
+            || match std::fs::read(format!("/proc/self/task/{t}/stat")) {
+                Ok(st) => ended_state(&st),
+                // Gone since it was listed; any other error is no answer.
+                Err(e) => matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)),
+            }
     })
 }
 
-/// A thread whose `stat` says zombie or dead, or is gone.
-fn ended(stat_path: &str) -> bool {
-    let Ok(stat) = std::fs::read_to_string(stat_path) else {
-        return true;
+/// The leader's `stat` of this process: (pid, descriptor), reopened in a
+/// forked child (whose inherited copy names its parent's leader).
+static LEADER: crate::lock::Mutex<(u32, i32)> = crate::lock::Mutex::new((0, -1));
+
+/// Whether the thread-group leader has exited (a zombie whose other
+/// threads live on). False on any error.
+fn leader_ended() -> bool {
+    let pid = std::process::id();
+    // The lock is held across the one open of a process (never across the
+    // reads): two pagers' evictors may look at once.
+    let fd = {
+        let mut l = LEADER.lock();
+        if l.0 != pid {
+            if l.1 >= 0 {
+                crate::fdguard::unmark(l.1);
+                // SAFETY: the copy of our own descriptor this process
+                // inherited; nothing else refers to it.
+                unsafe { libc::close(l.1) };
+            }
+            let path = std::ffi::CString::new(format!("/proc/{pid}/task/{pid}/stat"))
+                .expect("no NUL in a path of digits");
+            // SAFETY: a NUL-terminated path; the descriptor is ours.
+            let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+            if fd >= 0 {
+                crate::fdguard::mark(fd);
+            }
+            *l = (pid, fd);
+        }
+        l.1
     };
-    // The state follows the command, in parentheses (see `describe`).
+    if fd < 0 {
+        return false;
+    }
+    let mut buf = [0u8; 512];
+    // SAFETY: reads into a buffer of our own from our own descriptor; a
+    // /proc file read at offset 0 gives its content of now.
+    let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+    n > 0 && ended_state(&buf[..n as usize])
+}
+
+/// The thread ids of this process, from /proc (with libc's directory
+/// calls: the standard library's panics if the program closed the
+/// directory's descriptor meanwhile). None if it cannot be read.
+fn task_ids() -> Option<Vec<i32>> {
+    // SAFETY: a NUL-terminated path; the stream is ours and closed below.
+    let dir = unsafe { libc::opendir(c"/proc/self/task".as_ptr()) };
+    if dir.is_null() {
+        return None;
+    }
+    let mut tids = Vec::new();
+    loop {
+        // SAFETY: `dir` is an open stream; the entry lives until the next
+        // readdir on it.
+        let e = unsafe { libc::readdir(dir) };
+        if e.is_null() {
+            break;
+        }
+        // SAFETY: d_name is NUL-terminated within the entry.
+        let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) };
+        if let Some(t) = name.to_str().ok().and_then(|n| n.parse::<i32>().ok()) {
+            tids.push(t);
+        }
+    }
+    // SAFETY: closes the stream opened above (an error is of no use here).
+    unsafe { libc::closedir(dir) };
+    Some(tids)
+}
+
+/// Whether a `stat` line says zombie or dead. The state follows the
+/// command, in parentheses (see `describe`).
+fn ended_state(stat: &[u8]) -> bool {
+    let stat = String::from_utf8_lossy(stat);
     matches!(
         stat.rfind(')')
             .and_then(|i| stat[i + 1..].split_whitespace().next()),
@@ -101,11 +176,13 @@ mod tests {
     }
 
     #[test]
-    fn a_gone_or_zombie_thread_has_ended() {
-        assert!(super::ended("/proc/self/task/0/stat"));
-        assert!(!super::ended(&format!(
-            "/proc/self/task/{}/stat",
-            std::process::id()
-        )));
+    fn a_zombie_or_dead_state_has_ended_and_a_running_one_not() {
+        assert!(super::ended_state(b"12 (a (b) c) Z 1 2"));
+        assert!(super::ended_state(b"12 (x) X 1 2"));
+        assert!(!super::ended_state(b"12 (x Z) S 1 2"));
+        assert!(!super::ended_state(b""));
+        assert!(!super::leader_ended());
+        let tids = super::task_ids().expect("/proc/self/task");
+        assert!(tids.contains(&(std::process::id() as i32)), "{tids:?}");
     }
 }

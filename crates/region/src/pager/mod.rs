@@ -214,6 +214,10 @@ pub struct PagerUsage {
 impl Pager {
     /// Opens userfaultfd and starts the handler and evictor threads.
     pub fn new(store: Arc<dyn PageStore>, cfg: PagerConfig) -> Result<Pager, PagerError> {
+        if cfg.latency_hold {
+            // Opened with the pager's other descriptors (see `open`).
+            uzswap_os::latency::open();
+        }
         cfg.check()?;
         let sigbus = if cfg.in_thread_faults {
             feature::SIGBUS
