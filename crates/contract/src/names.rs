@@ -53,7 +53,7 @@ pub const REMOTE_PREFIX: &str = "UZSWAP_REMOTE_PREFIX";
 /// environment it passes on before it sets its own
 /// ([`crate::RunConfig::to_env`]), so a value inherited from its own
 /// environment never reaches the runtime as if asked for.
-pub const ALL: [&str; 13] = [
+pub const ALL: [&str; 14] = [
     MEMORY_MAX,
     POOL_MAX,
     COMPRESSOR,
@@ -63,6 +63,7 @@ pub const ALL: [&str; 13] = [
     KEEP_CLEAN,
     CPU_HANDLERS,
     COSCHED,
+    LATENCY_HOLD,
     FINAL_STATS,
     RESERVE,
     LEDGER,

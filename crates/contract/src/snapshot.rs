@@ -443,6 +443,7 @@ mod tests {
                 "cpu_handlers",
                 "dedup",
                 "keep_clean",
+                "latency_hold",
                 "memory_max",
                 "pool_max"
             ]
