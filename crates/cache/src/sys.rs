@@ -201,20 +201,6 @@ pub(crate) fn copy_range(
     moved(n)
 }
 
-/// `dup3(src, dst, O_CLOEXEC)`: makes the descriptor number `dst` name
-/// `src`'s open file, atomically closing the file it named; `src` stays as
-/// it is.
-///
-/// # Safety
-/// `dst` is a descriptor of the caller's own (held open by an object of
-/// the caller), and nothing relies on it naming its old file any more: its
-/// owner names the new one through it from now on.
-pub(crate) unsafe fn replace_fd(src: RawFd, dst: RawFd) -> io::Result<()> {
-    // SAFETY: `dst` may be replaced (the caller's contract); `src` is only
-    // read.
-    ok(unsafe { libc::dup3(src, dst, libc::O_CLOEXEC) })
-}
-
 /// `pipe2(O_CLOEXEC)`: a new pipe, its (read, write) ends.
 #[cfg_attr(feature = "shuttle", allow(dead_code))] // for cache/fork.rs, not built in the model
 pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {

@@ -74,7 +74,9 @@ pub(crate) fn open(path: &Path) -> io::Result<(OwnedFd, usize)> {
         .write(true)
         .open(path)?;
     let len = f.metadata()?.len() as usize;
-    Ok((OwnedFd::from(f), len))
+    // High in the table (`uzswap_os::fdguard::lift`): a member is a
+    // program's process, whose own numbers it must not take.
+    Ok((uzswap_os::fdguard::lift(OwnedFd::from(f)), len))
 }
 
 /// What `/proc/PID/stat` says of a process: whether it still runs (not a

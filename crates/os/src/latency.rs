@@ -175,7 +175,11 @@ fn fd() -> i32 {
             libc::O_WRONLY | libc::O_CLOEXEC,
         )
     };
-    let new = if new < 0 { UNAVAILABLE } else { high(new) };
+    let new = if new < 0 {
+        UNAVAILABLE
+    } else {
+        crate::fdguard::lift_raw(new)
+    };
     match FD.compare_exchange(NOT_OPENED, new, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {
             if new >= 0 {
@@ -191,31 +195,6 @@ fn fd() -> i32 {
             }
             other
         }
-    }
-}
-
-/// Moves `fd` to a number high in the table (64 below the soft limit on
-/// descriptors), where a program that looks for descriptors it opened
-/// does not meet it; `fd` itself if that fails.
-fn high(fd: i32) -> i32 {
-    // SAFETY: getrlimit fills a struct of our own.
-    let soft = unsafe {
-        let mut r: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
-            return fd;
-        }
-        r.rlim_cur
-    };
-    let at = soft.saturating_sub(64).clamp(3, i32::MAX as u64) as i32;
-    // SAFETY: duplicates our own descriptor; the old one is closed only if
-    // the duplicate was made.
-    unsafe {
-        let hi = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, at);
-        if hi < 0 {
-            return fd;
-        }
-        libc::close(fd);
-        hi
     }
 }
 

@@ -44,6 +44,14 @@ fn open(pid: u32) -> io::Result<File> {
     File::open(format!("/proc/{pid}/statm"))
 }
 
+/// [`open`] for a file kept open in a program's process: high in the table
+/// and guarded (`crate::fdguard`), so that the program neither meets its
+/// number among its own nor closes it and hands the number to a file of its
+/// own, which the next read would parse.
+fn open_kept(pid: u32) -> io::Result<(crate::fdguard::Mark, File)> {
+    Ok(crate::fdguard::guard(open(pid)?))
+}
+
 /// The resident anonymous memory of process `pid`, in bytes.
 pub fn of(pid: u32) -> io::Result<u64> {
     read_anon(&open(pid)?)
@@ -53,7 +61,8 @@ thread_local! {
     /// This thread's open `/proc/PID/statm` and the pid it was opened for.
     /// A thread that forks goes on in the child with its parent's file
     /// (`/proc/self` named the parent when it was opened): the pid tells.
-    static OWN: RefCell<Option<(u32, File)>> = const { RefCell::new(None) };
+    /// The mark comes before the file: it is unmarked before it closes.
+    static OWN: RefCell<Option<(u32, crate::fdguard::Mark, File)>> = const { RefCell::new(None) };
 }
 
 /// The calling process's resident anonymous memory, in bytes, as
@@ -66,10 +75,13 @@ pub fn own() -> io::Result<u64> {
         let Ok(mut slot) = cell.try_borrow_mut() else {
             return of(pid);
         };
-        if !matches!(&*slot, Some((p, _)) if *p == pid) {
-            *slot = Some((pid, open(pid)?));
+        if !matches!(&*slot, Some((p, _, _)) if *p == pid) {
+            // The old file (a parent's, inherited by a fork) goes first.
+            *slot = None;
+            let (mark, file) = open_kept(pid)?;
+            *slot = Some((pid, mark, file));
         }
-        let (_, file) = slot.as_ref().expect("opened above");
+        let (_, _, file) = slot.as_ref().expect("opened above");
         read_anon(file)
     })
     .unwrap_or_else(|_| of(pid))

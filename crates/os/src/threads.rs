@@ -94,6 +94,11 @@ fn leader_ended() -> bool {
                 .expect("no NUL in a path of digits");
             // SAFETY: a NUL-terminated path; the descriptor is ours.
             let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+            let fd = if fd >= 0 {
+                crate::fdguard::lift_raw(fd)
+            } else {
+                fd
+            };
             if fd >= 0 {
                 crate::fdguard::mark(fd);
             }

@@ -47,17 +47,29 @@ pub fn serve(thread_start: fn()) -> std::io::Result<()> {
     let listener = UnixListener::bind_addr(&addr)?;
     // Guarded (`uzswap_os::fdguard`): a program that closes descriptors it
     // did not open leaves it. The thread never ends, nor does the mark.
-    let mark = uzswap_os::fdguard::Mark::new(&listener);
+    let (mark, listener) = uzswap_os::fdguard::guard(listener);
+    // Non-blocking: the thread waits in `wait_readable`, never in `accept`
+    // (see there), and a wake with no connection left goes back to wait.
+    listener.set_nonblocking(true)?;
     uzswap_os::spawn_helper("uzswap-stats", Some(thread_start), move || {
         let _mark = mark;
-        for conn in listener.incoming() {
-            let mut conn = match conn {
-                Ok(c) => c,
+        loop {
+            if !crate::sys::wait_readable(listener.as_raw_fd()) {
+                return;
+            }
+            let mut conn = match listener.accept() {
+                Ok((c, _)) => c,
                 // Gone after all (closed by a raw system call): no
                 // statistics from here on, rather than a busy loop.
                 Err(e) if e.raw_os_error() == Some(libc::EBADF) => return,
                 Err(_) => continue,
             };
+            // The answer is written whole or not at all, as before the
+            // listener was non-blocking (an accepted socket inherits no
+            // O_NONBLOCK on Linux, but say so).
+            if conn.set_nonblocking(false).is_err() {
+                continue;
+            }
             if !same_user(&conn) {
                 continue;
             }

@@ -197,6 +197,25 @@ pub fn getppid() -> libc::pid_t {
     unsafe { libc::getppid() }
 }
 
+/// Waits until `fd` is readable (a listening socket: a connection waits);
+/// false if `fd` is no longer open, true on any other wake (a signal, an
+/// error the next call will report).
+///
+/// A thread waits here rather than in `accept`: the kernel takes the new
+/// descriptor's number when `accept` begins, so a thread blocked in it
+/// holds the lowest free number, and the program's next `open` would get
+/// another one than it does unmanaged.
+pub fn wait_readable(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd of our own.
+    let r = unsafe { libc::poll(&mut p, 1, -1) };
+    !(r == 1 && p.revents & libc::POLLNVAL != 0)
+}
+
 /// Whether the peer of the Unix socket `fd` runs as root or as this
 /// process's effective user (`SO_PEERCRED`); no if it cannot be told.
 pub fn peer_is_same_user(fd: RawFd) -> bool {

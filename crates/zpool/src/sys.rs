@@ -439,8 +439,9 @@ unsafe fn advise_dontneed(iov: &[libc::iovec]) {
 }
 
 /// A pidfd for this process, opened once per process (a forked child opens
-/// its own: a descriptor inherited from the parent names the parent), or
-/// `None` if pidfds are not available.
+/// its own and closes the copy of its parent's, which names the parent), or
+/// `None` if pidfds are not available. High in the table and guarded
+/// (`uzswap_os::fdguard`): the pool lives in a program's process.
 fn self_pidfd() -> Option<i32> {
     use std::sync::atomic::{AtomicI64, Ordering};
     // (pid << 32) | fd of the last pidfd opened; 0 for none yet.
@@ -455,17 +456,33 @@ fn self_pidfd() -> Option<i32> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor
     // (always close-on-exec).
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
-    let fd = if fd < 0 { -1 } else { fd };
+    let fd = if fd < 0 {
+        -1
+    } else {
+        let fd = uzswap_os::fdguard::lift_raw(fd);
+        uzswap_os::fdguard::mark(fd);
+        fd
+    };
     let new = (i64::from(pid) << 32) | i64::from(fd as u32);
     if CACHED
         .compare_exchange(c, new, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
-        && fd >= 0
     {
-        // Another thread cached its own descriptor first: use that one.
-        // SAFETY: fd was opened above and is not shared.
-        unsafe { libc::close(fd) };
+        if fd >= 0 {
+            // Another thread cached its own descriptor first: use that one.
+            uzswap_os::fdguard::unmark(fd);
+            // SAFETY: fd was opened above and is not shared.
+            unsafe { libc::close(fd) };
+        }
         return self_pidfd();
+    }
+    let inherited = c as i32;
+    if c != 0 && inherited >= 0 {
+        // The copy of the parent's pidfd this process inherited: no thread
+        // uses it (each looks at the pid beside it first).
+        uzswap_os::fdguard::unmark(inherited);
+        // SAFETY: our copy of the parent's descriptor, named by no one now.
+        unsafe { libc::close(inherited) };
     }
     (fd >= 0).then_some(fd)
 }

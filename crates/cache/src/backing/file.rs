@@ -120,8 +120,9 @@ impl FileBacking {
     /// the process ends.
     pub fn create(path: &Path) -> io::Result<FileBacking> {
         let (file, dir) = open_file(path)?;
+        let (_mark, file) = uzswap_os::fdguard::guard(file);
         Ok(FileBacking {
-            _mark: uzswap_os::fdguard::Mark::new(&file),
+            _mark,
             file,
             base: AtomicU64::new(0),
             reads: AtomicU32::new(0),
@@ -452,7 +453,7 @@ impl BackingStore for FileBacking {
         // SAFETY: dup3 onto our own descriptor number: it atomically closes
         // the shared file there and names the copy instead; `copy` keeps
         // (and closes on drop) its own number.
-        unsafe { sys::replace_fd(dst, src) }
+        unsafe { uzswap_os::fdguard::replace(dst, src) }
     }
 
     /// While it holds fewer than [`MAX_SHARED_FILES`] shared files: each
@@ -507,10 +508,13 @@ impl BackingStore for FileBacking {
             shared.push(SharedFile {
                 lo: base,
                 hi: next,
-                view: Arc::new(SharedView {
-                    _mark: uzswap_os::fdguard::Mark::new(&old),
-                    file: old,
-                    ahead: uzswap_os::lock::Mutex::new(Ahead::default()),
+                view: Arc::new({
+                    let (_mark, file) = uzswap_os::fdguard::guard(old);
+                    SharedView {
+                        _mark,
+                        file,
+                        ahead: uzswap_os::lock::Mutex::new(Ahead::default()),
+                    }
                 }),
                 live,
             });
@@ -533,7 +537,7 @@ impl BackingStore for FileBacking {
         // the new file's description there (the old one stays open through
         // `old` above, if any slot is shared); `file` closes its own
         // number on drop.
-        unsafe { sys::replace_fd(file.as_raw_fd(), self.fd()) }?;
+        unsafe { uzswap_os::fdguard::replace(file.as_raw_fd(), self.fd()) }?;
         // The window was the old file's.
         match side {
             Side::Parent => *self.ahead.lock() = Ahead::default(),

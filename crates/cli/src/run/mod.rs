@@ -181,8 +181,11 @@ fn try_backing_file(b: &Path) -> Result<()> {
 }
 
 /// The program's command: `lib` first in `LD_PRELOAD`, the runtime's
-/// variables those of `config` alone, and the default signal dispositions
-/// restored in the child before exec.
+/// variables those of `config` alone, and in the child before exec the
+/// default signal dispositions restored and the band of descriptor numbers
+/// above the soft limit reserved for the runtime's own
+/// (`uzswap_os::fdguard::reserve_band`: where the hard limit equals the
+/// soft one, the program sees a soft limit `BAND` lower).
 fn command(
     a: &Args,
     path: &Path,
@@ -204,13 +207,15 @@ fn command(
         cmd.env_remove(name);
     }
     cmd.envs(config.to_env());
-    // SAFETY: restores default dispositions in the child before exec
-    // (signal(2) is async-signal-safe).
+    // SAFETY: restores default dispositions and sets a resource limit in
+    // the child before exec (signal(2), getrlimit(2) and setrlimit(2) are
+    // async-signal-safe; nothing allocates).
     unsafe {
         cmd.pre_exec(|| {
             for s in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
                 libc::signal(s, libc::SIG_DFL);
             }
+            let _ = uzswap_os::fdguard::reserve_band();
             Ok(())
         });
     }

@@ -55,13 +55,11 @@ pub use sigbus::{
 pub use staging::{Staging, Taken};
 pub use uffd::{feature, Msg, OpenError, RawMsg, Uffd, UffdError, REQUIRED_FEATURES};
 
-/// Makes descriptor number `old` name what `new` names (`dup3`, atomic);
-/// `new` keeps its own number and closes it when dropped.
+/// Makes descriptor number `old` name what `new` names (`dup3`, atomic,
+/// at a lifted number too: `uzswap_os::fdguard::replace`); `new` keeps its
+/// own number and closes it when dropped.
 fn replace_fd(new: &impl AsRawFd, old: &impl AsRawFd) -> io::Result<()> {
-    // SAFETY: both descriptors are open and ours; dup3 closes what `old`
-    // named and makes its number a copy of `new`.
-    if unsafe { libc::dup3(new.as_raw_fd(), old.as_raw_fd(), libc::O_CLOEXEC) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    // SAFETY: both descriptors are open and ours; `old`'s owner names the
+    // new file through its number from here on.
+    unsafe { uzswap_os::fdguard::replace(new.as_raw_fd(), old.as_raw_fd()) }
 }

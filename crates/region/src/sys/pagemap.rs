@@ -55,9 +55,10 @@ impl ZeroScan {
     /// None where the kernel has no `PAGEMAP_SCAN` (it came in Linux 6.7) or
     /// `/proc` is not mounted.
     pub fn new() -> Option<ZeroScan> {
-        let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
+        let (mark, pagemap) =
+            uzswap_os::fdguard::guard(std::fs::File::open("/proc/self/pagemap").ok()?);
         let mut z = ZeroScan {
-            mark: uzswap_os::fdguard::Mark::new(&pagemap),
+            mark,
             pagemap,
             regions: vec![PageRegion::default(); 64],
         };
@@ -72,9 +73,9 @@ impl ZeroScan {
     /// opened before a fork: that descriptor names the parent's memory
     /// whichever process uses it.
     pub fn renew(&mut self) -> io::Result<()> {
-        let pagemap = std::fs::File::open("/proc/self/pagemap")?;
+        let (mark, pagemap) = uzswap_os::fdguard::guard(std::fs::File::open("/proc/self/pagemap")?);
         // The old number's mark goes first, then its file.
-        self.mark = uzswap_os::fdguard::Mark::new(&pagemap);
+        self.mark = mark;
         self.pagemap = pagemap;
         Ok(())
     }
