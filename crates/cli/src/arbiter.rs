@@ -76,6 +76,8 @@ pub struct Process {
     pub runtime_bytes: u64,
     pub backing_bytes: u64,
     pub faults: u64,
+    /// Of its faults, first touches (resolved with zeros).
+    pub first_touches: u64,
     pub evictions: u64,
     /// The most it held (resident + pool + runtime) by its own reports.
     pub peak_bytes: u64,
@@ -197,6 +199,7 @@ fn note_report(rep: &mut TreeReport, v: &uzswap_ledger::SlotView, allot: Option<
     p.runtime_bytes = u.runtime;
     p.backing_bytes = u.backing;
     p.faults = u.faults;
+    p.first_touches = u.first_touches;
     p.evictions = u.evictions;
     p.peak_bytes = p.peak_bytes.max(u.charged());
     if let Some(a) = allot {

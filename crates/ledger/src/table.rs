@@ -55,9 +55,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"uzsledg1");
-const VERSION: u64 = 6;
+const VERSION: u64 = 7;
 const HEADER_WORDS: usize = 16;
-const OWNER_WORDS: usize = 16;
+const OWNER_WORDS: usize = 24;
 const SLOT_WORDS: usize = OWNER_WORDS + 8;
 
 // Header words.
@@ -95,7 +95,7 @@ const S_PID: usize = 0;
 const S_START: usize = 1;
 const S_SEQ: usize = 2;
 const S_USAGE: usize = 3; // USAGE_WORDS words of `Usage`, then comm
-const USAGE_WORDS: usize = 10;
+const USAGE_WORDS: usize = 11;
 const S_COMM: usize = S_USAGE + USAGE_WORDS;
 // The command's two words, then `left`, end the owner's part.
 /// The pid of the holder once it has left (0 before): its report is final.
@@ -148,6 +148,8 @@ pub struct Usage {
     pub backing: u64,
     /// Faults resolved so far.
     pub faults: u64,
+    /// Of those, first touches: faults resolved with zeros.
+    pub first_touches: u64,
     /// Pages evicted so far.
     pub evictions: u64,
     /// Pages stored (pool and backing file) now.
@@ -170,11 +172,13 @@ impl Usage {
     pub const BACKING_FAILING: u64 = 2;
 
     /// This report of a program image with the cumulative counters of the
-    /// process's earlier images (`earlier`) added: faults, evictions and
-    /// the runtime's CPU time. Its other figures are this image's alone.
+    /// process's earlier images (`earlier`) added: faults, first touches,
+    /// evictions and the runtime's CPU time. Its other figures are this
+    /// image's alone.
     fn after(&self, earlier: &Usage) -> Usage {
         Usage {
             faults: self.faults + earlier.faults,
+            first_touches: self.first_touches + earlier.first_touches,
             evictions: self.evictions + earlier.evictions,
             runtime_cpu_ms: self.runtime_cpu_ms + earlier.runtime_cpu_ms,
             ..*self
@@ -193,6 +197,7 @@ impl Usage {
             self.flags,
             self.cpu_ms,
             self.runtime_cpu_ms,
+            self.first_touches,
         ]
     }
 
@@ -208,6 +213,7 @@ impl Usage {
             flags: w[7],
             cpu_ms: w[8],
             runtime_cpu_ms: w[9],
+            first_touches: w[10],
         }
     }
 
@@ -925,6 +931,7 @@ mod tests {
             flags: Usage::BACKING_FAILING,
             cpu_ms: 8,
             runtime_cpu_ms: 9,
+            first_touches: 10,
         };
         m.publish(&u);
         let v = l.read();
@@ -970,6 +977,7 @@ mod tests {
         shell.publish(&Usage {
             resident: 1 << 20,
             faults: 30,
+            first_touches: 7,
             evictions: 20,
             runtime_cpu_ms: 10,
             ..Usage::default()
@@ -984,6 +992,7 @@ mod tests {
         // new image's reports add to them.
         let carried = Usage {
             faults: 30,
+            first_touches: 7,
             evictions: 20,
             runtime_cpu_ms: 10,
             ..Usage::default()
@@ -992,14 +1001,21 @@ mod tests {
         prog.publish(&Usage {
             resident: 4096,
             faults: 3,
+            first_touches: 1,
             evictions: 2,
             runtime_cpu_ms: 1,
             ..Usage::default()
         });
         let u = l.read()[0].usage;
         assert_eq!(
-            (u.resident, u.faults, u.evictions, u.runtime_cpu_ms),
-            (4096, 33, 22, 11)
+            (
+                u.resident,
+                u.faults,
+                u.first_touches,
+                u.evictions,
+                u.runtime_cpu_ms
+            ),
+            (4096, 33, 8, 22, 11)
         );
         // Another process with the same pid (reused) but another start
         // time is another process.

@@ -217,6 +217,7 @@ impl Share {
             runtime: heap,
             backing: c.backing_pages * PAGE_SIZE as u64,
             faults: p.faults,
+            first_touches: p.first_touches,
             evictions: p.evictions,
             stored: c.stored_pages,
             flags,

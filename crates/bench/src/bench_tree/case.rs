@@ -329,10 +329,12 @@ fn figures(jobs: u32, label: &str, budget: u64, runs: Runs) -> Value {
                     out["swap_cpu_equal_total"] = swap_cpu(&e, k, &free);
                 }
                 // Where the time goes: faults against the kernel's (pages
-                // swapped in, from zswap or the disk).
-                if let Some(ours_in) = ours["tree_faults"].as_u64() {
-                    out["faults_ratio_vs_kernel"] =
-                        json!(ours_in as f64 / kernel_in(k).max(1) as f64);
+                // swapped in, from zswap or the disk), all of them and
+                // those that brought a stored page back (the first touches
+                // left out, which the kernel takes as ordinary faults).
+                out["faults_vs_kernel"] = faults_vs_kernel(&ours, k);
+                if let Some(e) = out.get("uzswap_equal_total").cloned() {
+                    out["faults_vs_kernel_equal_total"] = faults_vs_kernel(&e, k);
                 }
                 identical &= k["outputs_identical"].as_bool().unwrap_or(false);
             }
@@ -370,6 +372,25 @@ pub(super) fn kernel_out(k: &Value) -> u64 {
 /// Pages a kernel side swapped in, zero-filled ones included.
 pub(super) fn kernel_in(k: &Value) -> u64 {
     sum_of(k, &["zswpin", "pswpin", "swpin_zero"])
+}
+
+/// A uzswap side's faults beside the kernel's swap-ins: all of them, the
+/// first touches among them, and the rest (pages brought back from the
+/// pool or the backing file), each as a ratio to the kernel's swap-ins.
+pub(super) fn faults_vs_kernel(side: &Value, kernel: &Value) -> Value {
+    let all = side["tree_faults"].as_u64();
+    let first = side["tree_first_touches"].as_u64();
+    let swapins = kernel_in(kernel);
+    let ratio = |n: Option<u64>| n.map(|n| n as f64 / swapins.max(1) as f64);
+    let back = all.zip(first).map(|(a, f)| a.saturating_sub(f));
+    json!({
+        "uzswap_faults": all,
+        "uzswap_first_touches": first,
+        "uzswap_faults_back": back,
+        "kernel_swapins": swapins,
+        "ratio": ratio(all),
+        "ratio_back": ratio(back),
+    })
 }
 
 /// The CPU that moving pages out and in cost beyond the unconstrained
@@ -453,6 +474,20 @@ mod tests {
             swap_cpu(&lucky, &kernel, &free)["uzswap_us_per_page"].as_f64(),
             Some(0.0)
         );
+    }
+
+    #[test]
+    fn faults_are_set_beside_the_kernel_s_swap_ins_with_and_without_first_touches() {
+        let kernel = json!({"zswpin": 30_000, "pswpin": 8_000, "swpin_zero": 2_000});
+        let ours = json!({"tree_faults": 100_000, "tree_first_touches": 60_000});
+        let v = faults_vs_kernel(&ours, &kernel);
+        assert_eq!(v["kernel_swapins"].as_u64(), Some(40_000));
+        assert_eq!(v["uzswap_faults_back"].as_u64(), Some(40_000));
+        assert_eq!(v["ratio"].as_f64(), Some(2.5));
+        assert_eq!(v["ratio_back"].as_f64(), Some(1.0));
+        // A side with no counts (killed before its reports): no ratios.
+        let none = faults_vs_kernel(&json!({}), &kernel);
+        assert!(none["ratio"].is_null() && none["ratio_back"].is_null());
     }
 
     #[test]

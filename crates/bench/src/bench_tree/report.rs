@@ -189,6 +189,23 @@ fn ratio_lines(s: &mut String, c: &Value) {
             );
         }
     }
+    for (key, at) in [
+        ("faults_vs_kernel", "B"),
+        ("faults_vs_kernel_equal_total", "the kernel's total"),
+    ] {
+        let fk = &c[key];
+        if let (Some(all), Some(first), Some(r)) = (
+            fk["uzswap_faults"].as_u64(),
+            fk["uzswap_first_touches"].as_u64(),
+            fk["ratio_back"].as_f64(),
+        ) {
+            *s += &format!(
+                "{label:<10} faults, uzswap at {at}: {all} ({first} first touches, {} pages back, {r:.2}x) against the kernel's {} swap-ins\n",
+                all.saturating_sub(first),
+                fk["kernel_swapins"]
+            );
+        }
+    }
     if let Some(r) = c["wall_ratio_vs_kernel"].as_f64() {
         *s += &format!(
             "{label:<10} uzswap/kernel ({}): wall {r:.2}x, memory {:.2}x{}\n",

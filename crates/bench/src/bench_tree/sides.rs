@@ -180,6 +180,9 @@ pub(super) fn uzswap_side(
     // faults resolved, from every process's last report.
     v["tree_evictions"] = json!(sum("evictions"));
     v["tree_faults"] = json!(sum("faults"));
+    // Of those, first touches (resolved with zeros): faults the kernel
+    // serves in its own fault path, never as a swap-in.
+    v["tree_first_touches"] = json!(sum("first_touches"));
     // CPU time by the runtimes' reports: uzswap's threads inside the
     // program's processes, and `uzswap run` itself.
     // None of a run killed at the deadline: its last reports are stale.

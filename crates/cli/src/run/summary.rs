@@ -73,11 +73,12 @@ fn tree_lines(s: &mut String, a: &Args, t: &TreeReport, missing: bool) {
     if t.processes.len() > 1 || (missing && !t.processes.is_empty()) {
         let sum = |f: fn(&crate::arbiter::Process) -> u64| t.processes.values().map(f).sum::<u64>();
         *s += &format!(
-            "uzswap: {} {} ({} at once at most): {} faults, {} pages evicted, {} in {} at the end\n",
+            "uzswap: {} {} ({} at once at most): {} faults ({} first touches), {} pages evicted, {} in {} at the end\n",
             t.processes.len(),
             if t.processes.len() > 1 { "processes" } else { "process" },
             t.max_processes,
             sum(|p| p.faults),
+            sum(|p| p.first_touches),
             sum(|p| p.evictions),
             human(sum(|p| p.backing_bytes)),
             tier_noun(a),

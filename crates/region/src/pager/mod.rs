@@ -204,6 +204,10 @@ pub struct PagerUsage {
     pub resident_pages: u64,
     /// Missing faults resolved so far (zero, pool, backing, same-filled).
     pub faults: u64,
+    /// Of those, faults resolved with zeros (`PagerStats::faults_zero`):
+    /// a first touch of a page never stored, or of one the program
+    /// discarded, which the kernel serves in its own fault path.
+    pub first_touches: u64,
     /// Pages evicted so far.
     pub evictions: u64,
     /// The store is refusing pages (full, nothing to write back to): the
@@ -383,6 +387,7 @@ impl Pager {
         PagerUsage {
             resident_pages: s.charged() as u64,
             faults: st.faults_zero + st.faults_pool + st.faults_backing + st.faults_same_filled,
+            first_touches: st.faults_zero,
             evictions: st.evictions,
             store_full: s.store_full,
         }
