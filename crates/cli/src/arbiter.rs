@@ -75,6 +75,13 @@ pub struct Process {
     pub pool_bytes: u64,
     pub runtime_bytes: u64,
     pub backing_bytes: u64,
+    /// Of `runtime_bytes`, uzswap's own heap (the rest is the program's
+    /// unmanaged memory).
+    pub own_bytes: u64,
+    /// The most of each by its own reports (a process's last report, at
+    /// its exit, holds no memory).
+    pub peak_own_bytes: u64,
+    pub peak_unmanaged_bytes: u64,
     pub faults: u64,
     /// Of its faults, first touches (resolved with zeros).
     pub first_touches: u64,
@@ -198,6 +205,9 @@ fn note_report(rep: &mut TreeReport, v: &uzswap_ledger::SlotView, allot: Option<
     p.pool_bytes = u.pool;
     p.runtime_bytes = u.runtime;
     p.backing_bytes = u.backing;
+    p.own_bytes = u.own;
+    p.peak_own_bytes = p.peak_own_bytes.max(u.own);
+    p.peak_unmanaged_bytes = p.peak_unmanaged_bytes.max(u.runtime.saturating_sub(u.own));
     p.faults = u.faults;
     p.first_touches = u.first_touches;
     p.evictions = u.evictions;

@@ -57,12 +57,13 @@ pub fn tree_text(v: &TreeView) -> String {
         t.memory_bytes() as f64 * 100.0 / v.budget_bytes.max(1) as f64,
         human(v.unallotted_bytes),
     );
-    // pid, command, resident, pool, runtime, backing, allotment, faults,
-    // evictions.
-    let line = |c: [String; 9]| {
+    // pid, command, resident, pool, unmanaged (the program's memory
+    // uzswap does not manage), uzswap (its own heap), backing, allotment,
+    // faults, evictions.
+    let line = |c: [String; 10]| {
         format!(
-            "{:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
-            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]
+            "{:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9]
         )
     };
     s += &line(
@@ -71,7 +72,8 @@ pub fn tree_text(v: &TreeView) -> String {
             "command",
             "resident",
             "pool",
-            "runtime",
+            "unmanaged",
+            "uzswap",
             "backing",
             "allotment",
             "faults",
@@ -86,7 +88,8 @@ pub fn tree_text(v: &TreeView) -> String {
             r.comm.clone(),
             human(r.resident_bytes),
             human(r.pool_bytes),
-            human(r.runtime_bytes),
+            human(r.runtime_bytes.saturating_sub(r.own_bytes)),
+            human(r.own_bytes),
             human(r.backing_bytes),
             r.allot_bytes.map_or("-".into(), human),
             r.faults.to_string(),
@@ -98,7 +101,8 @@ pub fn tree_text(v: &TreeView) -> String {
         String::new(),
         human(t.resident_bytes),
         human(t.pool_bytes),
-        human(t.runtime_bytes),
+        human(t.runtime_bytes.saturating_sub(t.own_bytes)),
+        human(t.own_bytes),
         human(t.backing_bytes),
         human(t.allot_bytes),
         t.faults.to_string(),

@@ -56,8 +56,11 @@ pub struct Row {
     pub resident_bytes: u64,
     /// Its compressed pool.
     pub pool_bytes: u64,
-    /// Its runtime's own memory.
+    /// What it holds besides managed pages and pool: the program's
+    /// unmanaged memory and uzswap's own.
     pub runtime_bytes: u64,
+    /// Of that, uzswap's own heap.
+    pub own_bytes: u64,
     /// What it keeps in its backing file.
     pub backing_bytes: u64,
     /// What the arbiter allotted it (None: not decided yet).
@@ -80,6 +83,7 @@ impl From<&SlotView> for Row {
             resident_bytes: u.resident,
             pool_bytes: u.pool,
             runtime_bytes: u.runtime,
+            own_bytes: u.own,
             backing_bytes: u.backing,
             allot_bytes: v.allot,
             faults: u.faults,
@@ -97,6 +101,7 @@ pub struct Totals {
     pub resident_bytes: u64,
     pub pool_bytes: u64,
     pub runtime_bytes: u64,
+    pub own_bytes: u64,
     pub backing_bytes: u64,
     /// Of the allotments decided.
     pub allot_bytes: u64,
@@ -115,6 +120,7 @@ impl Totals {
             t.resident_bytes += r.resident_bytes;
             t.pool_bytes += r.pool_bytes;
             t.runtime_bytes += r.runtime_bytes;
+            t.own_bytes += r.own_bytes;
             t.backing_bytes += r.backing_bytes;
             t.allot_bytes += r.allot_bytes.unwrap_or(0);
             t.faults += r.faults;

@@ -95,7 +95,7 @@ const S_PID: usize = 0;
 const S_START: usize = 1;
 const S_SEQ: usize = 2;
 const S_USAGE: usize = 3; // USAGE_WORDS words of `Usage`, then comm
-const USAGE_WORDS: usize = 11;
+const USAGE_WORDS: usize = 12;
 const S_COMM: usize = S_USAGE + USAGE_WORDS;
 // The command's two words, then `left`, end the owner's part.
 /// The pid of the holder once it has left (0 before): its report is final.
@@ -142,8 +142,12 @@ pub struct Usage {
     pub resident: u64,
     /// Memory of its compressed pool.
     pub pool: u64,
-    /// The runtime's own memory (index, tables, heap).
+    /// What it holds besides managed pages and pool: the program's
+    /// unmanaged memory and uzswap's own (`own` of it).
     pub runtime: u64,
+    /// Of `runtime`, uzswap's own heap (the runtime's allocator, glibc's:
+    /// index, tables, buffers).
+    pub own: u64,
     /// Bytes it keeps in its backing file.
     pub backing: u64,
     /// Faults resolved so far.
@@ -198,6 +202,7 @@ impl Usage {
             self.cpu_ms,
             self.runtime_cpu_ms,
             self.first_touches,
+            self.own,
         ]
     }
 
@@ -214,6 +219,7 @@ impl Usage {
             cpu_ms: w[8],
             runtime_cpu_ms: w[9],
             first_touches: w[10],
+            own: w[11],
         }
     }
 
@@ -932,6 +938,7 @@ mod tests {
             cpu_ms: 8,
             runtime_cpu_ms: 9,
             first_touches: 10,
+            own: 2,
         };
         m.publish(&u);
         let v = l.read();

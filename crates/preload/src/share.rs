@@ -69,6 +69,10 @@ pub(crate) struct Share {
     /// measure (ms), and when that was (ms since `born`).
     cpu_ms: AtomicU64,
     runtime_cpu_ms: AtomicU64,
+    /// uzswap's own heap at that measure (glibc's, bytes in use: see
+    /// `crate::stats::runtime_heap`), as often: `mallinfo2` walks every
+    /// arena. Its large blocks count whole, touched or not.
+    own: AtomicU64,
     cpu_at_ms: AtomicU64,
     born: std::time::Instant,
 }
@@ -106,6 +110,7 @@ impl Share {
             last_refused: AtomicU64::new(0),
             cpu_ms: AtomicU64::new(0),
             runtime_cpu_ms: AtomicU64::new(0),
+            own: AtomicU64::new(0),
             cpu_at_ms: AtomicU64::new(0),
             born: std::time::Instant::now(),
         }))
@@ -148,9 +153,12 @@ impl Share {
         Ok(())
     }
 
-    /// Measures the process's CPU time and its uzswap threads' now (at
-    /// exit, so that the last report holds the whole of it).
+    /// Measures the process's CPU time, its uzswap threads' and uzswap's
+    /// own heap now (at exit too, so that the last report holds the whole
+    /// of it).
     pub(crate) fn measure_cpu(&self) {
+        self.own
+            .store(crate::stats::runtime_heap().in_use_bytes, Ordering::Relaxed);
         let ms = |secs: f64| (secs * 1000.0) as u64;
         self.runtime_cpu_ms
             .store(ms(uzswap_os::cpu::helpers_cpu_seconds()), Ordering::Relaxed);
@@ -202,7 +210,9 @@ impl Share {
             .store(c.reject_reclaim_fail, Ordering::Relaxed);
         self.last_fail.store(c.writeback_fail, Ordering::Relaxed);
         let now = self.born.elapsed().as_millis() as u64;
-        if now.saturating_sub(self.cpu_at_ms.load(Ordering::Relaxed)) >= CPU_PERIOD_MS {
+        let at = self.cpu_at_ms.load(Ordering::Relaxed);
+        // At the first report too: its heap is in it from the start.
+        if at == 0 || now.saturating_sub(at) >= CPU_PERIOD_MS {
             self.measure_cpu();
         }
         let member = self.member();
@@ -215,6 +225,10 @@ impl Share {
             resident: p.resident_pages * PAGE_SIZE as u64,
             pool: c.pool_bytes,
             runtime: heap,
+            // Of what it holds beside managed pages and pool: never more
+            // than all of it (the heap's pages the kernel has not made
+            // resident are held but not counted there).
+            own: self.own.load(Ordering::Relaxed).min(heap),
             backing: c.backing_pages * PAGE_SIZE as u64,
             faults: p.faults,
             first_touches: p.first_touches,

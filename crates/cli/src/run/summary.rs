@@ -38,8 +38,8 @@ fn headline(a: &Args, o: &Outcome) -> String {
     let t = &o.tree;
     // The headline: the whole program's memory against its budget.
     s += &format!(
-        "uzswap: {prog}'s memory peaked at {} of its {} budget ({:.2}x): resident, pools and \
-         uzswap's own memory of its {} {} (Pss_Anon sampled every {} ms)\n",
+        "uzswap: {prog}'s memory peaked at {} of its {} budget ({:.2}x): resident, pools, \
+         unmanaged memory and uzswap's own of its {} {} (Pss_Anon sampled every {} ms)\n",
         human(t.peak_bytes),
         human(a.memory_max),
         t.peak_bytes as f64 / a.memory_max as f64,
@@ -91,6 +91,18 @@ fn tree_lines(s: &mut String, a: &Args, t: &TreeReport, missing: bool) {
                 t.start_wait_seconds,
             );
         }
+    }
+    if !t.processes.is_empty() {
+        // By each process's reports: what it held besides managed pages
+        // and pool, split into uzswap's own heap and the rest, at the
+        // most.
+        let largest =
+            |f: fn(&crate::arbiter::Process) -> u64| t.processes.values().map(f).max().unwrap_or(0);
+        *s += &format!(
+            "uzswap: beside managed pages and pools, a process held at most {} of uzswap's own heap (glibc's count, an upper bound) and {} of the program's unmanaged memory\n",
+            human(largest(|p| p.peak_own_bytes)),
+            human(largest(|p| p.peak_unmanaged_bytes)),
+        );
     }
     if t.cpu_seconds > 0.0 {
         *s += &format!(
@@ -213,12 +225,18 @@ mod tests {
     fn summary_of_a_tree_names_the_root_process_lines() {
         let a = Cli::parse_from(["x", "--memory-max", "1M", "--", "make"]).run;
         let mut tree = crate::arbiter::TreeReport::default();
-        for (pid, evictions) in [(10, 0), (11, 500)] {
+        for (pid, evictions, first, own) in [(10, 0, 3, 1 << 20), (11, 500, 4, 3 << 20)] {
             tree.processes.insert(
                 pid,
                 crate::arbiter::Process {
                     pid,
                     evictions,
+                    faults: 10,
+                    first_touches: first,
+                    runtime_bytes: 8 << 20,
+                    own_bytes: own,
+                    peak_own_bytes: own,
+                    peak_unmanaged_bytes: (8 << 20) - own,
                     ..Default::default()
                 },
             );
@@ -238,6 +256,13 @@ mod tests {
         let s = summary(&a, &o);
         assert!(s.contains("2 processes"), "{s}");
         assert!(s.contains("500 pages evicted"), "{s}");
+        assert!(s.contains("20 faults (7 first touches)"), "{s}");
+        // 8 MiB beside managed pages and pool in each, 1 and 3 MiB of it
+        // uzswap's own heap.
+        assert!(
+            s.contains("a process held at most 3.0 MiB of uzswap's own heap (glibc's count, an upper bound) and 7.0 MiB of the program's unmanaged memory"),
+            "{s}"
+        );
         assert!(
             s.contains("uzswap: make itself (pid 10): evicted 0 pages into the pool"),
             "{s}"

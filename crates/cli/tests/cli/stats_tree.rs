@@ -191,6 +191,7 @@ fn a_tree_is_shown_from_its_run_pid_and_from_a_child() {
         "resident_bytes",
         "pool_bytes",
         "runtime_bytes",
+        "own_bytes",
         "backing_bytes",
         "faults",
         "evictions",
@@ -198,6 +199,15 @@ fn a_tree_is_shown_from_its_run_pid_and_from_a_child() {
     ] {
         let sum: u64 = rs.iter().map(|r| r[field].as_u64().unwrap()).sum();
         assert_eq!(totals[field].as_u64(), Some(sum), "{field}: {v}");
+    }
+    // uzswap's own heap is part of what a process holds beside its managed
+    // pages and pool, and every runtime that has reported has one.
+    for r in &rs {
+        let (own, runtime) = (
+            r["own_bytes"].as_u64().unwrap(),
+            r["runtime_bytes"].as_u64().unwrap(),
+        );
+        assert!(own <= runtime && (runtime == 0 || own > 0), "{r}");
     }
     let allot: u64 = rs.iter().filter_map(|r| r["allot_bytes"].as_u64()).sum();
     assert_eq!(totals["allot_bytes"].as_u64(), Some(allot), "{v}");
