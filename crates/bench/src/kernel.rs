@@ -166,6 +166,10 @@ pub struct KernelSwap {
     cgroups: Vec<std::path::PathBuf>,
     /// The compressor zswap really uses (None: zswap off).
     pub compressor: Option<String>,
+    /// Hold the CPU latency request (0 µs, `uzswap_os::latency`) through
+    /// each kernel run, as uzswap's pager holds it while faults arrive:
+    /// both sides then run with the same idle states.
+    pub latency_hold: bool,
 }
 
 const ZSWAP_PARAMS: &str = "/sys/module/zswap/parameters";
@@ -246,6 +250,7 @@ impl KernelSwap {
             saved: Vec::new(),
             cgroups: Vec::new(),
             compressor: None,
+            latency_hold: false,
         };
         for p in [
             "enabled",

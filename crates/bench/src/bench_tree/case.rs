@@ -99,10 +99,9 @@ pub(super) fn case(
     let mut ks = if args.skip_kernel {
         None
     } else {
-        Some(KernelSwap::setup(
-            (unconstrained_peak * 3 / 2).max(256 * MIB),
-            Some("lzo"),
-        )?)
+        let mut ks = KernelSwap::setup((unconstrained_peak * 3 / 2).max(256 * MIB), Some("lzo"))?;
+        ks.latency_hold = args.kernel_latency_hold;
+        Some(ks)
     };
     let mut runs = c.rounds(first, ks.as_mut())?;
     // The fastest configuration again, its pool held inside B.

@@ -116,6 +116,11 @@ pub struct Sides {
     /// unconstrained run's wall time, at least 120 s.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub timeout_seconds: Option<u64>,
+    /// Hold the CPU latency request (0 µs) through every kernel run, as
+    /// uzswap's pager holds it while faults arrive (root only): the two
+    /// designs compared with the same idle states.
+    #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
+    pub kernel_latency_hold: bool,
     /// The `uzswap` binary (default: the one beside this executable).
     #[arg(long, value_name = "PATH")]
     pub uzswap: Option<PathBuf>,

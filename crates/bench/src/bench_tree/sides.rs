@@ -343,6 +343,9 @@ pub(super) fn kernel_side(
         .arg("echo $$ > \"$0\" && exec \"$@\"")
         .arg(cg.join("tasks"))
         .args(&argv);
+    // Held from here to the end of the run (released by the guard's drop,
+    // on every path out, and by the kernel if this process dies).
+    let held = ks.latency_hold.then(LatencyHeld::hold);
     let start = ZswapSample::read()?;
     let probe_cg = cg.clone();
     let steering = pool_inside.then(|| Steering::start(cg.clone(), budget));
@@ -358,11 +361,13 @@ pub(super) fn kernel_side(
         }
     })?;
     let end = ZswapSample::read()?;
+    let hold_state = held.map(|h| h.release());
     let ooms = oom_kills(&cg);
     let (mut v, _) = common(&ran, w, Some(reference))?;
     let oom = ooms > 0 || ran.status.code() == Some(137);
     v["config"] = json!(name);
     v["pool_inside"] = json!(pool_inside);
+    v["latency_hold"] = json!(hold_state);
     if let Some(st) = steering {
         v["lowest_limit_bytes"] = json!(st.stop());
         v["over_target_samples"] = json!(ran.over((budget as f64 * MEMORY_TARGET) as u64));
@@ -403,6 +408,30 @@ pub(super) fn kernel_side(
     }
     Ok(v)
 }
+/// The CPU latency request held by this process for one kernel run.
+struct LatencyHeld;
+
+impl LatencyHeld {
+    fn hold() -> LatencyHeld {
+        uzswap_os::latency::hold();
+        LatencyHeld
+    }
+
+    /// Releases it and says what it was while held ("held", or
+    /// "unavailable" without root).
+    fn release(self) -> &'static str {
+        let state = uzswap_os::latency::stats().state;
+        drop(self);
+        state
+    }
+}
+
+impl Drop for LatencyHeld {
+    fn drop(&mut self) {
+        uzswap_os::latency::release();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
