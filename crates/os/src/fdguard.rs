@@ -65,7 +65,8 @@ pub fn guarded_in(first: u32, last: u32) -> impl Iterator<Item = u32> {
 }
 
 /// Marks `fd` without a [`Mark`] to drop: for a descriptor held in a
-/// static (`crate::latency`), unmarked with [`unmark`] before it is closed.
+/// static (`crate::latency`, the pool's pidfd), unmarked with [`unmark`]
+/// before it is closed.
 pub fn mark(fd: RawFd) {
     if let Some((w, b)) = bit(fd) {
         MARKS[w].fetch_or(b, Ordering::AcqRel);
@@ -85,9 +86,10 @@ pub fn unmark(fd: RawFd) {
 pub const BAND: u64 = 64;
 
 /// The process whose thread has the soft limit raised now (0: none): it is
-/// raised and put back by one thread at a time ([`with_soft_limit`]). A forked child whose
-/// parent was lifting at the fork finds the parent's pid here and takes it
-/// over (the parent's thread does not run in the child).
+/// raised and put back by one thread at a time ([`with_soft_limit`]). A
+/// forked child whose parent was lifting at the fork finds the parent's pid
+/// here and takes it over (the parent's thread does not run in the child).
+/// A program thread's `getrlimit` in that window reads the raised limit.
 static LIFTING: AtomicU32 = AtomicU32::new(0);
 
 fn limits() -> Option<libc::rlimit> {

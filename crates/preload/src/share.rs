@@ -156,7 +156,7 @@ impl Share {
     /// Measures the process's CPU time, its uzswap threads' and uzswap's
     /// own heap now (at exit too, so that the last report holds the whole
     /// of it).
-    pub(crate) fn measure_cpu(&self) {
+    pub(crate) fn measure(&self) {
         self.own
             .store(crate::stats::runtime_heap().in_use_bytes, Ordering::Relaxed);
         let ms = |secs: f64| (secs * 1000.0) as u64;
@@ -213,7 +213,7 @@ impl Share {
         let at = self.cpu_at_ms.load(Ordering::Relaxed);
         // At the first report too: its heap is in it from the start.
         if at == 0 || now.saturating_sub(at) >= CPU_PERIOD_MS {
-            self.measure_cpu();
+            self.measure();
         }
         let member = self.member();
         if member.pid() != std::process::id() {

@@ -245,7 +245,7 @@ extern "C" fn at_exit() {
         stats::write_final(rt);
         if let Some(sh) = &rt.share {
             // The last report, with the CPU time of the whole run.
-            sh.measure_cpu();
+            sh.measure();
             sh.charge(Some(rt.space.pager()), Some(&*rt.cache));
             sh.leave();
         }
