@@ -49,6 +49,12 @@ pub struct Args {
     /// sides run with the same idle states (root only).
     #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub kernel_latency_hold: bool,
+    /// Choose victims by use, reads included: the region cut into chunk
+    /// mappings whose accessed bits the evictor samples
+    /// (`PagerConfig::access_chunk`, the pager's `ACCESS_CHUNK`, as
+    /// `uzswap run` does); off: by the lists alone.
+    #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
+    pub access_signal: bool,
     /// Most stored pages brought back with a faulting one
     /// (`PagerConfig::readahead_max`; default the pager's).
     #[arg(long)]
@@ -107,6 +113,7 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         "in_thread_faults": args.in_thread_faults,
         "latency_hold": args.latency_hold,
         "kernel_latency_hold": args.kernel_latency_hold,
+        "access_signal": args.access_signal,
         "readahead_max": args.readahead_max,
         "dedup": args.dedup,
         "cold_compressor": args.cold_compressor,
@@ -214,6 +221,11 @@ fn make_pager(
         cpu_handlers: args.cpu_handlers,
         in_thread_faults: args.in_thread_faults,
         latency_hold: args.latency_hold,
+        access_chunk: if args.access_signal {
+            uzswap_region::ACCESS_CHUNK
+        } else {
+            0
+        },
         charge,
         ..uzswap_region::PagerConfig::new(args.w.budget_mib() << 8)
     };

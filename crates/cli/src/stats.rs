@@ -218,6 +218,7 @@ pub fn text(v: &Snapshot) -> String {
         pager.discard_calls,
         pager.faults_again
     );
+    s += &access_line(pager);
     s += &format!(
         "cache: stored {} pages, pool {}, written back {}, load errors {}\n",
         cache.stored_pages,
@@ -251,6 +252,23 @@ pub fn text(v: &Snapshot) -> String {
         s.push('\n');
     }
     s
+}
+
+/// What chooses victims beside the lists, in a line.
+fn access_line(p: &uzswap_region::PagerStats) -> String {
+    if p.access_signal != "chunks" {
+        return format!("victims by use: {}\n", p.access_signal);
+    }
+    format!(
+        "victims by use: {} chunk mappings ({} regions left whole), {} samples in {:.0} ms, \
+         {} second chances, {} victims from untouched chunks\n",
+        p.access_chunks,
+        p.access_unsplit_regions,
+        p.access_samples,
+        p.access_sample_s * 1e3,
+        p.access_second_chances,
+        p.access_cold_victims,
+    )
 }
 
 /// What co-scheduling is doing, in a line.

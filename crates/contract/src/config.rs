@@ -63,6 +63,11 @@ pub struct RunConfig {
     /// `--no-latency-hold`; root only): idle CPUs poll instead of halting,
     /// so a fault's hand-off wakes no halted CPU (`uzswap_os::latency`).
     pub latency_hold: bool,
+    /// Victims chosen by use, reads included (`--access-signal`; off by
+    /// default: no faster on a parallel build): each process's
+    /// regions are cut into chunk mappings whose accessed bits the evictor
+    /// samples (the region crate's `pager/access.rs`).
+    pub access_signal: bool,
     /// Store identical pages once (`--dedup`).
     pub dedup: bool,
     /// The base path of the final statistics file (the runtime appends
@@ -231,6 +236,7 @@ impl RunConfig {
             cpu_handlers: false,
             cosched: true,
             latency_hold: true,
+            access_signal: false,
             dedup: false,
             final_stats: None,
             reserve: DEFAULT_RESERVE,
@@ -285,6 +291,7 @@ impl RunConfig {
             (names::CPU_HANDLERS, switch(self.cpu_handlers)),
             (names::COSCHED, switch(self.cosched)),
             (names::LATENCY_HOLD, switch(self.latency_hold)),
+            (names::ACCESS_SIGNAL, switch(self.access_signal)),
             (names::RESERVE, self.reserve.to_string().into()),
         ];
         if let Some(p) = self.pool_max {
@@ -359,6 +366,7 @@ impl RunConfig {
             cpu_handlers: switch(names::CPU_HANDLERS)?,
             cosched: switch_or(names::COSCHED, true)?,
             latency_hold: switch_or(names::LATENCY_HOLD, true)?,
+            access_signal: switch(names::ACCESS_SIGNAL)?,
             dedup: switch(names::DEDUP)?,
             final_stats: nonempty(names::FINAL_STATS).map(PathBuf::from),
             ledger: nonempty(names::LEDGER).map(PathBuf::from),
@@ -477,6 +485,7 @@ mod tests {
             cpu_handlers: true,
             cosched: false,
             latency_hold: false,
+            access_signal: true,
             dedup: true,
             final_stats: Some("/tmp/uzswap-run.1.0/stats.json".into()),
             reserve: 1 << 36,

@@ -33,6 +33,9 @@ pub const COSCHED: &str = "UZSWAP_COSCHED";
 /// `1` or `0` (unset: `1`): the CPU latency request while faults arrive
 /// ([`crate::RunConfig::latency_hold`]).
 pub const LATENCY_HOLD: &str = "UZSWAP_LATENCY_HOLD";
+/// `1` or `0` (unset: `0`): victims chosen by the access signal
+/// ([`crate::RunConfig::access_signal`]).
+pub const ACCESS_SIGNAL: &str = "UZSWAP_ACCESS_SIGNAL";
 /// Where the final statistics go, before the pid is appended
 /// ([`crate::RunConfig::final_stats`], [`final_stats_path`]; unset or
 /// empty: nowhere).
@@ -53,7 +56,7 @@ pub const REMOTE_PREFIX: &str = "UZSWAP_REMOTE_PREFIX";
 /// environment it passes on before it sets its own
 /// ([`crate::RunConfig::to_env`]), so a value inherited from its own
 /// environment never reaches the runtime as if asked for.
-pub const ALL: [&str; 14] = [
+pub const ALL: [&str; 15] = [
     MEMORY_MAX,
     POOL_MAX,
     COMPRESSOR,
@@ -64,6 +67,7 @@ pub const ALL: [&str; 14] = [
     CPU_HANDLERS,
     COSCHED,
     LATENCY_HOLD,
+    ACCESS_SIGNAL,
     FINAL_STATS,
     RESERVE,
     LEDGER,

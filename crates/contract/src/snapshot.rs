@@ -436,6 +436,7 @@ mod tests {
         assert_eq!(
             config,
             [
+                "access_signal",
                 "backing",
                 "cold_compressor",
                 "compressor",

@@ -172,6 +172,11 @@ fn pager_config(
     }
     pcfg.keep_clean = config.keep_clean;
     pcfg.latency_hold = config.latency_hold;
+    pcfg.access_chunk = if config.access_signal {
+        uzswap_region::ACCESS_CHUNK
+    } else {
+        0
+    };
     // The budget is the program's memory: pages that map the zero page
     // hold none.
     pcfg.uncharged_zero_pages = true;

@@ -465,7 +465,7 @@ pub mod sys;
 
 pub use pager::{
     fork_child_managed, Charge, ForkChild, PageState, Pager, PagerConfig, PagerError, PagerUsage,
-    RegionError, VictimPolicy, CHARGE_PERIOD, IDLE_CHARGE_PERIOD, MANAGE_MIN_PAGES,
+    RegionError, VictimPolicy, ACCESS_CHUNK, CHARGE_PERIOD, IDLE_CHARGE_PERIOD, MANAGE_MIN_PAGES,
 };
 pub use region::{PinError, Pinned, Region};
 pub use stats::{LatencySummary, PagerStats};

@@ -146,6 +146,25 @@ pub struct PagerStats {
     pub latency_held_s: f64,
     /// Messages (faults and events) the handlers read while it was held.
     pub latency_read_held: u64,
+    /// What chooses victims beside the lists: "chunks" (the access signal
+    /// of `clear_refs` and `smaps`), "off", or why it is not in force
+    /// ("unavailable (...)", "failed (...)").
+    pub access_signal: String,
+    /// Chunk mappings made for the access signal.
+    pub access_chunks: u64,
+    /// Regions left whole (the map-count limit left no room, or the
+    /// split failed): the lists alone choose their victims.
+    pub access_unsplit_regions: u64,
+    /// Samples of the access signal taken, and their time in all.
+    pub access_samples: u64,
+    pub access_sample_s: f64,
+    /// Resident pages given a second chance because their chunk was
+    /// touched.
+    pub access_second_chances: u64,
+    /// Resident pages in untouched chunks at the last sample.
+    pub access_cold_pages: u64,
+    /// Victims taken from those before the lists.
+    pub access_cold_victims: u64,
     /// Pages the pager believed mapped that a fault found unmapped (the
     /// program's MADV_DONTNEED racing with its own access): mapped again
     /// as zeros, as a discarded page reads.

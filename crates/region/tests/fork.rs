@@ -132,6 +132,10 @@ fn managed_at_any_size(budget: usize) -> PagerConfig {
 /// A cache with a pool of `pool_bytes` (the rest goes to a backing file)
 /// under a pager of `budget` pages that takes every fork over.
 fn cache_pager(budget: usize, pool_bytes: u64) -> (Arc<Cache>, Pager) {
+    cache_pager_with(managed_at_any_size(budget), pool_bytes)
+}
+
+fn cache_pager_with(cfg: PagerConfig, pool_bytes: u64) -> (Arc<Cache>, Pager) {
     let cache = Arc::new(
         Cache::new(CacheConfig {
             pool_limit: PoolLimit::Bytes(pool_bytes),
@@ -140,7 +144,7 @@ fn cache_pager(budget: usize, pool_bytes: u64) -> (Arc<Cache>, Pager) {
         })
         .unwrap(),
     );
-    let pager = Pager::new(cache.clone(), managed_at_any_size(budget)).unwrap();
+    let pager = Pager::new(cache.clone(), cfg).unwrap();
     (cache, pager)
 }
 
@@ -430,9 +434,22 @@ fn a_managed_child_serves_evicted_pages_from_its_own_copy() {
 /// writes and reads back pages of its own.
 #[test]
 fn fork_during_heavy_eviction_loses_nothing() {
-    const BUDGET: usize = 48;
+    heavy_eviction_across_forks(managed_at_any_size(48));
+}
+
+/// The same with the region cut into chunks of 16 pages for the access
+/// signal: the child inherits the chunk mappings, registers them again and
+/// samples its own (`AccessLook::renew`).
+#[test]
+fn fork_during_heavy_eviction_with_chunks_loses_nothing() {
+    let mut cfg = managed_at_any_size(48);
+    cfg.access_chunk = 16 * PAGE_SIZE;
+    heavy_eviction_across_forks(cfg);
+}
+
+fn heavy_eviction_across_forks(cfg: PagerConfig) {
     const PAGES: usize = 768;
-    let (cache, pager) = cache_pager(BUDGET, 256 << 10);
+    let (cache, pager) = cache_pager_with(cfg, 256 << 10);
     let r = pager.region(PAGES * PAGE_SIZE).unwrap();
     let base = r.as_ptr() as usize;
     let page = |p: usize| {

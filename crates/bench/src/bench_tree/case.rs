@@ -181,7 +181,7 @@ impl Case<'_> {
             self.jobs,
             b,
             self.deadline,
-            self.uzswap,
+            (self.uzswap, &self.args.uzswap_flags),
             &self.reference,
         )?;
         note(&format!(

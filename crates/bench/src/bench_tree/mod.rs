@@ -124,6 +124,10 @@ pub struct Sides {
     /// The `uzswap` binary (default: the one beside this executable).
     #[arg(long, value_name = "PATH")]
     pub uzswap: Option<PathBuf>,
+    /// A flag given to every `uzswap run` of the benchmark (repeatable;
+    /// `--uzswap-flag=--access-signal`): a setting against the default.
+    #[arg(long = "uzswap-flag", value_name = "FLAG", allow_hyphen_values = true)]
+    pub uzswap_flags: Vec<String>,
     #[arg(long)]
     pub json: bool,
 }

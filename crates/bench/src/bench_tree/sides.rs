@@ -129,7 +129,7 @@ pub(super) fn uzswap_side(
     jobs: u32,
     budget: u64,
     deadline: Duration,
-    uzswap: &Path,
+    (uzswap, flags): (&Path, &[String]),
     reference: &Outputs,
 ) -> Result<Value> {
     w.reset()?;
@@ -141,6 +141,7 @@ pub(super) fn uzswap_side(
         .arg(budget.to_string())
         .arg("--stats-json")
         .arg(&stats_path)
+        .args(flags)
         .arg("--")
         .args(w.argv(jobs));
     let ran = run_sampled(cmd, w.dir(), deadline, tree_probe)?;
@@ -158,6 +159,7 @@ pub(super) fn uzswap_side(
     let root = |p: &str| stats.pointer(p).and_then(Value::as_u64).unwrap_or(0);
     v["oom_killed"] = json!(false);
     v["budget_bytes"] = json!(budget);
+    v["uzswap_flags"] = json!(flags);
     v["over_target_samples"] = json!(ran.over((budget as f64 * MEMORY_TARGET) as u64));
     v["stats_peak_bytes"] = stats
         .pointer("/tree/peak_bytes")

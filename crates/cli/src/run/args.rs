@@ -83,6 +83,14 @@ pub struct Args {
     /// a VM whose idle CPUs halt). Costs CPU time on idle CPUs while held.
     #[arg(long)]
     pub no_latency_hold: bool,
+    /// Choose victims by use, reads included: each process's managed
+    /// memory is cut into 512 KiB mappings (every other one shown as `rr`
+    /// in smaps), whose accessed bits the runtime reads while it evicts,
+    /// so that pages the program reads again stay resident and pages of
+    /// chunks nobody reused leave first. Off by default: a parallel build
+    /// ran no faster with it (docs/BENCHMARKS.md).
+    #[arg(long)]
+    pub access_signal: bool,
     /// Serve the whole program's metrics for Prometheus over HTTP at
     /// HOST:PORT/metrics while it runs (as `uzswap stats --serve`).
     #[arg(long, value_name = "HOST:PORT")]
@@ -181,6 +189,7 @@ pub(super) fn run_config(a: &Args) -> Result<RunConfig> {
         cpu_handlers: a.cpu_handlers,
         cosched: !a.no_cosched,
         latency_hold: !a.no_latency_hold,
+        access_signal: a.access_signal,
         dedup: a.dedup,
         final_stats: None, // set once its directory exists
         reserve: RunConfig::reserve_from_lookup(|n: &str| std::env::var_os(n))?,

@@ -325,6 +325,44 @@ fn mappings_the_program_discards_read_as_zeros() {
     assert_near_budget(&r, 8 * MIB, 8 * MIB);
 }
 
+/// The same with the access signal (`--access-signal`): the managed
+/// memory is cut into chunk mappings, the program's `mmap`, `munmap`,
+/// `mremap` (grown in place or moved, across chunk edges) and
+/// `MADV_DONTNEED` keep every page, and the statistics say the signal was
+/// in force and looked.
+#[test]
+fn mappings_keep_their_pages_with_the_access_signal() {
+    require_uffd!();
+    let Some(maps) = build("maps", &[]) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let stats = dir.path().join("stats.json");
+    let r = run(&[
+        "--memory-max",
+        "8M",
+        "--pool-max",
+        "8M",
+        "--backing-file",
+        &backing_dir(),
+        "--access-signal",
+        "--stats-json",
+        stats.to_str().unwrap(),
+        "--",
+        maps.to_str().unwrap(),
+        "32",
+        "4",
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains(" 0 bad pages"), "{}", r.stdout);
+    assert_near_budget(&r, 8 * MIB, 8 * MIB);
+    let v = final_stats(&stats);
+    assert_eq!(v["pager"]["access_signal"], "chunks", "{v}");
+    assert!(v["pager"]["access_chunks"].as_u64() > Some(100), "{v}");
+    assert!(v["pager"]["access_samples"].as_u64() > Some(0), "{v}");
+    assert_eq!(v["config"]["access_signal"], true, "{v}");
+}
+
 /// `calloc` under a tight budget: blocks of 4 KiB to 2 MiB, most reusing
 /// memory the program wrote and uzswap evicted, each checked all zeros,
 /// filled and checked again; then 64 blocks of 1 MiB that reuse written

@@ -3,7 +3,7 @@
 //! a pager or a region.
 
 use super::state::MAX_IN_THREAD_WINDOW;
-use crate::sys::OpenError;
+use crate::sys::{OpenError, PAGE_SIZE};
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
@@ -131,6 +131,16 @@ pub struct PagerConfig {
     /// the hand-off to the handler and the wake of the faulting thread
     /// reach no halted CPU. Needs root; without it nothing is held.
     pub latency_hold: bool,
+    /// Bytes of the chunks a region is cut into for the access signal
+    /// (`pager/access.rs`): the kernel keeps each as a mapping of its own,
+    /// and the evictor reads which of them the program touched (reads
+    /// included). A multiple of the page size; 0 (the default): no signal,
+    /// victims by the lists alone. [`ACCESS_CHUNK`] is what `uzswap run`
+    /// uses. With chunks, the kernel refuses an `mremap` of region memory
+    /// that spans a chunk edge (`EFAULT`; the pages stay where they were):
+    /// a program that moves its regions with `mremap` keeps this 0
+    /// (`uzswap run` serves a program's `mremap` itself, by copying).
+    pub access_chunk: usize,
     /// The least the charge may lower the limit to, in pages (at least 16,
     /// at most the budget). `None`: a quarter of the budget. A host that
     /// shares one budget among processes (`uzswap run`'s ledger) charges
@@ -188,6 +198,11 @@ impl PagerConfig {
         if self.evict_batch == 0 {
             return Err(PagerError::Config("evict_batch must be at least 1"));
         }
+        if !self.access_chunk.is_multiple_of(PAGE_SIZE) {
+            return Err(PagerError::Config(
+                "access_chunk must be a multiple of the page size (or 0: no access signal)",
+            ));
+        }
         if self.in_thread_faults {
             if self.cpu_handlers {
                 return Err(PagerError::Config(
@@ -226,6 +241,7 @@ impl PagerConfig {
             charge: None,
             fork_room: None,
             latency_hold: true,
+            access_chunk: 0,
             floor_pages: None,
             in_thread_faults: false,
             #[cfg(feature = "testing")]
@@ -235,6 +251,11 @@ impl PagerConfig {
         }
     }
 }
+
+/// The default of `PagerConfig::access_chunk`: 512 KiB, 128 pages. Finer
+/// chunks tell pages apart better and cost more mappings (the map-count
+/// limit is 65,530 here, shared with the program) and more time to read.
+pub const ACCESS_CHUNK: usize = 512 << 10;
 
 /// The longest a fork waits for its parent to make room for the child
 /// (`PagerConfig::fork_room`).

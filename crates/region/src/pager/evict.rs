@@ -238,7 +238,8 @@ impl PagerCore {
         }
     }
 
-    /// One batch of a round: looks at zero-mapped runs, then under the gate
+    /// One batch of a round: looks at zero-mapped runs, samples the access
+    /// signal when a sample is due, then under the gate
     /// chooses, claims and evicts up to `evict_batch` pages over the stop
     /// threshold. Returns how many left memory.
     fn one_batch(&self) -> usize {
@@ -246,6 +247,9 @@ impl PagerCore {
         // looked at first, and again if faults noted more before
         // the count (two looks at most a batch).
         self.refresh_zero_mapped();
+        // Outside the gate: a sample reads /proc for milliseconds, and a
+        // fork must not wait behind it.
+        self.sample_access();
         let gate = self.gate.lock();
         let over = || {
             let s = self.state.lock();

@@ -13,12 +13,12 @@
 //!    `forking` under the state lock: no new load starts (faults that would
 //!    load are deferred) and the hook waits for the loads in flight to end,
 //!    so that no page is half loaded at the fork. Then the dispatch, zero
-//!    look and state locks, held through the fork, and the store's locks
+//!    look, access look and state locks, held through the fork, and the store's locks
 //!    (`PageStore::fork_prepare`).
 //! 2. *child*: the store makes itself the child's (`PageStore::fork_child`:
 //!    its own backing file, key and threads); the locks are released; the
 //!    pager renews its descriptors (userfaultfd, eventfds, the staging
-//!    area, the zero look's page map), forgets what the parent's threads
+//!    area, the zero look's page map, the access look's files), forgets what the parent's threads
 //!    were doing (messages read, parked and deferred faults: those threads
 //!    are not in the child),
 //!    registers every segment again, write-protects its `Clean` pages again
@@ -139,6 +139,9 @@ unsafe extern "C" fn fork_parent() {
                 if let Some(z) = &s.zero_scan {
                     z.after_fork(Side::Parent);
                 }
+                if let Some(a) = &s.access {
+                    a.after_fork(Side::Parent);
+                }
                 s.dispatch.after_fork(Side::Parent);
             }
             s.state.lock().forking = false;
@@ -179,6 +182,9 @@ unsafe extern "C" fn fork_child() {
                 s.state.after_fork(Side::Child);
                 if let Some(z) = &s.zero_scan {
                     z.after_fork(Side::Child);
+                }
+                if let Some(a) = &s.access {
+                    a.after_fork(Side::Child);
                 }
                 s.dispatch.after_fork(Side::Child);
                 s.work_cv.after_fork(Side::Child);
@@ -311,6 +317,10 @@ impl PagerCore {
         if let Some(z) = &self.zero_scan {
             std::mem::forget(z.lock());
         }
+        // The access look likewise (a sample holds it outside the gate).
+        if let Some(a) = &self.access {
+            std::mem::forget(a.lock());
+        }
         std::mem::forget(self.state.lock());
         self.store.fork_prepare();
     }
@@ -350,6 +360,11 @@ impl PagerCore {
             z.lock()
                 .renew()
                 .map_err(step("its own page map (/proc/self/pagemap)"))?;
+        }
+        if let Some(a) = &self.access {
+            a.lock()
+                .renew()
+                .map_err(step("its own smaps and clear_refs (/proc/self)"))?;
         }
         {
             let mut d = self.dispatch.lock();

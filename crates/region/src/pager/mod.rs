@@ -16,6 +16,8 @@
 //!   re-check and map; its start is `State::start_load`), readahead;
 //! - `events.rs`: remove, unmap and remap events;
 //! - `evict.rs`: the evictor thread and an eviction batch's steps;
+//! - `access.rs`: the access signal (which chunks the program used since
+//!   the last sample) and the cold queue it gives the victim choice;
 //! - `zeros.rs`: resident pages that map the zero page, which the budget
 //!   does not count, found with `PAGEMAP_SCAN`;
 //! - `fork.rs`: the fork hooks;
@@ -38,7 +40,8 @@
 //!    `state` and the store's locks, never across a wait).
 //! 3. `PagerCore::zero_scan` (the evictor's, and the fork hooks', which hold
 //!    it through a fork; it takes `state` inside it briefly, never the
-//!    reverse)
+//!    reverse), then `PagerCore::access` (the same, for the access signal;
+//!    never held with `zero_scan` but by the fork hooks)
 //! 4. `PagerCore::state`
 //! 5. the store's internal locks (taken inside `PageStore` calls)
 //!
@@ -53,6 +56,7 @@
 //! handler itself never waits for the evictor: a fault that must wait is
 //! *parked* (a flag on the page) and woken by whoever settles the page.
 
+mod access;
 mod check;
 mod config;
 mod events;
@@ -66,11 +70,11 @@ mod state;
 mod types;
 mod zeros;
 
-pub use config::MANAGE_MIN_PAGES;
 pub use config::{
     Charge, ForkChild, PagerConfig, PagerError, RegionError, VictimPolicy, CHARGE_PERIOD,
     IDLE_CHARGE_PERIOD, MAX_CPU_HANDLERS,
 };
+pub use config::{ACCESS_CHUNK, MANAGE_MIN_PAGES};
 pub use fork::fork_child_managed;
 pub use state::PageState;
 
@@ -140,6 +144,10 @@ pub(crate) struct PagerCore {
     /// lock is never contended; taken around a scan or a count; the state
     /// lock may be taken inside it, never it inside the state lock).
     zero_scan: Option<Mutex<ZeroLook>>,
+    /// The access signal (`access.rs`); None with `access_chunk` 0 or where
+    /// the process's `smaps` and `clear_refs` cannot be opened. The
+    /// evictor's (a sample takes `state` inside it briefly).
+    access: Option<Mutex<access::AccessLook>>,
     /// Faults a CPU handler resolved on the CPU they came from (as far as
     /// it can tell), and faults it took over from another CPU.
     faults_local: AtomicU64,
@@ -245,6 +253,21 @@ impl Pager {
             None
         };
         let (cfg_in_thread, cfg_ra) = (cfg.in_thread_faults, cfg.readahead_max);
+        let (access, access_signal) = if cfg.access_chunk == 0 {
+            (None, "off".to_string())
+        } else {
+            match access::AccessLook::new() {
+                Ok(a) => (Some(Mutex::new(a)), "chunks".to_string()),
+                Err(e) => (
+                    None,
+                    format!("unavailable ({e}): victims by the lists alone"),
+                ),
+            }
+        };
+        let mut uffd = uffd;
+        if access.is_some() {
+            uffd.set_edge(cfg.access_chunk);
+        }
         // A pager whose faults run in signal handlers looks at no zero
         // runs: noting them could not allocate, and its zero pages stay
         // charged.
@@ -255,9 +278,10 @@ impl Pager {
             zero_scan: zero_look
                 .then(|| ZeroLook::new(state::ZERO_RUNS_KEPT).map(Mutex::new))
                 .flatten(),
+            access,
             store,
             margin: (cfg.budget_pages / 32).clamp(2, evict::MARGIN_MAX),
-            state: Mutex::new(State::new(&cfg, zero_look)),
+            state: Mutex::new(State::new(&cfg, zero_look, access_signal)),
             cfg,
             work_cv: Condvar::new(),
             done_cv: Condvar::new(),
@@ -346,6 +370,8 @@ impl Pager {
                     meta: zeroed_meta(len / PAGE_SIZE),
                     dying: false,
                     inflight: 0,
+                    reached: 0,
+                    split: 0,
                     ra: Readahead::new(),
                     zr: Readahead::new(),
                 },
@@ -362,6 +388,13 @@ impl Pager {
         };
         sh.store.open_area(area);
         Ok(crate::Region::new(self.owner.clone(), area, addr, len))
+    }
+
+    /// Test hook (feature `testing`): takes a sample of the access signal
+    /// now, as the evictor does while it evicts (`pager/access.rs`).
+    #[cfg(feature = "testing")]
+    pub fn sample_access_now(&self) {
+        self.owner.sh.sample_access_now();
     }
 
     /// A snapshot of the counters.

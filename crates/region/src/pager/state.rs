@@ -87,7 +87,9 @@ pub(super) struct PageMeta {
     /// a discard in flight (`OwnSpan`, which lists it for the wake-up),
     /// and in `Loading` (the load's end wakes it).
     pub(super) parked: bool,
-    /// A write was seen since the page was queued (second chance).
+    /// A use was seen since the page was queued (a write fault on a
+    /// write-protected page, or its chunk in an access sample): a second
+    /// chance, on either list.
     pub(super) referenced: bool,
     /// The page is a victim of the eviction batch in flight (from claim to
     /// settle). The evictor reads such a page; if the program discarded it
@@ -126,6 +128,12 @@ pub(super) struct PageMeta {
     /// never claims it. A pinned page may be on no list (the evictor drops
     /// its entry); the last unpin queues it again if it is resident.
     pub(super) pins: u16,
+    /// The access sample window (`State::access_window`) in which this
+    /// residency began. A page brought back is mapped young
+    /// (`UFFDIO_COPY`), and a first touch is a use: either way a sample of
+    /// that window counts the page touched, which says nothing of reuse
+    /// (see `access.rs`).
+    pub(super) came_in: u8,
 }
 
 /// `n` default page records from zeroed memory: the allocator maps zero
@@ -157,6 +165,11 @@ pub(super) struct Area {
     pub(super) dying: bool,
     /// Victims of this area inside an eviction batch.
     pub(super) inflight: usize,
+    /// One past the highest page that has been resident, and the pages
+    /// (from page 0) cut into chunks for the access signal so far
+    /// (`access.rs`, `PagerCore::split_reached`).
+    pub(super) reached: u64,
+    pub(super) split: u64,
     /// Readahead of stored pages (loads).
     pub(super) ra: Readahead,
     /// Zero readahead (first touches mapped as zeros).
@@ -264,6 +277,11 @@ pub(super) struct State {
     pub(super) segs: BTreeMap<usize, Seg>,
     pub(super) inactive: VecDeque<QEntry>,
     pub(super) active: VecDeque<QEntry>,
+    /// The access sample window now (wrapping; see `PageMeta::came_in`).
+    pub(super) access_window: u8,
+    /// Resident pages of chunks the last access sample found untouched,
+    /// oldest chunks first: victims before the lists' (see `access.rs`).
+    pub(super) cold: VecDeque<QEntry>,
     /// Resident pages on the active list.
     pub(super) n_active: usize,
     /// Pages in a resident state, over all areas.
@@ -322,13 +340,16 @@ pub(super) fn lookup(segs: &BTreeMap<usize, Seg>, addr: usize) -> Option<(u32, u
 
 impl State {
     /// The state of a new pager with settings `cfg`, nothing mapped yet;
-    /// `zero_look`: it looks at zero runs (capacity reserved for them).
-    pub(super) fn new(cfg: &PagerConfig, zero_look: bool) -> State {
+    /// `zero_look`: it looks at zero runs (capacity reserved for them);
+    /// `access_signal`: what chooses victims (`PagerStats::access_signal`).
+    pub(super) fn new(cfg: &PagerConfig, zero_look: bool, access_signal: String) -> State {
         State {
             areas: HashMap::new(),
             segs: BTreeMap::new(),
             inactive: VecDeque::new(),
             active: VecDeque::new(),
+            cold: VecDeque::new(),
+            access_window: 0,
             n_active: 0,
             resident: 0,
             zero_mapped: 0,
@@ -340,6 +361,7 @@ impl State {
             stats: PagerStats {
                 budget_pages: cfg.budget_pages as u64,
                 limit_pages: cfg.budget_pages as u64,
+                access_signal,
                 ..PagerStats::default()
             },
             lat_store: Histogram::default(),
@@ -373,7 +395,12 @@ impl State {
     /// Puts a page that just became resident on a list: a new residency,
     /// not yet warm.
     pub(super) fn enqueue_new(&mut self, area: u32, page: u64, active: bool) {
-        self.meta(area, page).warm = false;
+        let w = self.access_window;
+        let ar = self.areas.get_mut(&area).expect("area of a segment");
+        ar.reached = ar.reached.max(page + 1);
+        let m = &mut ar.meta[page as usize];
+        m.warm = false;
+        m.came_in = w;
         self.enqueue(area, page, active);
     }
 
@@ -479,10 +506,23 @@ impl State {
         (m.qgen == e.qgen && m.st.resident()).then_some(m)
     }
 
-    /// Picks up to `want` victims among `Dirty`/`Clean` pages.
+    /// Picks up to `want` victims among `Dirty`/`Clean` pages: from the
+    /// cold queue of the access signal first (`access.rs`), then from the
+    /// lists.
     pub(super) fn select(&mut self, want: usize, policy: VictimPolicy) -> Vec<(u32, u64)> {
         let mut out = Vec::new();
         let mut taken = HashSet::new();
+        if policy == VictimPolicy::Workingset {
+            while out.len() < want {
+                let Some((area, page)) = self.pop_cold() else {
+                    break;
+                };
+                if taken.insert((area, page as u32)) {
+                    out.push((area, page));
+                    self.stats.access_cold_victims += 1;
+                }
+            }
+        }
         let mut budget = 4 * (self.inactive.len() + self.active.len()) + 16;
         while out.len() < want && budget > 0 {
             budget -= 1;
@@ -492,8 +532,10 @@ impl State {
             if demote {
                 if let Some(e) = self.active.pop_front() {
                     if let Some(m) = self.entry_valid(e) {
+                        // A page seen in use since it was queued goes round
+                        // the active list once more (its flag cleared).
                         if m.active {
-                            self.enqueue(e.area, e.page as u64, false);
+                            self.enqueue(e.area, e.page as u64, m.referenced);
                         }
                     }
                     continue;

@@ -8,6 +8,8 @@
 //! - `sigbus.rs`: in-thread faults: the SIGBUS handler's installation,
 //!   decoding and chaining, and the async-signal-safe calls it makes;
 //! - `pagemap.rs`: `PAGEMAP_SCAN` on our own page map (zero-page runs);
+//! - `smaps.rs`: the access signal (`clear_refs` and `smaps`) and the
+//!   chunks that give it its resolution;
 //! - `mem.rs`: mappings (`mmap`, `madvise`, `munmap`), `mincore`, reads of
 //!   our own pages;
 //! - `process.rs`: CPUs, the process id, fork hooks, ending a child.
@@ -39,6 +41,7 @@ mod mem;
 mod pagemap;
 mod process;
 mod sigbus;
+mod smaps;
 mod staging;
 mod uffd;
 
@@ -52,6 +55,7 @@ pub use sigbus::{
     bus_fault, chain_signal, errno_value, install_sigbus, set_errno, touch_for_write, yield_cpu,
     BusFault, OldAction, SigHandler,
 };
+pub use smaps::{map_count, split_chunks, AccessScan, Used};
 pub use staging::{Staging, Taken};
 pub use uffd::{feature, Msg, OpenError, RawMsg, Uffd, UffdError, REQUIRED_FEATURES};
 

@@ -57,6 +57,8 @@ impl Staging {
         let uffd = Uffd {
             fd: GuardedFd::new(fd),
             features: feature::MOVE,
+            // Moves a page at a time: none crosses a chunk edge.
+            edge: 0,
         };
         let len = pages * PAGE_SIZE;
         let base = map_anon(len).ok()?;

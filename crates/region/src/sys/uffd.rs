@@ -309,6 +309,38 @@ pub struct Uffd {
     /// evicted page would read as zeros (`uzswap_os::fdguard`).
     pub(super) fd: GuardedFd,
     pub(super) features: u64,
+    /// Chunk edges (every `edge` bytes from address 0; 0: none) that the
+    /// mapping ioctls never cross: the kernel resolves a `UFFDIO_COPY`,
+    /// `ZEROPAGE`, `POISON` or `MOVE` inside one mapping only, and the
+    /// pager keeps its chunks as separate mappings (`split_chunks`).
+    /// Calls that span an edge are made one piece a chunk.
+    pub(super) edge: usize,
+}
+
+/// Calls `f(offset, bytes)` for the pieces of `[at, at + len)` (and of
+/// `[also, also + len)`, moved alike) that cross no multiple of `edge`,
+/// in order, until one fails; the failure's `done` counts from `at`.
+fn pieces(
+    edge: usize,
+    at: usize,
+    also: usize,
+    len: usize,
+    mut f: impl FnMut(usize, usize) -> Result<(), UffdError>,
+) -> Result<(), UffdError> {
+    if edge == 0 {
+        return f(0, len);
+    }
+    let mut off = 0;
+    while off < len {
+        let to_edge = |a: usize| edge - (a + off) % edge;
+        let n = (len - off).min(to_edge(at)).min(to_edge(also));
+        f(off, n).map_err(|e| UffdError {
+            errno: e.errno,
+            done: off + e.done,
+        })?;
+        off += n;
+    }
+    Ok(())
 }
 
 /// Features we cannot work without.
@@ -397,7 +429,14 @@ impl Uffd {
         Ok(Uffd {
             fd: GuardedFd::new(fd),
             features: want,
+            edge: 0,
         })
+    }
+
+    /// Makes the mapping ioctls stop at every multiple of `edge` bytes
+    /// (see the field); 0: anywhere.
+    pub fn set_edge(&mut self, edge: usize) {
+        self.edge = edge;
     }
 
     /// Features negotiated.
@@ -485,41 +524,39 @@ impl Uffd {
         wp: bool,
         dontwake: bool,
     ) -> Result<(), UffdError> {
-        let mut c = UffdioCopy {
-            dst: dst as u64,
-            src: src as u64,
-            len: len as u64,
-            mode: if wp { COPY_MODE_WP } else { 0 } | if dontwake { MODE_DONTWAKE } else { 0 },
-            copy: 0,
-        };
-        match self.ioctl(UFFDIO_COPY, &mut c) {
-            Ok(()) => Ok(()),
-            Err(e) => Err(UffdError {
+        pieces(self.edge, dst, dst, len, |off, n| {
+            let mut c = UffdioCopy {
+                dst: (dst + off) as u64,
+                src: src as u64 + off as u64,
+                len: n as u64,
+                mode: if wp { COPY_MODE_WP } else { 0 } | if dontwake { MODE_DONTWAKE } else { 0 },
+                copy: 0,
+            };
+            self.ioctl(UFFDIO_COPY, &mut c).map_err(|e| UffdError {
                 errno: e,
                 done: c.copy.max(0) as usize,
-            }),
-        }
+            })
+        })
     }
 
     /// `UFFDIO_ZEROPAGE`: maps the shared zero page (a later write
     /// copies it on write in the kernel, without a fault to us). Same
     /// EEXIST/EAGAIN/ENOENT and `dontwake` handling as [`Uffd::copy`].
     pub fn zeropage(&self, addr: usize, len: usize, dontwake: bool) -> Result<(), UffdError> {
-        let mut z = UffdioZeropage {
-            range: UffdioRange {
-                start: addr as u64,
-                len: len as u64,
-            },
-            mode: if dontwake { MODE_DONTWAKE } else { 0 },
-            zeropage: 0,
-        };
-        match self.ioctl(UFFDIO_ZEROPAGE, &mut z) {
-            Ok(()) => Ok(()),
-            Err(e) => Err(UffdError {
+        pieces(self.edge, addr, addr, len, |off, n| {
+            let mut z = UffdioZeropage {
+                range: UffdioRange {
+                    start: (addr + off) as u64,
+                    len: n as u64,
+                },
+                mode: if dontwake { MODE_DONTWAKE } else { 0 },
+                zeropage: 0,
+            };
+            self.ioctl(UFFDIO_ZEROPAGE, &mut z).map_err(|e| UffdError {
                 errno: e,
                 done: z.zeropage.max(0) as usize,
-            }),
-        }
+            })
+        })
     }
 
     /// `UFFDIO_WRITEPROTECT`: sets (`wp`) or clears write protection on
@@ -566,17 +603,19 @@ impl Uffd {
     /// (as a swap read error does). Needs `feature::POISON`. `dontwake` as
     /// for [`Uffd::copy`].
     pub fn poison(&self, addr: usize, len: usize, dontwake: bool) -> Result<(), UffdError> {
-        let mut p = UffdioPoison {
-            range: UffdioRange {
-                start: addr as u64,
-                len: len as u64,
-            },
-            mode: if dontwake { MODE_DONTWAKE } else { 0 },
-            updated: 0,
-        };
-        self.ioctl(UFFDIO_POISON, &mut p).map_err(|e| UffdError {
-            errno: e,
-            done: p.updated.max(0) as usize,
+        pieces(self.edge, addr, addr, len, |off, n| {
+            let mut p = UffdioPoison {
+                range: UffdioRange {
+                    start: (addr + off) as u64,
+                    len: n as u64,
+                },
+                mode: if dontwake { MODE_DONTWAKE } else { 0 },
+                updated: 0,
+            };
+            self.ioctl(UFFDIO_POISON, &mut p).map_err(|e| UffdError {
+                errno: e,
+                done: p.updated.max(0) as usize,
+            })
         })
     }
 
@@ -586,16 +625,18 @@ impl Uffd {
     /// EEXIST if the destination is mapped; ENOENT at an unmapped source
     /// page.
     pub fn move_pages(&self, dst: usize, src: usize, len: usize) -> Result<(), UffdError> {
-        let mut m = UffdioMove {
-            dst: dst as u64,
-            src: src as u64,
-            len: len as u64,
-            mode: 0,
-            moved: 0,
-        };
-        self.ioctl(UFFDIO_MOVE, &mut m).map_err(|e| UffdError {
-            errno: e,
-            done: m.moved.max(0) as usize,
+        pieces(self.edge, dst, src, len, |off, n| {
+            let mut m = UffdioMove {
+                dst: (dst + off) as u64,
+                src: (src + off) as u64,
+                len: n as u64,
+                mode: 0,
+                moved: 0,
+            };
+            self.ioctl(UFFDIO_MOVE, &mut m).map_err(|e| UffdError {
+                errno: e,
+                done: m.moved.max(0) as usize,
+            })
         })
     }
 

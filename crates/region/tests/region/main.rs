@@ -2,6 +2,7 @@
 //! The fork test lives in its own binary (`tests/fork.rs`): its fork hook
 //! brings back the pages of every pager in the process.
 
+mod access;
 mod basic;
 mod charge;
 mod common;

@@ -38,6 +38,23 @@ fn threads_on_a_region_dropping_pages_without_moves() {
     assert_eq!(store.len(), 0);
 }
 
+/// The same with the region cut into chunks of 16 pages for the access
+/// signal (`PagerConfig::access_chunk`): faults, readahead runs, discards
+/// and moves cross chunk edges all the time, and victims come from the
+/// cold queue as well as the lists.
+#[test]
+fn threads_on_a_region_cut_into_chunks() {
+    let mut cfg = uzswap_region::PagerConfig::new(BUDGET);
+    cfg.access_chunk = 16 * PAGE;
+    let (pager, store) = pager_with(cfg);
+    hammer(&pager);
+    let st = pager.stats();
+    assert_eq!(st.access_signal, "chunks", "{st:?}");
+    assert!(st.access_chunks >= 64, "{st:?}");
+    assert!(st.access_samples > 0, "{st:?}");
+    assert_eq!(store.len(), 0);
+}
+
 /// The same with exclusive loads (`keep_clean: false`): a page brought back
 /// leaves the store at once, so every eviction stores it anew.
 #[test]
