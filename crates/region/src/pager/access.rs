@@ -190,7 +190,11 @@ impl PagerCore {
 
     /// One sample of the access signal if one is due (see the module doc).
     /// Called by the evictor with no lock held; takes the access look,
-    /// and the state lock inside it twice, briefly.
+    /// and the state lock inside it three times, briefly: for the bounds,
+    /// for what to cut (`split_reached`), and to apply the reading. Between
+    /// them the program runs on: what the reading finds is weighed against
+    /// the records as they are when it is applied, and a cold entry is
+    /// checked again when it is taken (`pop_cold`).
     pub(super) fn sample_access(&self) {
         let Some(look) = &self.access else {
             return;

@@ -137,13 +137,9 @@ fn pages_read_over_and_over_stay_resident() {
     );
 }
 
-/// `mprotect` over chunk edges: evicted pages read back through a
-/// read-only range that spans chunks, then written once it is writable
-/// again; readahead runs stop at each edge.
-#[test]
-fn mprotect_over_chunk_edges_keeps_every_page() {
-    let (pager, _store) = pager_with(chunked(64));
-    let pages = 4 * ACCESS_CHUNK / PAGE;
+/// A region of `pages` pages of `pager`, written (version 1), cut into
+/// chunks by a sample, and evicted.
+fn written_chunks_evicted(pager: &uzswap_region::Pager, pages: usize) -> uzswap_region::Region {
     let r = pager.region(pages * PAGE).unwrap();
     let base = r.as_ptr();
     for p in 0..pages {
@@ -152,6 +148,18 @@ fn mprotect_over_chunk_edges_keeps_every_page() {
     pager.sample_access_now();
     assert!(mappings_inside(base as usize, base as usize + pages * PAGE) >= 4);
     r.evict(0..pages);
+    r
+}
+
+/// `mprotect` over chunk edges: evicted pages read back through a
+/// read-only range that spans chunks, then written once it is writable
+/// again; readahead runs stop at each edge.
+#[test]
+fn mprotect_over_chunk_edges_keeps_every_page() {
+    let (pager, _store) = pager_with(chunked(64));
+    let pages = 4 * ACCESS_CHUNK / PAGE;
+    let r = written_chunks_evicted(&pager, pages);
+    let base = r.as_ptr();
     // SAFETY: our own region; the test only reads it while read-only.
     let ro = unsafe { libc::mprotect(base.cast(), pages * PAGE, libc::PROT_READ) };
     assert_eq!(ro, 0);
@@ -182,14 +190,8 @@ fn mprotect_over_chunk_edges_keeps_every_page() {
 fn mremap_across_a_chunk_edge_fails_and_loses_nothing() {
     let (pager, _store) = pager_with(chunked(64));
     let pages = 4 * ACCESS_CHUNK / PAGE;
-    let r = pager.region(pages * PAGE).unwrap();
+    let r = written_chunks_evicted(&pager, pages);
     let base = r.as_ptr();
-    for p in 0..pages {
-        fill(page_mut(base, p), p, 1);
-    }
-    pager.sample_access_now();
-    assert!(mappings_inside(base as usize, base as usize + pages * PAGE) >= 4);
-    r.evict(0..pages);
     // SAFETY: a fresh reservation as the destination; on failure nothing
     // moved, and the test reads the region at its own address.
     let moved = unsafe {
