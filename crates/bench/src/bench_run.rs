@@ -37,6 +37,12 @@ pub struct Args {
     /// by ±10 % on a shared VM.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
     pub rounds: u32,
+    /// In every round, uzswap once more with the kernel's total memory as
+    /// its budget (the cgroup's peak plus the zswap pool, which a v1
+    /// cgroup leaves outside its limit): the two designs compared at equal
+    /// memory.
+    #[arg(long)]
+    pub equal_total: bool,
     /// `uzswap run --cpu-handlers`.
     #[arg(long)]
     pub cpu_handlers: bool,
@@ -103,13 +109,13 @@ fn status_bytes(pid: u32, field: &str) -> Option<u64> {
 
 /// The uzswap side: `uzswap run` of the workload, sampling the program's
 /// anonymous resident memory every 10 ms.
-fn uzswap_side(args: &Args, uzswap: &Path, w: &Program) -> Result<Value> {
+fn uzswap_side(args: &Args, uzswap: &Path, w: &Program, budget_mib: u64) -> Result<Value> {
     let stats_path = w.dir().join("final.json");
     let mut child = Command::new(uzswap)
         .arg("run")
         .arg("-q")
         .arg("--memory-max")
-        .arg(format!("{}M", args.w.budget_mib()))
+        .arg(format!("{budget_mib}M"))
         .arg("--compressor")
         .arg(&args.w.compressor)
         .arg("--backing-file")
@@ -165,6 +171,7 @@ fn uzswap_side(args: &Args, uzswap: &Path, w: &Program) -> Result<Value> {
         .unwrap_or(Value::Null);
     let n = |p: &str| stats.pointer(p).cloned().unwrap_or(Value::Null);
     Ok(json!({
+        "budget_mib": budget_mib,
         "exit_status": status.code(),
         "fill_kbps": report.fill_kbps,
         "pass_kbps": report.pass_kbps,
@@ -231,6 +238,7 @@ pub fn run(args: &Args) -> Result<Value> {
         "passes": args.passes,
         "compressor": args.w.compressor,
         "rounds": args.rounds,
+        "equal_total": args.equal_total,
         "cpu_handlers": args.cpu_handlers,
         "dedup": args.dedup,
         "cold_compressor": args.cold_compressor.map(|c| c.to_string()),
@@ -248,10 +256,22 @@ pub fn run(args: &Args) -> Result<Value> {
         if kernel_first {
             k = Some(noted_kernel_side(args, &w));
         }
-        let ours = noted_uzswap_side(args, &uzswap, &w)?;
+        let ours = noted_uzswap_side(args, &uzswap, &w, args.w.budget_mib() as u64)?;
         if with_kernel && !kernel_first {
             k = Some(noted_kernel_side(args, &w));
         }
+        let equal = match &k {
+            Some(Ok(k)) if args.equal_total => {
+                let total = num(k, "peak_memory_bytes") as u64;
+                Some(noted_uzswap_side(
+                    args,
+                    &uzswap,
+                    &w,
+                    total.div_ceil(1 << 20),
+                )?)
+            }
+            _ => None,
+        };
         let k = match k {
             Some(Err(e)) => {
                 // Reported, not allowed to discard uzswap's figures; no
@@ -262,7 +282,7 @@ pub fn run(args: &Args) -> Result<Value> {
             Some(Ok(k)) => Some(k),
             None => None,
         };
-        rounds.push(round(ours, k));
+        rounds.push(round(ours, k, equal));
     }
     let summary = summarize(rounds);
     for (key, v) in summary.as_object().expect("an object") {
@@ -274,15 +294,14 @@ pub fn run(args: &Args) -> Result<Value> {
     Ok(out)
 }
 
-fn noted_uzswap_side(args: &Args, uzswap: &Path, w: &Program) -> Result<Value> {
+fn noted_uzswap_side(args: &Args, uzswap: &Path, w: &Program, budget_mib: u64) -> Result<Value> {
     note(&format!(
-        "uzswap run --memory-max {}M -- usemem {} MiB, {} passes, {:?} ...",
-        args.w.budget_mib(),
+        "uzswap run --memory-max {budget_mib}M -- usemem {} MiB, {} passes, {:?} ...",
         args.w.mib(),
         args.passes,
         args.w.pattern
     ));
-    let ours = uzswap_side(args, uzswap, w)?;
+    let ours = uzswap_side(args, uzswap, w, budget_mib)?;
     note(&format!(
         "uzswap: fill {:.0} KB/s, pass {:.0} KB/s, corrupt {}, peak memory {} B, fault p50 {} us",
         ours["fill_kbps"].as_f64().unwrap_or(0.0),
@@ -318,19 +337,26 @@ fn num(v: &Value, key: &str) -> f64 {
     v[key].as_f64().unwrap_or(0.0)
 }
 
-/// One round: both sides and their ratios (none without a kernel side).
-fn round(ours: Value, k: Option<Value>) -> Value {
+/// One round: both sides and their ratios (none without a kernel side),
+/// and uzswap at the kernel's total memory where it ran.
+fn round(ours: Value, k: Option<Value>, equal: Option<Value>) -> Value {
     let Some(k) = k else {
         return json!({ "uzswap": ours });
     };
-    json!({
+    let mut r = json!({
         "throughput_ratio_vs_kernel": num(&ours, "pass_kbps") / num(&k, "pass_kbps").max(1e-9),
         "fill_ratio_vs_kernel": num(&ours, "fill_kbps") / num(&k, "fill_kbps").max(1e-9),
         "memory_ratio_vs_kernel":
             num(&ours, "peak_memory_bytes") / num(&k, "peak_memory_bytes").max(1.0),
         "uzswap": ours,
         "kernel": k,
-    })
+    });
+    if let Some(e) = equal {
+        r["throughput_ratio_vs_kernel_equal_total"] =
+            json!(num(&e, "pass_kbps") / num(&r["kernel"], "pass_kbps").max(1e-9));
+        r["uzswap_equal_total"] = e;
+    }
+    r
 }
 
 /// The result of all rounds: corrupt pages summed over them; throughput,
@@ -368,13 +394,21 @@ fn summarize(rounds: Vec<Value>) -> Value {
     if with_kernel {
         out["kernel"] = rounds[mid]["kernel"].clone();
         out["kernel_corrupt_pages"] = json!(corrupt("/kernel/corrupt_pages"));
+        if let Some(e) = rounds[mid].get("uzswap_equal_total") {
+            out["uzswap_equal_total"] = e.clone();
+            out["equal_total_corrupt_pages"] = json!(corrupt("/uzswap_equal_total/corrupt_pages"));
+        }
         out["kernel_peak_memory_bytes"] = json!(median(of("/kernel/peak_memory_bytes")));
         for key in [
             "throughput_ratio_vs_kernel",
             "fill_ratio_vs_kernel",
             "memory_ratio_vs_kernel",
+            "throughput_ratio_vs_kernel_equal_total",
         ] {
             let v = of(&format!("/{key}"));
+            if v.is_empty() {
+                continue;
+            }
             let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
             let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             out[key] = json!(median(v));
@@ -384,8 +418,10 @@ fn summarize(rounds: Vec<Value>) -> Value {
     out["each_round"] = rounds
         .into_iter()
         .map(|mut r| {
-            if let Some(o) = r["uzswap"].as_object_mut() {
-                o.remove("stats");
+            for side in ["uzswap", "uzswap_equal_total"] {
+                if let Some(o) = r.get_mut(side).and_then(Value::as_object_mut) {
+                    o.remove("stats");
+                }
             }
             r
         })
@@ -425,6 +461,15 @@ pub fn table(v: &Value) -> String {
             v["memory_ratio_vs_kernel"].as_f64().unwrap_or(0.0)
         );
     }
+    if let Some(e) = v.get("uzswap_equal_total") {
+        s += &row(&format!("uzswap {}M", e["budget_mib"]), e);
+        s += &format!(
+            "at the kernel's total memory: throughput {:.2}x the kernel's\n",
+            v["throughput_ratio_vs_kernel_equal_total"]
+                .as_f64()
+                .unwrap_or(0.0)
+        );
+    }
     s
 }
 
@@ -448,14 +493,17 @@ mod tests {
             round(
                 side(90.0, 10.0, 100.0, 0),
                 Some(side(100.0, 20.0, 100.0, 0)),
+                None,
             ),
             round(
                 side(120.0, 10.0, 110.0, 2),
                 Some(side(100.0, 20.0, 100.0, 1)),
+                None,
             ),
             round(
                 side(100.0, 10.0, 105.0, 0),
                 Some(side(100.0, 10.0, 100.0, 0)),
+                None,
             ),
         ];
         let s = summarize(rounds);
@@ -482,13 +530,40 @@ mod tests {
     #[test]
     fn without_a_kernel_side_there_are_no_ratios() {
         let s = summarize(vec![
-            round(side(50.0, 1.0, 7.0, 0), None),
-            round(side(70.0, 1.0, 9.0, 0), None),
+            round(side(50.0, 1.0, 7.0, 0), None, None),
+            round(side(70.0, 1.0, 9.0, 0), None, None),
         ]);
         assert!(s.get("throughput_ratio_vs_kernel").is_none());
         assert!(s.get("kernel").is_none());
         // Upper middle of two.
         assert_eq!(s["median_round"], json!(1));
         assert_eq!(s["pass_kbps"], json!(70.0));
+    }
+
+    #[test]
+    fn the_equal_total_side_has_its_own_ratio_and_corruption_count() {
+        let rounds = vec![
+            round(
+                side(90.0, 10.0, 100.0, 0),
+                Some(side(100.0, 20.0, 100.0, 0)),
+                Some(side(150.0, 10.0, 190.0, 0)),
+            ),
+            round(
+                side(100.0, 10.0, 100.0, 0),
+                Some(side(100.0, 20.0, 100.0, 0)),
+                Some(side(110.0, 10.0, 190.0, 3)),
+            ),
+        ];
+        let s = summarize(rounds);
+        assert_eq!(s["throughput_ratio_vs_kernel_equal_total"], json!(1.5));
+        assert_eq!(
+            s["throughput_ratio_vs_kernel_equal_total_range"],
+            json!([1.1, 1.5])
+        );
+        assert_eq!(s["equal_total_corrupt_pages"], json!(3));
+        assert!(s["each_round"][0]["uzswap_equal_total"]
+            .get("stats")
+            .is_none());
+        assert!(table(&s).contains("at the kernel's total memory: throughput 1.50x"));
     }
 }

@@ -139,6 +139,12 @@ counters! {
     loads_pool,
     /// Loads served from the backing tier.
     loads_backing,
+    /// Time the loads from the pool took, in all (ns: lookup, decompression
+    /// and free; what a fault from the pool costs beyond its round trip).
+    load_pool_ns,
+    /// Time the loads from the backing tier took, in all (ns: the read,
+    /// its check and decompression).
+    load_backing_ns,
     /// Loads of same-filled pages (no decompression).
     loads_same_filled,
     /// Loads of keys the cache does not hold.

@@ -295,6 +295,8 @@ const LEAVES: &[(&str, Kind)] = &[
     ("cache.dedup_saved_bytes", Gauge),
     ("cache.loads_pool", Counter),
     ("cache.loads_backing", Counter),
+    ("cache.load_pool_ns", Counter),
+    ("cache.load_backing_ns", Counter),
     ("cache.loads_same_filled", Counter),
     ("cache.load_misses", Counter),
     ("cache.invalidated_pages", Counter),

@@ -31,6 +31,7 @@
 //! crate's: only what several crates share lives here.
 
 pub mod cpu;
+pub mod distance;
 pub mod fdguard;
 pub mod fork;
 pub mod helper;

@@ -18,14 +18,21 @@
 //! charge         = budget − resident limit
 //! ```
 //!
-//! The pool takes at most half of what the allotment leaves beside the
-//! unmanaged memory when there is a backing file to write the rest back to
-//! (`--pool-max` caps it further), and all but a floor of resident pages
-//! when there is none.
+//! What the allotment leaves beside the unmanaged memory is split between
+//! resident pages and the pool (`--pool-max` caps the pool further) by
+//! what faults from each cost ([`next_split`]): the pool's share grows
+//! while loads from the backing file cost more than the faults a larger
+//! resident set would have saved, and shrinks while the pool is full and
+//! those faults cost more. Held at half, a pool wrote 477 k pages of
+//! `usemem` back at 631 MiB, where the whole of it fits compressed, and
+//! its pass ran at a third of the speed; given all of it, a JVM whose
+//! heap compresses poorly kept 7 MiB resident of 80 and took 2.4 × the
+//! time (`uzswap-bench run`, docs/BENCHMARKS.md).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use uzswap_cache::{Cache, PoolLimit};
 use uzswap_ledger::{Ledger, Member, Usage};
+use uzswap_os::distance::BUCKETS;
 use uzswap_os::lock::{Mutex, MutexGuard};
 use uzswap_region::{Pager, PAGE_SIZE};
 
@@ -58,10 +65,12 @@ pub(crate) struct Share {
     budget: u64,
     /// `--pool-max`, if given.
     pool_max: Option<u64>,
-    /// Whether the cache has a backing file.
-    backing: bool,
     /// The pool limit last set (0: none yet).
     pool_limit: AtomicU64,
+    /// How what the allotment leaves is split between resident pages and
+    /// the pool. Only the evictor (`charge`) moves it: atomics, no lock
+    /// that a fork could copy taken.
+    split: Split,
     /// `writeback_fail` and `reject_reclaim_fail` at the last report.
     last_fail: AtomicU64,
     last_refused: AtomicU64,
@@ -88,7 +97,6 @@ impl Share {
         path: &std::path::Path,
         budget: u64,
         pool_max: Option<u64>,
-        backing: bool,
     ) -> Result<Option<Share>, String> {
         let ledger = match Ledger::open(path) {
             Ok(l) => std::sync::Arc::new(l),
@@ -104,8 +112,8 @@ impl Share {
             member: Mutex::new(member),
             budget,
             pool_max,
-            backing,
             pool_limit: AtomicU64::new(0),
+            split: Split::default(),
             last_fail: AtomicU64::new(0),
             last_refused: AtomicU64::new(0),
             cpu_ms: AtomicU64::new(0),
@@ -176,12 +184,67 @@ impl Share {
 
     fn pool_share(&self, avail: u64) -> u64 {
         let floor = (FLOOR_PAGES * PAGE_SIZE) as u64;
-        let share = if self.backing {
-            avail / 2
-        } else {
-            avail.saturating_sub(floor)
+        let parts = u64::from(self.split.parts.load(Ordering::Relaxed));
+        (avail / SPLIT_PARTS * parts)
+            .min(avail.saturating_sub(floor))
+            .max(MIN_POOL)
+            .min(self.pool_max.unwrap_or(u64::MAX))
+    }
+
+    /// Moves the split (`next_split`) once a window of [`SPLIT_PERIOD_MS`]
+    /// has passed since the last move, from the counters now.
+    fn steer_split(
+        &self,
+        p: &uzswap_region::PagerUsage,
+        c: &uzswap_cache::CacheUsage,
+        allot_avail: u64,
+        now: u64,
+    ) {
+        let sp = &self.split;
+        let at = sp.at_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(at) < SPLIT_PERIOD_MS {
+            return;
+        }
+        let counts = [
+            p.store_faults,
+            p.store_fault_ns,
+            c.loads_pool,
+            c.load_pool_ns,
+            c.loads_backing,
+            c.load_backing_ns,
+            p.evictions + p.faults,
+            self.runtime_cpu_ms.load(Ordering::Relaxed) * 1_000_000,
+        ];
+        let mut d = [0u64; 8];
+        for ((d, n), start) in d.iter_mut().zip(counts).zip(&sp.start) {
+            *d = n.saturating_sub(start.swap(n, Ordering::Relaxed));
+        }
+        sp.at_ms.store(now, Ordering::Relaxed);
+        let refaults = p.refault_distances.since(&sp.refaults);
+        let backing = c.backing_distances.since(&sp.backing);
+        if at == 0 {
+            return; // the first window starts here
+        }
+        let mean = |ns: u64, n: u64| if n == 0 { 0.0 } else { ns as f64 / n as f64 };
+        let limit = self.pool_limit.load(Ordering::Relaxed);
+        // What one part of the split holds: as resident pages, and as
+        // pool objects of the mean size now (the clock of a backing load's
+        // distance is pages written back).
+        let part = allot_avail / SPLIT_PARTS;
+        let objects = c.stored_pages.saturating_sub(c.backing_pages).max(1);
+        let object = (c.pool_bytes / objects).max(1);
+        let w = Window {
+            near_refaults: refaults.within(part / PAGE_SIZE as u64) as u64,
+            // A page that came back cost its fault and its eviction: the
+            // handler's time, and uzswap's CPU per page moved.
+            fault_ns: mean(d[1], d[0]) + mean(d[7], d[6]),
+            backing_loads: backing.within(part / object) as u64,
+            backing_extra_ns: (mean(d[5], d[4]) - mean(d[3], d[2])).max(0.0),
+            // The writer keeps a full pool between 90 and 95 % of its limit.
+            pool_full: limit > 0 && c.pool_bytes >= limit / 8 * 7,
         };
-        share.max(MIN_POOL).min(self.pool_max.unwrap_or(u64::MAX))
+        let cur = sp.parts.load(Ordering::Relaxed);
+        sp.parts.store(next_split(cur, &w), Ordering::Relaxed);
     }
 
     /// Reports, sizes the pool and returns the pager's charge (see the
@@ -241,7 +304,9 @@ impl Share {
         let allot = member.limit();
         drop(member);
         if let Some(cache) = cache {
-            let want = self.pool_share(allot.saturating_sub(heap));
+            let avail = allot.saturating_sub(heap);
+            self.steer_split(&p, &c, avail, now);
+            let want = self.pool_share(avail);
             let had = self.pool_limit.load(Ordering::Relaxed);
             // Only a change of more than 1/16: setting the limit restarts
             // the pool's full/accept hysteresis.
@@ -265,6 +330,86 @@ impl Share {
     /// Gives the slot back (at exit: a static is never dropped).
     pub(crate) fn leave(&self) {
         self.member().leave();
+    }
+}
+
+/// The pool's share is counted in this many parts of what the allotment
+/// leaves beside the unmanaged memory; all of them leave the floor.
+const SPLIT_PARTS: u64 = 16;
+/// The least and first share: a quarter, and half.
+const SPLIT_MIN: u32 = 4;
+const SPLIT_START: u32 = 8;
+/// A window of faults the split is judged on, at least (ms): the CPU
+/// times are measured as often (`CPU_PERIOD_MS`).
+const SPLIT_PERIOD_MS: u64 = CPU_PERIOD_MS;
+/// The least evidence a move needs: faults of either kind in the window.
+const SPLIT_EVIDENCE: u64 = 16;
+
+/// See [`Share::split`].
+struct Split {
+    /// The pool's share, in [`SPLIT_PARTS`].
+    parts: AtomicU32,
+    /// The counters at the window's start (as `steer_split` lists them),
+    /// and when it started (ms since `born`; 0: not yet).
+    start: [AtomicU64; 8],
+    /// The distances of refaults and of loads from the backing file then
+    /// (`uzswap_os::distance`).
+    refaults: [AtomicU64; BUCKETS],
+    backing: [AtomicU64; BUCKETS],
+    at_ms: AtomicU64,
+}
+
+impl Default for Split {
+    fn default() -> Split {
+        Split {
+            parts: AtomicU32::new(SPLIT_START),
+            start: Default::default(),
+            refaults: std::array::from_fn(|_| AtomicU64::new(0)),
+            backing: std::array::from_fn(|_| AtomicU64::new(0)),
+            at_ms: AtomicU64::new(0),
+        }
+    }
+}
+
+/// What a window of faults says of the split.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Window {
+    /// Faults of pages evicted at most one part of the split ago (in
+    /// pages): what a resident set a part larger would have saved, each a
+    /// whole fault.
+    pub near_refaults: u64,
+    /// What a page that came back from the store cost, ns: the handler's
+    /// time for its fault and uzswap's CPU per page moved.
+    pub fault_ns: f64,
+    /// Loads from the backing file of pages written back at most a part
+    /// of the split ago (in pool objects): what a pool a part larger
+    /// would have served instead.
+    pub backing_loads: u64,
+    /// What such a load costs beyond one from the pool, ns.
+    pub backing_extra_ns: f64,
+    /// The pool is at its limit (pages are written back, so the split
+    /// binds).
+    pub pool_full: bool,
+}
+
+/// The next split, in parts: a part more for the pool while its misses
+/// (loads from the backing file) cost more than the resident set's (near
+/// refaults), a part less while the pool is full and the resident set's
+/// cost more; between a quarter and all. The kernel has no such rule: its
+/// reclaim takes the coldest anonymous pages into zswap whatever zswap
+/// holds, and a v2 cgroup charges the pool inside the limit.
+pub(crate) fn next_split(cur: u32, w: &Window) -> u32 {
+    if w.near_refaults + w.backing_loads < SPLIT_EVIDENCE {
+        return cur;
+    }
+    let resident = w.near_refaults as f64 * w.fault_ns;
+    let pool = w.backing_loads as f64 * w.backing_extra_ns;
+    if pool > resident {
+        (cur + 1).min(SPLIT_PARTS as u32)
+    } else if w.pool_full && resident > pool {
+        cur.saturating_sub(1).max(SPLIT_MIN)
+    } else {
+        cur
     }
 }
 
@@ -320,6 +465,29 @@ mod tests {
     }
 
     #[test]
+    fn the_split_follows_what_faults_cost() {
+        use super::{next_split, Window, SPLIT_MIN, SPLIT_START};
+        let w = |near, backing, full| Window {
+            near_refaults: near,
+            fault_ns: 8000.0,
+            backing_loads: backing,
+            backing_extra_ns: 4000.0,
+            pool_full: full,
+        };
+        // Loads from the file cost more: the pool grows, up to all.
+        assert_eq!(next_split(SPLIT_START, &w(10, 100, true)), SPLIT_START + 1);
+        assert_eq!(next_split(16, &w(0, 100, true)), 16);
+        // The resident set's misses cost more and the pool is full: it
+        // shrinks, down to a quarter.
+        assert_eq!(next_split(SPLIT_START, &w(100, 10, true)), SPLIT_START - 1);
+        assert_eq!(next_split(SPLIT_MIN, &w(100, 0, true)), SPLIT_MIN);
+        // A pool that is not full does not bind: nothing to give back.
+        assert_eq!(next_split(SPLIT_START, &w(100, 0, false)), SPLIT_START);
+        // Too few faults to judge by.
+        assert_eq!(next_split(SPLIT_START, &w(3, 5, true)), SPLIT_START);
+    }
+
+    #[test]
     fn only_a_missing_descriptor_of_a_run_means_the_run_ended() {
         let gone = io(std::io::ErrorKind::NotFound);
         assert!(run_ended(Path::new("/proc/4242/fd/4"), &gone));
@@ -347,7 +515,7 @@ mod tests {
         const FORKS: usize = 300;
         // A slot for each child (no arbiter here gives a left slot back).
         let ledger = uzswap_ledger::Ledger::create(FORKS + 1, 1 << 30).unwrap();
-        let sh = super::Share::join(ledger.path(), 1 << 30, None, false)
+        let sh = super::Share::join(ledger.path(), 1 << 30, None)
             .unwrap()
             .expect("the ledger is open");
         let stop = std::sync::atomic::AtomicBool::new(false);
@@ -404,11 +572,11 @@ mod tests {
         let pid = child.id();
         child.wait().unwrap();
         let path = format!("/proc/{pid}/fd/4");
-        assert!(super::Share::join(Path::new(&path), 1 << 24, None, false)
+        assert!(super::Share::join(Path::new(&path), 1 << 24, None)
             .unwrap()
             .is_none());
         // A missing file elsewhere is an error, with the path in it.
-        let e = super::Share::join(Path::new("/nonexistent/ledger"), 1 << 24, None, false)
+        let e = super::Share::join(Path::new("/nonexistent/ledger"), 1 << 24, None)
             .err()
             .unwrap();
         assert!(e.contains("/nonexistent/ledger"), "{e}");

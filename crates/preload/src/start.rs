@@ -35,12 +35,7 @@ fn start() -> Result<(), String> {
     // its allotment of it (share.rs). Joined first: nothing of the runtime
     // is set up yet if the run has ended and the program runs unmanaged.
     let share = match &config.ledger {
-        Some(path) => match share::Share::join(
-            path,
-            config.memory_max,
-            config.pool_max,
-            config.backing.is_some(),
-        )? {
+        Some(path) => match share::Share::join(path, config.memory_max, config.pool_max)? {
             Some(sh) => Some(Arc::new(sh)),
             None => {
                 sys::warn(&format!(

@@ -53,6 +53,16 @@ impl Histogram {
         }
     }
 
+    /// Values recorded.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Their sum, ns.
+    pub fn sum_ns(&self) -> u64 {
+        self.sum_ns
+    }
+
     /// The `q` quantile (0..=1) in ns, as its bucket's upper bound.
     pub fn quantile_ns(&self, q: f64) -> u64 {
         if self.count == 0 {

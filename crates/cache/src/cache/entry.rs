@@ -47,7 +47,10 @@ impl Inner {
     /// Inserts an entry (replacing and releasing any old one).
     pub(super) fn insert(&self, area: u32, offset: u64, place: Place) {
         let key = (area, offset);
-        let born = self.now();
+        let born = match place {
+            Place::Backing { .. } => self.backing_clock(),
+            _ => self.now(),
+        };
         self.account(&place, true);
         let old = {
             let mut s = self.shard(key).lock();

@@ -44,19 +44,20 @@ impl Inner {
         page: &mut [u8],
         mode: LoadMode,
     ) -> Result<Loaded, LoadError> {
+        let t0 = std::time::Instant::now();
         if mode == LoadMode::Exclusive {
-            return self.load_exclusive(area, offset, page);
+            return self.load_exclusive(area, offset, page, t0);
         }
         let key = (area, offset);
         loop {
-            let (gen, place) = {
+            let (gen, born, place) = {
                 let mut s = self.shard(key).lock();
                 let Some(e) = s.map.get_mut(&key) else {
                     drop(s);
                     return Err(self.miss(page));
                 };
                 e.mark_referenced();
-                (e.gen, e.place)
+                (e.gen, e.born, e.place)
             };
             let res = self.read_place(area, offset, place, page);
             // Valid only if the entry did not change while it was read.
@@ -69,7 +70,10 @@ impl Inner {
             {
                 continue;
             }
-            return self.count_load(res, page);
+            if matches!(res, Ok(Loaded::Backing)) {
+                self.note_backing_load(born);
+            }
+            return self.count_load(res, page, t0);
         }
     }
 
@@ -77,7 +81,13 @@ impl Inner {
     /// else can free what it refers to, so one lock round suffices. If the
     /// read fails, the entry goes back (unless the key was stored anew
     /// meanwhile: the newer page wins).
-    fn load_exclusive(&self, area: u32, offset: u64, page: &mut [u8]) -> Result<Loaded, LoadError> {
+    fn load_exclusive(
+        &self,
+        area: u32,
+        offset: u64,
+        page: &mut [u8],
+        t0: std::time::Instant,
+    ) -> Result<Loaded, LoadError> {
         let key = (area, offset);
         let Some(e) = self.shard(key).lock().map.remove(&key) else {
             return Err(self.miss(page));
@@ -99,6 +109,9 @@ impl Inner {
                 res
             }
         };
+        if matches!(res, Ok(Loaded::Backing)) {
+            self.note_backing_load(e.born);
+        }
         if res.is_err() {
             // The entry was out of the index while it was read: if the key
             // was stored anew meanwhile, the newer page stays and this one
@@ -114,7 +127,7 @@ impl Inner {
                 self.detach(area, e.place);
             }
         }
-        self.count_load(res, page)
+        self.count_load(res, page, t0)
     }
 
     fn miss(&self, page: &mut [u8]) -> LoadError {
@@ -169,12 +182,21 @@ impl Inner {
         pool_read(r == Ok(true))
     }
 
+    /// Counts a load that began at `t0` by where it was served, and its
+    /// time for the pool and the backing tier.
     fn count_load(
         &self,
         res: Result<Loaded, LoadError>,
         page: &mut [u8],
+        t0: std::time::Instant,
     ) -> Result<Loaded, LoadError> {
         let c = &self.counters;
+        let ns = t0.elapsed().as_nanos() as u64;
+        match &res {
+            Ok(Loaded::Pool) => c.load_pool_ns.fetch_add(ns, RELAXED),
+            Ok(Loaded::Backing) => c.load_backing_ns.fetch_add(ns, RELAXED),
+            _ => 0,
+        };
         match &res {
             Ok(Loaded::Pool) => &c.loads_pool,
             Ok(Loaded::Backing) => &c.loads_backing,

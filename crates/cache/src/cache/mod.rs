@@ -240,7 +240,10 @@ struct Entry {
     /// reader that dropped the shard lock compares it to know whether what
     /// it read is still the entry's.
     gen: u32,
-    /// Seconds since the cache was made, when stored.
+    /// When stored: for a pool or same-filled entry seconds since the cache
+    /// was made (the age writeback policy), for a backing entry the
+    /// backing clock when it got there (`Inner::backing_clock`: a load's
+    /// distance).
     born: u32,
     /// Where the page is.
     place: Place,
@@ -459,6 +462,9 @@ struct Inner {
     inflight_writes: AtomicU32,
     proactive: Option<Proactive>,
     counters: Counters,
+    /// Loads from the backing tier by how many pages entered it since the
+    /// page did ([`Inner::backing_clock`]).
+    backing_distances: uzswap_os::distance::AtomicDistances,
     /// A wake-up of the writer is on its way (writer.rs).
     wake_pending: AtomicBool,
     /// The writer's wake-up flag (lock 6) and its condvar.
@@ -488,6 +494,15 @@ pub struct CacheUsage {
     /// Stores refused with the pool full and nowhere to write back
     /// (`CacheStats::reject_reclaim_fail`).
     pub reject_reclaim_fail: u64,
+    /// Loads from the pool and from the backing tier, and the time they
+    /// took in all (`CacheStats::loads_pool`, `load_pool_ns`, ...).
+    pub loads_pool: u64,
+    pub load_pool_ns: u64,
+    pub loads_backing: u64,
+    pub load_backing_ns: u64,
+    /// Loads from the backing tier by how many pages entered it after the
+    /// page did: what a pool that many objects larger would have served.
+    pub backing_distances: uzswap_os::distance::Distances,
 }
 
 /// The compressed page cache. Cheap to share: wrap it in an `Arc`.
@@ -569,6 +584,7 @@ impl Cache {
             inflight_writes: AtomicU32::new(0),
             proactive: cfg.proactive,
             counters: Counters::default(),
+            backing_distances: Default::default(),
             wake_pending: AtomicBool::new(false),
             wake: (Mutex::new(false), Condvar::new()),
             stop: AtomicBool::new(false),
@@ -775,6 +791,11 @@ impl Cache {
             backing_pages: c.backing_pages.load(RELAXED),
             writeback_fail: c.writeback_fail.load(RELAXED),
             reject_reclaim_fail: c.reject_reclaim_fail.load(RELAXED),
+            loads_pool: c.loads_pool.load(RELAXED),
+            load_pool_ns: c.load_pool_ns.load(RELAXED),
+            loads_backing: c.loads_backing.load(RELAXED),
+            load_backing_ns: c.load_backing_ns.load(RELAXED),
+            backing_distances: self.inner.backing_distances.load(),
         }
     }
 
@@ -830,6 +851,19 @@ impl Inner {
 
     fn now(&self) -> u32 {
         self.epoch.elapsed().as_secs() as u32
+    }
+
+    /// Pages that entered the backing tier so far (written back, or stored
+    /// there directly), wrapping: a backing entry's `born`.
+    fn backing_clock(&self) -> u32 {
+        let c = &self.counters;
+        (c.written_back_pages.load(RELAXED) + c.stores_to_backing.load(RELAXED)) as u32
+    }
+
+    /// A load from the backing tier of an entry born at `born`.
+    fn note_backing_load(&self, born: u32) {
+        let d = self.backing_clock().wrapping_sub(born);
+        self.backing_distances.record(u64::from(d));
     }
 
     fn scope(&self, area: u32) -> u32 {

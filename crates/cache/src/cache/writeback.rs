@@ -242,6 +242,7 @@ impl Inner {
                     let gen = s.bump();
                     let e = s.map.get_mut(&v.key).expect("checked above");
                     e.gen = gen;
+                    e.born = self.backing_clock();
                     e.place = Place::Backing { slot };
                     // The entry names the slot now: a reader that copied
                     // the pool place sees the new gen and retries, so the

@@ -17,7 +17,9 @@ pub struct Args {
     pub memory_max: u64,
     /// Caps each process's compressed pool (inside --memory-max, which it
     /// is part of); when the pool is full the least recently used pages go
-    /// to the backing file. Default: half of what a process is allotted.
+    /// to the backing file. Default: none beyond the process's share, which
+    /// is split between resident pages and the pool by what faults from
+    /// each cost (from half: a quarter to all of it).
     #[arg(long, value_parser = parse_size)]
     pub pool_max: Option<u64>,
     /// lz4, lz4hc[:LEVEL], zstd[:LEVEL], deflate[:LEVEL].

@@ -257,10 +257,12 @@ fn serve_metrics(
 /// The line that says what runs, with which settings, and how to watch it.
 fn announce(a: &Args, pid: i32, config: &RunConfig) {
     crate::note(&format!(
-        "uzswap: running {} as pid {pid}: memory max {} for the whole program, pool max {}, {}{}, backing {}; `uzswap stats {pid}` shows it live",
+        "uzswap: running {} as pid {pid}: memory max {} for the whole program, {}, {}{}, backing {}; `uzswap stats {pid}` shows it live",
         a.prog[0].to_string_lossy(),
         human(a.memory_max),
-        a.pool_max.map_or("half of each process's share".into(), human),
+        a.pool_max.map_or("pools inside each process's share".into(), |m| {
+            format!("pool max {} per process", human(m))
+        }),
         a.compressor,
         a.cold_compressor
             .map_or(String::new(), |c| format!(" (cold pages {c})")),

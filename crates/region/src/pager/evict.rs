@@ -389,6 +389,7 @@ impl PagerCore {
         let wp_spans = self.state.lock().spans(victims, |v| !v.clean && !v.moved);
         let mut buf = Vec::new();
         let mut addrs = Vec::new();
+        let mut forced = sys::ForcedRead::default();
         // 2. Write-protect dirty victims. After this no CPU can write them:
         //    a write faults (WP) and the handler parks or aborts. The pages
         //    between them were not resident: protecting nothing there (one
@@ -411,12 +412,18 @@ impl PagerCore {
             addrs.clear();
             addrs.extend(span.victims.iter().map(|&i| victims[i].addr));
             buf.resize(addrs.len() * PAGE_SIZE, 0);
-            // One read for the span; page by page if part of it is gone.
+            // One read for the span; page by page if part of it is gone or
+            // the program made it inaccessible (`sys::ForcedRead`: unread,
+            // such a page went back to the lists and came round again and
+            // again, the evictor spinning while the faults waited for room).
             let whole = sys::read_own_pages(&addrs, &mut buf).is_ok();
             for (k, &i) in span.victims.iter().enumerate() {
                 let v = &mut victims[i];
                 let page = &mut buf[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
-                if !whole && sys::read_own_pages(&[v.addr], page).is_err() {
+                if !whole
+                    && sys::read_own_pages(&[v.addr], page).is_err()
+                    && forced.read_page(v.addr, page).is_err()
+                {
                     continue;
                 }
                 if self.store_victim(v, page) {

@@ -162,6 +162,7 @@ impl PagerCore {
         if distance <= s.limit / 8 {
             s.stats.refaults_near += 1;
         }
+        s.refault_distances.record(distance as u64);
         self.map_loaded(s, &l, 0, !keep || f.write, activate, w);
         match src {
             Loaded::Pool => s.stats.faults_pool += 1,

@@ -221,6 +221,13 @@ pub struct PagerUsage {
     /// The store is refusing pages (full, nothing to write back to): the
     /// regions may stay over their limit.
     pub store_full: bool,
+    /// Faults of stored pages by how many evictions ago they left: what a
+    /// resident set larger by so many pages would not have taken.
+    pub refault_distances: uzswap_os::distance::Distances,
+    /// Faults served from the store and the time the handler took for
+    /// them in all, ns (the fault latency's count and sum).
+    pub store_faults: u64,
+    pub store_fault_ns: u64,
 }
 
 impl Pager {
@@ -423,6 +430,9 @@ impl Pager {
             first_touches: st.faults_zero,
             evictions: st.evictions,
             store_full: s.store_full,
+            refault_distances: s.refault_distances,
+            store_faults: s.lat_store.count(),
+            store_fault_ns: s.lat_store.sum_ns(),
         }
     }
 

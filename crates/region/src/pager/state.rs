@@ -302,6 +302,9 @@ pub(super) struct State {
     pub(super) loading: usize,
     /// Evictions so far (wrapping), for refault distances.
     pub(super) evict_clock: u32,
+    /// Refaults of stored pages by their distance (evictions since the
+    /// page left), in powers of two (`uzswap_os::distance`).
+    pub(super) refault_distances: uzswap_os::distance::Distances,
     /// The ranges the evictor is discarding (one `MADV_DONTNEED` each),
     /// by address, from the commit that chose them until the call returned
     /// (see [`OwnSpan`]).
@@ -364,6 +367,7 @@ impl State {
                 access_signal,
                 ..PagerStats::default()
             },
+            refault_distances: uzswap_os::distance::Distances::default(),
             lat_store: Histogram::default(),
             lat_zero: Histogram::default(),
             lat_copy: Histogram::default(),

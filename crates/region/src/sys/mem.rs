@@ -139,6 +139,35 @@ pub fn read_own_pages(pages: &[usize], dst: &mut [u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Reads of our own pages that [`read_own_pages`] cannot make: a page of a
+/// mapping the program made inaccessible (`mprotect(PROT_NONE)`: the JVM
+/// and Go protect parts of their heaps so) fails there with EFAULT, while
+/// `/proc/self/mem` reads it, the kernel forcing the access as for a
+/// debugger. A missing page fails here (the kernel's forced access does
+/// not wait for a userfaultfd handler) instead of faulting to the handler.
+/// The file is opened at the first read, at a guarded number
+/// (`uzswap_os::fdguard`), and closed with the value: an evictor holds one
+/// for a batch, so a forked child never inherits one naming its parent.
+#[derive(Default)]
+pub struct ForcedRead {
+    /// The mark before the file: unmarked first, then closed.
+    file: Option<(uzswap_os::fdguard::Mark, std::fs::File)>,
+}
+
+impl ForcedRead {
+    /// Copies our own page at `addr` into `dst` (one page).
+    pub fn read_page(&mut self, addr: usize, dst: &mut [u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        assert_eq!(dst.len(), PAGE_SIZE, "one page");
+        if self.file.is_none() {
+            let f = std::fs::File::open("/proc/self/mem")?;
+            self.file = Some(uzswap_os::fdguard::guard(f));
+        }
+        let (_, f) = self.file.as_ref().expect("opened above");
+        f.read_exact_at(dst, addr as u64)
+    }
+}
+
 /// Pages of `[addr, addr+len)` resident in memory, by `mincore(2)`.
 pub fn mincore_count(addr: usize, len: usize) -> io::Result<usize> {
     Ok(mincore(addr, len)?.into_iter().filter(|&m| m).count())

@@ -48,6 +48,7 @@ mod uffd;
 pub use eventfd::{poll2, readable, EventFd};
 pub use mem::{
     dontneed, map_anon, map_anon_at, mincore, mincore_count, no_huge_pages, read_own_pages, unmap,
+    ForcedRead,
 };
 pub use pagemap::ZeroScan;
 pub use process::{allowed_cpus, atfork, die, exit_process, getpid, pin_idle};

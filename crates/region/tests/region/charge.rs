@@ -249,3 +249,56 @@ fn the_victim_lists_shrink_with_the_resident_set() {
     }
     pager.check_invariants().unwrap();
 }
+
+/// Pages the program made `PROT_NONE` while they were resident (the JVM
+/// and Go protect parts of their heaps so) are evicted like any other, and
+/// come back whole once the program makes them accessible again. Unread
+/// (a read by `process_vm_readv` fails there), they went back to the
+/// lists and came round again: once they were all that was resident, the
+/// evictor spun and the limit was never reached (a JVM under `uzswap run
+/// --memory-max 80M` hung so).
+#[test]
+fn pages_the_program_made_inaccessible_are_evicted() {
+    let _w = watchdog("pages_the_program_made_inaccessible_are_evicted", 60);
+    let charged = Arc::new(AtomicU64::new(0));
+    let reading = charged.clone();
+    let (pager, _store) = pager_with(PagerConfig {
+        charge: Some(Charge(Arc::new(move || reading.load(Ordering::Relaxed)))),
+        ..PagerConfig::new(256)
+    });
+    const PAGES: usize = 192;
+    let r = pager.region(PAGES * PAGE).unwrap();
+    let base = r.as_ptr();
+    for p in 0..PAGES {
+        fill(page_mut(base, p), p, 3);
+    }
+    let protect = |prot: i32| {
+        // SAFETY: the whole region, which this test owns.
+        let rc = unsafe { libc::mprotect(base.cast(), PAGES * PAGE, prot) };
+        assert_eq!(rc, 0, "mprotect: {}", std::io::Error::last_os_error());
+    };
+    protect(libc::PROT_NONE);
+    // A charge that leaves the regions a quarter of the budget: the
+    // protected pages are the only ones to take.
+    charged.store(1 << 30, Ordering::Relaxed);
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let settled = loop {
+        let st = pager.stats();
+        if st.limit_pages == 64 && st.resident_pages <= 64 {
+            break true;
+        }
+        if std::time::Instant::now() > end {
+            break false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert!(settled, "{:?}", pager.stats());
+    assert!(r.mincore_resident().unwrap() <= 64);
+    protect(libc::PROT_READ | libc::PROT_WRITE);
+    let mut want = vec![0u8; PAGE];
+    for p in 0..PAGES {
+        fill(&mut want, p, 3);
+        assert_eq!(page_mut(base, p), &want[..], "page {p}");
+    }
+    pager.check_invariants().unwrap();
+}
