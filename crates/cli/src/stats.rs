@@ -194,12 +194,17 @@ pub fn remote_line(cache: &uzswap_cache::CacheStats) -> String {
 pub fn text(v: &Snapshot) -> String {
     use crate::human;
     let (pager, cache) = (&v.pager, &v.cache);
+    // Without --pool-max the limit is what the process's share gives the
+    // pool now (`preload::share`; 20 % of RAM outside a run).
+    let pool = match v.config.pool_max {
+        Some(max) => format!("pool max {}", human(max)),
+        None => format!("pool limit {} now", human(v.cache.pool_limit_bytes)),
+    };
     let mut s = format!(
-        "pid {} up {:.1} s: memory max {}, pool max {}, compressor {}\n",
+        "pid {} up {:.1} s: memory max {}, {pool}, compressor {}\n",
         v.pid,
         v.uptime_s,
         human(v.config.memory_max),
-        v.config.pool_max.map_or("20% of RAM".into(), human),
         v.config.compressor,
     );
     s += &format!(
